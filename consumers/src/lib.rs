@@ -1,0 +1,1 @@
+//! forgelog-consumers: trajectory trees, reward join, GRPO groups.

@@ -1,0 +1,1 @@
+//! forgelog-deploy: rollout orchestration: task format, local process runner, Kubernetes runner.

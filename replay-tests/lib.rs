@@ -1,0 +1,1 @@
+//! Recorded logs and the tests that prove replay is deterministic.

@@ -1,0 +1,162 @@
+//! Avro single-object encoding with a registry of writer schemas, so that
+//! events written by older schema versions still decode into today's types.
+
+use crate::{Event, EventKind};
+use apache_avro::{rabin::Rabin, Schema};
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+const MAGIC: [u8; 2] = [0xC3, 0x01];
+const HEADER_LEN: usize = 10;
+
+/// Schemas of earlier versions, still readable: `(kind, avsc text)`.
+///
+/// When a schema in `avro/` changes, copy the old file to `avro/history/vN/` and
+/// list it here; the fixture test in `tests/` proves old events still decode.
+const HISTORY: &[(EventKind, &str)] = &[];
+
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("{kind} does not match its schema: {source}")]
+    Schema {
+        kind: &'static str,
+        source: Box<apache_avro::Error>,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a forgelog event: {len} bytes without the Avro single-object header C3 01")]
+    NotSingleObject { len: usize },
+    #[error("unknown schema fingerprint {0:016x}: written by a schema this build does not know (newer forgelog, or not a forgelog event)")]
+    UnknownFingerprint(u64),
+    #[error("corrupt {kind}: {len} bytes left after the record")]
+    TrailingBytes { kind: &'static str, len: usize },
+    #[error("corrupt {kind} body: {source}")]
+    Body {
+        kind: &'static str,
+        source: Box<apache_avro::Error>,
+    },
+}
+
+struct Writer {
+    kind: EventKind,
+    schema: Schema,
+    /// Written by today's schema: decoding needs no resolution.
+    current: bool,
+}
+
+/// Encodes and decodes [`Event`]s. Cheap to share; use [`Codec::global`].
+pub struct Codec {
+    current: HashMap<EventKind, (Schema, [u8; 8])>,
+    writers: HashMap<u64, Writer>,
+}
+
+fn fingerprint(schema: &Schema) -> [u8; 8] {
+    schema
+        .fingerprint::<Rabin>()
+        .bytes
+        .try_into()
+        .expect("CRC-64-AVRO is 8 bytes")
+}
+
+fn parse(kind: EventKind, avsc: &str) -> Schema {
+    Schema::parse_str(avsc).unwrap_or_else(|e| panic!("schema {} does not parse: {e}", kind.name()))
+}
+
+impl Codec {
+    fn new() -> Codec {
+        Codec::with_history(HISTORY)
+    }
+
+    /// A codec that also reads events written by the given older schemas.
+    pub fn with_history(history: &[(EventKind, &str)]) -> Codec {
+        // Packed per-token arrays serialize as bytes only for non-human-readable
+        // serializers; Avro's serde is human-readable unless told otherwise.
+        // Only the first call sets it; later calls report the value in force.
+        assert!(
+            !apache_avro::util::set_serde_human_readable(false),
+            "apache-avro serde was already set human-readable by someone else"
+        );
+        let mut current = HashMap::new();
+        let mut writers = HashMap::new();
+        for &kind in EventKind::ALL {
+            let schema = parse(kind, kind.avsc());
+            let fp = fingerprint(&schema);
+            writers.insert(u64::from_le_bytes(fp), Writer { kind, schema: schema.clone(), current: true });
+            current.insert(kind, (schema, fp));
+        }
+        for &(kind, avsc) in history {
+            let schema = parse(kind, avsc);
+            writers.insert(u64::from_le_bytes(fingerprint(&schema)), Writer { kind, schema, current: false });
+        }
+        Codec { current, writers }
+    }
+
+    /// The process-wide codec (schemas are parsed once).
+    pub fn global() -> &'static Codec {
+        static CODEC: LazyLock<Codec> = LazyLock::new(Codec::new);
+        &CODEC
+    }
+
+    /// The current schema of `kind` and its fingerprint.
+    pub fn schema(&self, kind: EventKind) -> (&Schema, u64) {
+        let (schema, fp) = &self.current[&kind];
+        (schema, u64::from_le_bytes(*fp))
+    }
+
+    pub fn encode(&self, event: &Event) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Vec::new();
+        self.encode_into(event, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the encoded event to `out`.
+    pub fn encode_into(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        let kind = event.kind();
+        let (schema, fp) = &self.current[&kind];
+        let schema_err = |e| EncodeError::Schema { kind: kind.name(), source: Box::new(e) };
+        // Through `Value`: the schemas name-reference their own records
+        // (`sampling_sent: SamplingParams`), which resolution handles.
+        let value = event.to_avro().and_then(|v| v.resolve(schema)).map_err(schema_err)?;
+        let body = apache_avro::to_avro_datum(schema, value).map_err(schema_err)?;
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(fp);
+        out.extend_from_slice(&body);
+        Ok(())
+    }
+
+    /// The kind of an encoded event, read from its header without decoding the body.
+    pub fn peek_kind(&self, bytes: &[u8]) -> Result<EventKind, DecodeError> {
+        Ok(self.writer(bytes)?.kind)
+    }
+
+    fn writer(&self, bytes: &[u8]) -> Result<&Writer, DecodeError> {
+        if bytes.len() < HEADER_LEN || bytes[..2] != MAGIC {
+            return Err(DecodeError::NotSingleObject { len: bytes.len() });
+        }
+        let fp = u64::from_le_bytes(bytes[2..HEADER_LEN].try_into().expect("8 bytes"));
+        self.writers.get(&fp).ok_or(DecodeError::UnknownFingerprint(fp))
+    }
+
+    pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
+        let writer = self.writer(bytes)?;
+        let kind = writer.kind;
+        let (reader_schema, _) = &self.current[&kind];
+        let body_err = |e: apache_avro::Error| DecodeError::Body {
+            kind: kind.name(),
+            source: Box::new(e),
+        };
+        let mut body = &bytes[HEADER_LEN..];
+        // Resolution only for events written by an older schema version.
+        let resolve = (!writer.current).then_some(reader_schema);
+        let value = apache_avro::from_avro_datum(&writer.schema, &mut body, resolve).map_err(body_err)?;
+        if !body.is_empty() {
+            return Err(DecodeError::TrailingBytes {
+                kind: kind.name(),
+                len: body.len(),
+            });
+        }
+        kind.from_avro(value).map_err(body_err)
+    }
+}

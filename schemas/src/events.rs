@@ -1,0 +1,231 @@
+//! Rust types for the events in `avro/*.avsc`. Field order and names match the
+//! schemas exactly (the serializer walks the schema); enum variant order matches
+//! the Avro symbols. Per-token arrays are packed, see [`crate::packed`].
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The API dialect a harness spoke to the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dialect {
+    OpenaiChat,
+    OpenaiResponses,
+    AnthropicMessages,
+    Gemini,
+    /// A symbol this reader does not know (written by a newer schema).
+    Unknown,
+}
+
+/// How a call ended, from the harness's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    Ok,
+    /// The harness sent something the proxy refused (4xx in its dialect).
+    ClientError,
+    /// The inference engine failed or timed out (5xx in the harness's dialect).
+    UpstreamError,
+    /// The session's call budget was spent; the proxy answered with a final message.
+    BudgetStop,
+    Unknown,
+}
+
+/// Sampling parameters, as the harness asked for them or as the proxy sent them upstream.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub max_tokens: Option<i64>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallStarted {
+    pub run_id: String,
+    pub event_id: String,
+    pub session_id: String,
+    pub rollout_id: String,
+    pub call_index: i64,
+    pub dialect: Dialect,
+    pub harness: String,
+    pub path: String,
+    #[serde(with = "crate::packed")]
+    pub raw_request: Vec<u8>,
+    pub received_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallFinished {
+    pub run_id: String,
+    pub event_id: String,
+    pub session_id: String,
+    pub rollout_id: String,
+    pub call_index: i64,
+    pub status: CallStatus,
+    pub error: Option<String>,
+    pub model: String,
+    #[serde(with = "crate::packed")]
+    pub prompt_token_ids: Vec<u32>,
+    #[serde(with = "crate::packed")]
+    pub completion_token_ids: Vec<u32>,
+    /// Sampling-time logprob of each completion token (after temperature).
+    #[serde(with = "crate::packed")]
+    pub completion_logprobs: Vec<f32>,
+    pub finish_reason: Option<String>,
+    pub sampling_requested: SamplingParams,
+    pub sampling_sent: SamplingParams,
+    pub policy_version: Option<i64>,
+    pub usage: Usage,
+    pub trainable: bool,
+    pub untrainable_reason: Option<String>,
+    /// The body the harness received (before any SSE framing).
+    #[serde(with = "crate::packed")]
+    pub response_body: Vec<u8>,
+    pub latency_ms: i64,
+    pub finished_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutStarted {
+    pub run_id: String,
+    pub event_id: String,
+    pub rollout_id: String,
+    pub session_id: String,
+    pub task_id: String,
+    pub harness: String,
+    pub group_id: String,
+    pub policy_version: Option<i64>,
+    pub started_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutFinished {
+    pub run_id: String,
+    pub event_id: String,
+    pub rollout_id: String,
+    pub session_id: String,
+    pub exit_status: Option<i64>,
+    pub model_calls: i64,
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifierResult {
+    pub run_id: String,
+    pub event_id: String,
+    pub rollout_id: String,
+    /// The verifier ran. When false, `reward` is `None`: never score a missing verdict as 0.
+    pub ok: bool,
+    pub reward: Option<f64>,
+    #[serde(default)]
+    pub details: String,
+}
+
+/// Policy version stored per token when the producing call did not report one.
+pub const UNKNOWN_POLICY_VERSION: u32 = u32::MAX;
+
+/// One root-to-leaf path of a trajectory tree: a training sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sequence {
+    /// Index of the tree root this path starts at (sub-agents and compactions start new roots).
+    pub root: i64,
+    /// The calls along the path, in order.
+    pub call_indices: Vec<i64>,
+    /// A retried branch that the session abandoned.
+    pub discarded: bool,
+    #[serde(with = "crate::packed")]
+    pub token_ids: Vec<u32>,
+    /// 1 for tokens the model sampled, 0 for everything the harness or tools wrote.
+    #[serde(with = "crate::packed")]
+    pub loss_mask: Vec<u8>,
+    /// Sampling-time logprob per token; 0 where the mask is 0.
+    #[serde(with = "crate::packed")]
+    pub sampling_logprobs: Vec<f32>,
+    /// Policy version per token; [`UNKNOWN_POLICY_VERSION`] where unknown or mask 0.
+    #[serde(with = "crate::packed")]
+    pub policy_versions: Vec<u32>,
+    #[serde(default)]
+    pub tool_calls: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// A later prompt re-tokenized earlier sampled tokens differently.
+    Drift,
+    /// The call was recorded `trainable=false`; it is context only.
+    NotTrainable,
+    /// Token ids and logprobs disagree in length, or usage disagrees with them.
+    InconsistentTokens,
+    /// The call failed; it contributes nothing.
+    FailedCall,
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub call_index: i64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryBuilt {
+    pub run_id: String,
+    pub event_id: String,
+    pub rollout_id: String,
+    pub session_id: String,
+    pub task_id: String,
+    pub group_id: String,
+    pub harness: String,
+    pub calls: i64,
+    pub sequences: Vec<Sequence>,
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupMember {
+    pub rollout_id: String,
+    pub harness: String,
+    /// `None` when the verifier did not run: such a member is out of the baseline and the loss.
+    pub reward: Option<f64>,
+    pub advantage: Option<f64>,
+    pub sequences: Vec<Sequence>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingBatch {
+    pub run_id: String,
+    pub event_id: String,
+    pub group_id: String,
+    pub task_id: String,
+    /// Every scored member got the same reward: the group carries no learning signal.
+    pub no_reward_variance: bool,
+    pub members: Vec<GroupMember>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyPublished {
+    pub run_id: String,
+    pub event_id: String,
+    pub version: i64,
+    pub step: i64,
+    pub checkpoint_uri: String,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+}

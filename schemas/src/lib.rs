@@ -1,0 +1,100 @@
+//! forgelog's event contract: the Avro schemas in `avro/`, Rust types for them,
+//! single-object encoding, deterministic event ids and topic names. No I/O.
+//!
+//! Every event on every topic is one of [`Event`]'s variants, encoded by [`Codec`]
+//! as `C3 01` + the schema's CRC-64-AVRO fingerprint (little-endian) + the Avro body.
+
+mod codec;
+mod events;
+mod ids;
+pub mod packed;
+pub mod testing;
+mod topics;
+
+pub use codec::{Codec, DecodeError, EncodeError};
+pub use events::*;
+pub use ids::event_id;
+pub use topics::Topic;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! events {
+    ($($name:ident => $topic:ident by $key:ident;)*) => {
+        /// Any event of the log. Serializes to JSON as `{"type": "<Name>", ...fields}`.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "type")]
+        pub enum Event {
+            $($name($name),)*
+        }
+
+        /// The kind of an [`Event`]: its schema name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum EventKind {
+            $($name,)*
+        }
+
+        impl EventKind {
+            pub const ALL: &'static [EventKind] = &[$(EventKind::$name,)*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(EventKind::$name => stringify!($name),)* }
+            }
+
+            /// The topic events of this kind are written to.
+            pub fn topic(self) -> Topic {
+                match self { $(EventKind::$name => Topic::$topic,)* }
+            }
+
+            /// The current schema text (`avro/<Name>.avsc`).
+            pub fn avsc(self) -> &'static str {
+                match self { $(EventKind::$name => include_str!(concat!("../avro/", stringify!($name), ".avsc")),)* }
+            }
+
+            fn from_avro(self, value: apache_avro::types::Value) -> Result<Event, apache_avro::Error> {
+                match self { $(EventKind::$name => apache_avro::from_value::<$name>(&value).map(Event::$name),)* }
+            }
+        }
+
+        impl Event {
+            pub fn kind(&self) -> EventKind {
+                match self { $(Event::$name(_) => EventKind::$name,)* }
+            }
+
+            pub fn run_id(&self) -> &str {
+                match self { $(Event::$name(e) => &e.run_id,)* }
+            }
+
+            pub fn event_id(&self) -> &str {
+                match self { $(Event::$name(e) => &e.event_id,)* }
+            }
+
+            /// The Kafka message key (DESIGN.md): session, rollout or run id.
+            pub fn key(&self) -> &str {
+                match self { $(Event::$name(e) => &e.$key,)* }
+            }
+
+            pub fn topic(&self) -> Topic {
+                self.kind().topic()
+            }
+
+            fn to_avro(&self) -> Result<apache_avro::types::Value, apache_avro::Error> {
+                match self { $(Event::$name(e) => apache_avro::to_value(e),)* }
+            }
+        }
+
+        $(impl From<$name> for Event {
+            fn from(e: $name) -> Event { Event::$name(e) }
+        })*
+    };
+}
+
+events! {
+    CallStarted => Calls by session_id;
+    CallFinished => Calls by session_id;
+    RolloutStarted => Rollouts by rollout_id;
+    RolloutFinished => Rollouts by rollout_id;
+    VerifierResult => Rewards by rollout_id;
+    TrajectoryBuilt => Trajectories by rollout_id;
+    TrainingBatch => Batches by run_id;
+    PolicyPublished => Policy by run_id;
+}

@@ -1,0 +1,213 @@
+//! The `forgelog` command line: wires the component crates together.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use forgelog_schemas::Topic;
+use forgelog_stream::admin::{self, TopicLayout};
+use forgelog_stream::broker::{self, LocalBroker};
+use forgelog_stream::{EventProducer, ReplayReader, SpoolOptions, StartAt, StreamConfig};
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "forgelog", version, about = "Capture, log and train LLM agents inside their real harnesses")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct BrokerArgs {
+    /// Kafka bootstrap servers (comma-separated host:port)
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
+}
+
+impl BrokerArgs {
+    fn config(&self) -> StreamConfig {
+        StreamConfig::new(&self.brokers)
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the local Kafka-protocol broker (tansu) in the foreground, installing it if missing
+    Broker {
+        /// Data directory (SQLite database and log)
+        #[arg(long, default_value = ".forgelog/broker")]
+        data: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        listen: std::net::SocketAddr,
+    },
+    /// Create or list the log's topics
+    Topics {
+        #[command(subcommand)]
+        action: TopicsAction,
+    },
+    /// Print a topic's events as JSON lines
+    Tail {
+        /// Topic name, e.g. forgelog.calls
+        topic: String,
+        /// Print the topic's history up to now and exit (default: follow new events)
+        #[arg(long)]
+        from_beginning: bool,
+        /// Only events of this run
+        #[arg(long)]
+        run: Option<String>,
+        /// Stop after this many events
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
+    Spool {
+        #[command(subcommand)]
+        action: SpoolAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicsAction {
+    /// Create every forgelog topic that is missing (infinite retention)
+    Create {
+        #[arg(long, default_value_t = 3)]
+        partitions: i32,
+        #[arg(long, default_value_t = 1)]
+        replication: i32,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// List topics with their partition and message counts
+    List {
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum SpoolAction {
+    /// Send everything in the spool to the broker, then exit
+    Drain {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Give up after this many seconds (what is left stays in the spool)
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Show how many events wait in the spool
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Broker { data, listen } => run_broker(&data, listen),
+        Command::Topics { action: TopicsAction::Create { partitions, replication, broker } } => {
+            let created = rt.block_on(admin::create_topics(&broker.config(), &TopicLayout { partitions, replication }))?;
+            for t in Topic::ALL {
+                let state = if created.iter().any(|c| c == t.name()) { "created" } else { "exists" };
+                println!("{:<24} {state}", t.name());
+            }
+            Ok(())
+        }
+        Command::Topics { action: TopicsAction::List { broker } } => {
+            println!("{:<24} {:>10} {:>10}", "topic", "partitions", "messages");
+            for t in admin::list_topics(&broker.config())? {
+                println!("{:<24} {:>10} {:>10}", t.name, t.partitions, t.messages);
+            }
+            Ok(())
+        }
+        Command::Tail { topic, from_beginning, run, limit, broker } => tail(&broker.config(), &topic, from_beginning, run.as_deref(), limit),
+        Command::Spool { action: SpoolAction::Drain { dir, timeout_secs, broker } } => rt.block_on(async {
+            let producer = EventProducer::start(&broker.config(), &dir, SpoolOptions::default())?;
+            let pending = producer.spool().pending();
+            eprintln!("draining {pending} events from {}", dir.display());
+            producer.close(Duration::from_secs(timeout_secs)).await?;
+            eprintln!("spool {} is empty", dir.display());
+            Ok(())
+        }),
+        Command::Spool { action: SpoolAction::Status { dir } } => {
+            let spool = forgelog_stream::Spool::open(&dir, SpoolOptions::default())?;
+            println!("pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}", spool.pending(), spool.acked(), spool.bytes());
+            Ok(())
+        }
+    }
+}
+
+fn run_broker(data: &std::path::Path, listen: std::net::SocketAddr) -> Result<()> {
+    let binary = broker::find_or_install_tansu()?;
+    let mut b = LocalBroker::start(&binary, data, listen).with_context(|| format!("starting {}", binary.display()))?;
+    eprintln!("forgelog broker: tansu on {listen}, data in {} (Ctrl-C to stop)", data.display());
+    let pid = b.pid();
+    // Forward Ctrl-C / SIGTERM to tansu and wait for it to exit cleanly.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let status = std::thread::scope(|s| {
+        let waiter = s.spawn(|| b.wait());
+        rt.block_on(async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                _ = wait_for(&waiter) => {}
+            }
+            anyhow::Ok(())
+        })?;
+        broker::terminate(pid);
+        waiter.join().map_err(|_| anyhow::anyhow!("broker waiter panicked"))?.map_err(anyhow::Error::from)
+    })?;
+    eprintln!("forgelog broker: stopped ({status})");
+    Ok(())
+}
+
+async fn wait_for<T>(h: &std::thread::ScopedJoinHandle<'_, T>) {
+    while !h.is_finished() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn tail(config: &StreamConfig, topic: &str, from_beginning: bool, run: Option<&str>, limit: Option<usize>) -> Result<()> {
+    if Topic::from_name(topic).is_none() {
+        bail!("unknown topic {topic:?}; forgelog's topics are: {}", Topic::ALL.map(|t| t.name()).join(", "));
+    }
+    let reader = ReplayReader::new(config)?;
+    let mut out = std::io::stdout().lock();
+    let mut printed = 0usize;
+    let mut write_err = None;
+    let print = |rec: forgelog_stream::Received| {
+        if limit.is_some_and(|l| printed >= l) || write_err.is_some() {
+            return ControlFlow::Break(());
+        }
+        let line = match &rec.event {
+            Ok(e) => serde_json::to_string(e).expect("events serialize to JSON"),
+            Err(err) => serde_json::json!({"error": err, "partition": rec.partition, "offset": rec.offset}).to_string(),
+        };
+        if let Err(e) = writeln!(out, "{line}") {
+            write_err = Some(e);
+        }
+        printed += 1;
+        ControlFlow::Continue(())
+    };
+    if from_beginning {
+        reader.for_each(topic, StartAt::Beginning, run, print)?;
+    } else {
+        reader.follow(topic, run, print)?;
+    }
+    match write_err {
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}

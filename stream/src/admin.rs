@@ -1,0 +1,82 @@
+//! Topic administration. Never deletes topics: on tansu 0.6 DeleteTopics
+//! removes every topic.
+
+use crate::StreamConfig;
+use forgelog_schemas::Topic;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use std::time::Duration;
+
+/// How the log's topics are laid out.
+#[derive(Debug, Clone)]
+pub struct TopicLayout {
+    pub partitions: i32,
+    pub replication: i32,
+}
+
+impl Default for TopicLayout {
+    fn default() -> Self {
+        TopicLayout { partitions: 3, replication: 1 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("creating {topic}: {code}")]
+    Create { topic: String, code: RDKafkaErrorCode },
+}
+
+/// Creates every forgelog topic that does not exist yet, with infinite retention
+/// (the log is the source of truth). Returns the names it created.
+pub async fn create_topics(config: &StreamConfig, layout: &TopicLayout) -> Result<Vec<String>, AdminError> {
+    let admin: AdminClient<DefaultClientContext> = config.client("forgelog-admin").create()?;
+    let new: Vec<NewTopic> = Topic::ALL
+        .iter()
+        .map(|t| {
+            NewTopic::new(t.name(), layout.partitions, TopicReplication::Fixed(layout.replication))
+                .set("retention.ms", "-1")
+                .set("retention.bytes", "-1")
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let mut created = Vec::new();
+    for result in admin.create_topics(&new, &opts).await? {
+        match result {
+            Ok(name) => created.push(name),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(AdminError::Create { topic, code }),
+        }
+    }
+    Ok(created)
+}
+
+/// A topic as the broker describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub partitions: usize,
+    /// Messages in the topic (sum of high minus low watermarks).
+    pub messages: i64,
+}
+
+/// Every topic on the broker, sorted by name.
+pub fn list_topics(config: &StreamConfig) -> Result<Vec<TopicInfo>, AdminError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = config.consumer("forgelog-admin").create()?;
+    let timeout = Duration::from_secs(10);
+    let md = c.fetch_metadata(None, timeout)?;
+    let mut out = Vec::new();
+    for t in md.topics() {
+        let mut messages = 0;
+        for p in t.partitions() {
+            let (lo, hi) = c.fetch_watermarks(t.name(), p.id(), timeout)?;
+            messages += hi - lo;
+        }
+        out.push(TopicInfo { name: t.name().to_string(), partitions: t.partitions().len(), messages });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}

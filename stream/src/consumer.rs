@@ -1,0 +1,214 @@
+//! Typed consumers: a group member that commits only when told, and the replay
+//! reader that reads a topic's history without joining any group.
+
+use crate::StreamConfig;
+use forgelog_schemas::{Codec, DecodeError, Event, Topic};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+/// One message as read from the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Vec<u8>,
+    /// The raw value, for byte-level comparison and re-encoding checks.
+    pub value: Vec<u8>,
+    /// The decoded event; a message that is not a forgelog event is an error
+    /// here, for the caller to record and skip, never a crash.
+    pub event: Result<Event, String>,
+}
+
+impl Received {
+    /// Whether this message belongs to `run` (any run when `None`; undecodable
+    /// messages always pass, so that they get reported).
+    pub fn in_run(&self, run: Option<&str>) -> bool {
+        match (&self.event, run) {
+            (Ok(e), Some(r)) => e.run_id() == r,
+            _ => true,
+        }
+    }
+
+    fn from_message(msg: &BorrowedMessage<'_>) -> Received {
+        let value = msg.payload().unwrap_or_default().to_vec();
+        let event = Codec::global().decode(&value).map_err(|e: DecodeError| e.to_string());
+        Received {
+            topic: msg.topic().to_string(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key: msg.key().unwrap_or_default().to_vec(),
+            value,
+            event,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Broker(String),
+}
+
+/// A consumer-group member over forgelog topics. Offsets are committed only by
+/// [`EventConsumer::commit`], after the caller has written its output.
+pub struct EventConsumer {
+    inner: StreamConsumer,
+}
+
+impl EventConsumer {
+    pub fn new(config: &StreamConfig, group: &str, topics: &[Topic]) -> Result<EventConsumer, ConsumeError> {
+        let inner: StreamConsumer = config.consumer(group).create()?;
+        let names: Vec<&str> = topics.iter().map(|t| t.name()).collect();
+        inner.subscribe(&names)?;
+        Ok(EventConsumer { inner })
+    }
+
+    pub async fn recv(&self) -> Result<Received, ConsumeError> {
+        let msg = self.inner.recv().await?;
+        Ok(Received::from_message(&msg))
+    }
+
+    /// Commits "everything up to and including these messages" (synchronously).
+    pub fn commit(&self, processed: &[(&str, i32, i64)]) -> Result<(), ConsumeError> {
+        let mut tpl = TopicPartitionList::new();
+        for &(topic, partition, offset) in processed {
+            tpl.add_partition_offset(topic, partition, Offset::Offset(offset + 1))?;
+        }
+        self.inner.commit(&tpl, CommitMode::Sync)?;
+        Ok(())
+    }
+}
+
+/// Where a replay starts in every partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    Beginning,
+    Offset(i64),
+    /// The first message at or after this time (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// Reads a topic from a start point to the end it had when the read began,
+/// partition by partition in offset order, without joining a group: the same
+/// input always gives the same sequence.
+pub struct ReplayReader {
+    consumer: BaseConsumer,
+    timeout: Duration,
+}
+
+impl ReplayReader {
+    pub fn new(config: &StreamConfig) -> Result<ReplayReader, ConsumeError> {
+        let consumer: BaseConsumer = config.consumer("forgelog-replay").create()?;
+        Ok(ReplayReader { consumer, timeout: Duration::from_secs(10) })
+    }
+
+    /// Partition ids of `topic`, sorted.
+    pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
+        let md = self.consumer.fetch_metadata(Some(topic), self.timeout)?;
+        let t = md.topics().first().ok_or_else(|| ConsumeError::Broker(format!("no metadata for {topic}")))?;
+        if let Some(e) = t.error() {
+            return Err(ConsumeError::Broker(format!("topic {topic}: {e:?}")));
+        }
+        let mut ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Calls `f` with every message of `topic` from `start` to the end the topic
+    /// has now, keeping only events of run `run` when given (undecodable messages
+    /// are always passed on), until `f` breaks.
+    pub fn for_each(
+        &self,
+        topic: &str,
+        start: StartAt,
+        run: Option<&str>,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<(), ConsumeError> {
+        for partition in self.partitions(topic)? {
+            let (lo, hi) = self.consumer.fetch_watermarks(topic, partition, self.timeout)?;
+            let from = match start {
+                StartAt::Beginning => lo,
+                StartAt::Offset(o) => o.clamp(lo, hi),
+                StartAt::Timestamp(ms) => {
+                    let mut q = TopicPartitionList::new();
+                    q.add_partition_offset(topic, partition, Offset::Offset(ms))?;
+                    let found = self.consumer.offsets_for_times(q, self.timeout)?;
+                    match found.find_partition(topic, partition).map(|e| e.offset()) {
+                        Some(Offset::Offset(o)) => o,
+                        _ => hi,
+                    }
+                }
+            };
+            if from >= hi {
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+            self.consumer.assign(&tpl)?;
+            let mut next = from;
+            let mut idle_since = Instant::now();
+            while next < hi {
+                match self.consumer.poll(Duration::from_millis(200)) {
+                    Some(msg) => {
+                        let msg = msg?;
+                        idle_since = Instant::now();
+                        next = msg.offset() + 1;
+                        let rec = Received::from_message(&msg);
+                        if rec.in_run(run) && f(rec).is_break() {
+                            self.consumer.unassign()?;
+                            return Ok(());
+                        }
+                    }
+                    None if idle_since.elapsed() > self.timeout * 3 => {
+                        return Err(ConsumeError::Broker(format!(
+                            "replay of {topic}/{partition} stalled at offset {next} of {hi}"
+                        )));
+                    }
+                    None => {}
+                }
+            }
+        }
+        self.consumer.unassign()?;
+        Ok(())
+    }
+
+    /// All of `topic` (or one run of it) from `start`, in partition then offset order.
+    pub fn read(&self, topic: &str, start: StartAt, run: Option<&str>) -> Result<Vec<Received>, ConsumeError> {
+        let mut out = Vec::new();
+        self.for_each(topic, start, run, |r| {
+            out.push(r);
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with every new message of `topic` (from the end it has now) as it
+    /// arrives, until `f` breaks.
+    pub fn follow(
+        &self,
+        topic: &str,
+        run: Option<&str>,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<(), ConsumeError> {
+        let mut tpl = TopicPartitionList::new();
+        for partition in self.partitions(topic)? {
+            tpl.add_partition_offset(topic, partition, Offset::End)?;
+        }
+        self.consumer.assign(&tpl)?;
+        loop {
+            if let Some(msg) = self.consumer.poll(Duration::from_millis(500)) {
+                let rec = Received::from_message(&msg?);
+                if rec.in_run(run) && f(rec).is_break() {
+                    self.consumer.unassign()?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The typed, spool-backed producer.
+//!
+//! `send` encodes the event and appends it to the spool: no network, no await.
+//! A drainer task reads the spool in order and produces to Kafka with an
+//! idempotent producer, a bounded window of messages in flight. Each message
+//! carries `forgelog-spool-id`/`forgelog-spool-seq` headers. After any failure,
+//! or a restart after `kill -9`, the drainer reads the topics' tails past its
+//! checkpoint to learn which of its unacknowledged records did arrive, and
+//! sends only the others: nothing lost, nothing twice.
+
+use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
+use crate::StreamConfig;
+use forgelog_schemas::{Codec, EncodeError, Event};
+use futures::stream::{FuturesOrdered, StreamExt};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+pub const SPOOL_ID_HEADER: &str = "forgelog-spool-id";
+pub const SPOOL_SEQ_HEADER: &str = "forgelog-spool-seq";
+
+const WINDOW: usize = 4096;
+const CHECKPOINT_EVERY: u64 = 2048;
+const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+}
+
+#[derive(Debug, thiserror::Error)]
+enum DrainError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
+    #[error("spool read: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{pending} events still in the spool after {waited:?}: the broker at {brokers} is not taking them")]
+pub struct FlushTimeout {
+    pub pending: u64,
+    pub waited: Duration,
+    pub brokers: String,
+}
+
+/// Sends events to their topics through the local spool.
+pub struct EventProducer {
+    spool: Arc<Spool>,
+    brokers: String,
+    stop: watch::Sender<bool>,
+    drainer: tokio::task::JoinHandle<()>,
+}
+
+impl EventProducer {
+    /// Opens the spool in `spool_dir` and starts draining it (including anything
+    /// a previous process left there). Must be called inside a tokio runtime.
+    pub fn start(config: &StreamConfig, spool_dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Self, SpoolError> {
+        let spool = Arc::new(Spool::open(spool_dir, options)?);
+        let (stop, stop_rx) = watch::channel(false);
+        let drainer = Drainer::new(config, spool.clone())?;
+        let drainer = tokio::spawn(drainer.run(stop_rx));
+        Ok(EventProducer { spool, brokers: config.brokers.clone(), stop, drainer })
+    }
+
+    /// Encodes `event` and appends it to the spool; returns its spool seq.
+    /// Never waits for the broker.
+    pub fn send(&self, event: &Event) -> Result<u64, SendError> {
+        let value = Codec::global().encode(event)?;
+        let seq = self.spool.append(event.topic().name(), event.key().as_bytes(), &value)?;
+        metrics::counter!("forgelog_events_sent_total", "topic" => event.topic().name()).increment(1);
+        Ok(seq)
+    }
+
+    pub fn spool(&self) -> &Spool {
+        &self.spool
+    }
+
+    /// Waits until everything sent so far is acknowledged by the broker.
+    pub async fn flush(&self, timeout: Duration) -> Result<(), FlushTimeout> {
+        let target = self.spool.next_seq();
+        let start = Instant::now();
+        loop {
+            let waiting = self.spool.drained();
+            if self.spool.acked() >= target {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(FlushTimeout { pending: target - self.spool.acked(), waited: timeout, brokers: self.brokers.clone() });
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), waiting).await;
+        }
+    }
+
+    /// Flushes (up to `timeout`), then stops the drainer. What is not acknowledged
+    /// stays in the spool for the next start.
+    pub async fn close(self, timeout: Duration) -> Result<(), FlushTimeout> {
+        let flushed = self.flush(timeout).await;
+        let _ = self.stop.send(true);
+        let _ = self.drainer.await;
+        flushed
+    }
+}
+
+struct Drainer {
+    config: rdkafka::ClientConfig,
+    recovery: rdkafka::ClientConfig,
+    spool: Arc<Spool>,
+    checkpoint: Checkpoint,
+}
+
+/// A record's fate: delivered at (partition, offset).
+type Delivered = Result<(i32, i64), DrainError>;
+
+impl Drainer {
+    fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
+        let io = |source| SpoolError::Io { dir: spool.dir().to_path_buf(), source };
+        let mut checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
+        if checkpoint.spool_id.is_empty() {
+            checkpoint.spool_id = new_spool_id(spool.dir());
+            checkpoint.acked_through = spool.acked();
+            checkpoint.store(spool.dir()).map_err(io)?;
+        }
+        Ok(Drainer { config: config.producer(), recovery: config.consumer("forgelog-spool-recovery"), spool, checkpoint })
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.session(&mut stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, pending = self.spool.pending(), "spool drain interrupted; retrying");
+                    metrics::counter!("forgelog_spool_drain_errors_total").increment(1);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// One producer's lifetime: recover, then drain until stopped or failed.
+    async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), DrainError> {
+        let producer: FutureProducer = self.config.create()?;
+        let already = self.recover().await?;
+        let mut reader = self.spool.reader(self.checkpoint.acked_through);
+        let mut inflight = FuturesOrdered::new();
+        let mut since_checkpoint = 0u64;
+        let result = loop {
+            while inflight.len() < WINDOW {
+                let Some(rec) = reader.next_record()? else { break };
+                if !self.checkpoint.scan_from.contains_key(&rec.topic) {
+                    self.mark_scan_base(&rec.topic).await?;
+                }
+                let seq = rec.seq;
+                let topic = rec.topic.clone();
+                let delivery: std::pin::Pin<Box<dyn std::future::Future<Output = Delivered> + Send>> =
+                    match already.get(&seq) {
+                        Some(&at) => Box::pin(std::future::ready(Ok(at))),
+                        None => Box::pin(self.produce(&producer, rec)?),
+                    };
+                inflight.push_back(async move { (seq, topic, delivery.await) });
+            }
+            if inflight.is_empty() {
+                if since_checkpoint > 0 {
+                    self.spool.acknowledge(&self.checkpoint)?;
+                    since_checkpoint = 0;
+                }
+                if *stop.borrow() {
+                    break Ok(());
+                }
+                tokio::select! {
+                    _ = self.spool.appended() => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            let Some((seq, topic, delivered)) = inflight.next().await else { continue };
+            match delivered {
+                Ok((partition, offset)) => {
+                    self.checkpoint.acked_through = seq + 1;
+                    let from = self.checkpoint.scan_from.entry(topic).or_default().entry(partition).or_insert(0);
+                    *from = (*from).max(offset + 1);
+                    metrics::counter!("forgelog_events_delivered_total").increment(1);
+                    since_checkpoint += 1;
+                    if since_checkpoint >= CHECKPOINT_EVERY {
+                        self.spool.acknowledge(&self.checkpoint)?;
+                        since_checkpoint = 0;
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if since_checkpoint > 0 {
+            self.spool.acknowledge(&self.checkpoint)?;
+        }
+        if result.is_err() {
+            // Messages of this producer still queued must not land after the next
+            // session's recovery scan: purge them and let in-flight requests settle.
+            producer.purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+            drop(producer);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        result
+    }
+
+    fn produce(
+        &self,
+        producer: &FutureProducer,
+        rec: SpoolRecord,
+    ) -> Result<impl std::future::Future<Output = Delivered> + Send, DrainError> {
+        let seq = rec.seq.to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: SPOOL_ID_HEADER, value: Some(self.checkpoint.spool_id.as_bytes()) })
+            .insert(Header { key: SPOOL_SEQ_HEADER, value: Some(seq.as_bytes()) });
+        let record = FutureRecord::to(&rec.topic).key(&rec.key).payload(&rec.value).headers(headers);
+        let future = producer.send_result(record).map_err(|(e, _)| DrainError::Kafka(e))?;
+        Ok(async move {
+            match future.await {
+                Ok(Ok(d)) => Ok((d.partition, d.offset)),
+                Ok(Err((e, _))) => Err(DrainError::Kafka(e)),
+                Err(_) => Err(DrainError::Other("producer dropped the message".into())),
+            }
+        })
+    }
+
+    /// Before the first message to `topic`, remember where its partitions end:
+    /// nothing of ours can be before that.
+    async fn mark_scan_base(&mut self, topic: &str) -> Result<(), DrainError> {
+        let consumer: BaseConsumer = self.recovery.create()?;
+        let topic = topic.to_string();
+        let ends = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let md = consumer.fetch_metadata(Some(&topic), BROKER_TIMEOUT)?;
+            let t = md.topics().first().ok_or_else(|| DrainError::Other(format!("no metadata for {topic}")))?;
+            if let Some(e) = t.error() {
+                return Err(DrainError::Other(format!("topic {topic}: {e:?} (create the topics first: forgelog topics create)")));
+            }
+            let mut ends = std::collections::BTreeMap::new();
+            for p in t.partitions() {
+                let (_, hi) = consumer.fetch_watermarks(&topic, p.id(), BROKER_TIMEOUT)?;
+                ends.insert(p.id(), hi);
+            }
+            Ok((topic, ends))
+        })
+        .await
+        .map_err(|e| DrainError::Other(e.to_string()))??;
+        self.checkpoint.scan_from.insert(ends.0, ends.1);
+        self.checkpoint.store(self.spool.dir())?;
+        Ok(())
+    }
+
+    /// Which unacknowledged records already reached the broker: our messages
+    /// past each partition's scan base, by seq.
+    async fn recover(&mut self) -> Result<HashMap<u64, (i32, i64)>, DrainError> {
+        if self.spool.next_seq() <= self.checkpoint.acked_through || self.checkpoint.scan_from.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let consumer: BaseConsumer = self.recovery.create()?;
+        let scan_from = self.checkpoint.scan_from.clone();
+        let spool_id = self.checkpoint.spool_id.clone();
+        let acked = self.checkpoint.acked_through;
+        let found = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let mut found = HashMap::new();
+            for (topic, parts) in &scan_from {
+                for (&partition, &from) in parts {
+                    let (_, hi) = consumer.fetch_watermarks(topic, partition, BROKER_TIMEOUT)?;
+                    if from >= hi {
+                        continue;
+                    }
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+                    consumer.assign(&tpl)?;
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let mut next = from;
+                    while next < hi {
+                        if Instant::now() > deadline {
+                            return Err(DrainError::Other(format!("recovery scan of {topic}/{partition} timed out")));
+                        }
+                        let Some(msg) = consumer.poll(Duration::from_millis(500)) else { continue };
+                        let msg = msg?;
+                        next = msg.offset() + 1;
+                        if let Some(seq) = spool_seq(&msg, &spool_id) {
+                            if seq >= acked {
+                                found.insert(seq, (partition, msg.offset()));
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .await
+        .map_err(|e| DrainError::Other(e.to_string()))??;
+        if !found.is_empty() {
+            tracing::info!(count = found.len(), "spool recovery: records already in the log are not sent again");
+        }
+        Ok(found)
+    }
+}
+
+/// The spool seq of a message this spool wrote, from its headers.
+fn spool_seq(msg: &impl Message, spool_id: &str) -> Option<u64> {
+    let headers = msg.headers()?;
+    let mut id_ok = false;
+    let mut seq = None;
+    for h in headers.iter() {
+        match h.key {
+            SPOOL_ID_HEADER => id_ok = h.value == Some(spool_id.as_bytes()),
+            SPOOL_SEQ_HEADER => seq = h.value.and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()),
+            _ => {}
+        }
+    }
+    seq.filter(|_| id_ok)
+}
+
+/// Unique per spool directory instance; not part of any event, so randomness-free
+/// determinism does not apply. Host, path, pid and time make collisions implausible.
+fn new_spool_id(dir: &std::path::Path) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    forgelog_schemas::event_id(
+        "spool",
+        &[host.trim(), &dir.display().to_string(), &std::process::id().to_string(), &now.as_nanos().to_string()],
+    )
+}

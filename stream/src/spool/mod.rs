@@ -1,0 +1,335 @@
+//! The local spool: an append-only, segmented, CRC-checked file log that holds
+//! events until the broker has acknowledged them.
+//!
+//! Every event goes through the spool (write-ahead), so `send` costs one local
+//! `write` and never a network round trip, and a process killed at any point
+//! loses nothing it accepted. The drainer ([`crate::producer`]) reads records in
+//! order and deletes segments once everything in them is acknowledged.
+
+mod checkpoint;
+mod record;
+
+pub use checkpoint::Checkpoint;
+pub use record::SpoolRecord;
+
+use record::FRAME_HEADER;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// When appended records are forced to disk. The data survives a killed process
+/// in every mode (it is in the page cache); only `Always` survives power loss
+/// for every acknowledged `send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    Never,
+    Always,
+    EveryN(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct SpoolOptions {
+    /// A segment is closed and a new one started past this size.
+    pub segment_bytes: u64,
+    /// `send` fails with [`SpoolError::Full`] rather than grow past this.
+    pub max_bytes: u64,
+    pub fsync: FsyncPolicy,
+}
+
+impl Default for SpoolOptions {
+    fn default() -> Self {
+        SpoolOptions { segment_bytes: 64 << 20, max_bytes: 8 << 30, fsync: FsyncPolicy::Never }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("spool {dir} is full ({bytes} of {max} bytes): the broker has been away too long; event refused")]
+    Full { dir: PathBuf, bytes: u64, max: u64 },
+    #[error("spool {dir}: {source}")]
+    Io { dir: PathBuf, source: io::Error },
+}
+
+/// State the writer publishes to readers.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Every record with a smaller seq is completely written.
+    next_seq: AtomicU64,
+    /// Every record with a smaller seq is acknowledged by the broker.
+    acked: AtomicU64,
+    bytes: AtomicU64,
+    appended: tokio::sync::Notify,
+    drained: tokio::sync::Notify,
+}
+
+struct ActiveSegment {
+    file: File,
+    first_seq: u64,
+    len: u64,
+    unsynced: u32,
+    buf: Vec<u8>,
+}
+
+/// A spool directory opened for appending and draining.
+pub struct Spool {
+    dir: PathBuf,
+    options: SpoolOptions,
+    active: Mutex<ActiveSegment>,
+    shared: Arc<Shared>,
+}
+
+fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join(format!("{first_seq:020}.seg"))
+}
+
+/// Segments in the directory, by first seq.
+fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            if let Some(seq) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()) {
+                out.push((seq, path));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads one framed record; `Ok(None)` at a clean end, a torn frame or a bad CRC.
+fn read_frame(r: &mut impl Read) -> io::Result<Option<(SpoolRecord, u64)>> {
+    let mut header = [0u8; FRAME_HEADER];
+    if let Err(e) = r.read_exact(&mut header) {
+        return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+    }
+    let (len, crc) = SpoolRecord::frame_header(&header);
+    let mut payload = vec![0u8; len];
+    if let Err(e) = r.read_exact(&mut payload) {
+        return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+    }
+    if crc32fast::hash(&payload) != crc {
+        return Ok(None);
+    }
+    Ok(SpoolRecord::decode_payload(&payload).map(|r| (r, (FRAME_HEADER + len) as u64)))
+}
+
+impl Spool {
+    /// Opens (or creates) the spool in `dir`, cutting off a torn tail left by a crash.
+    pub fn open(dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Spool, SpoolError> {
+        let dir = dir.into();
+        let io_err = |source| SpoolError::Io { dir: dir.clone(), source };
+        fs::create_dir_all(&dir).map_err(io_err)?;
+        let checkpoint = Checkpoint::load(&dir).map_err(io_err)?;
+        let segs = segments(&dir).map_err(io_err)?;
+        let mut bytes = 0;
+        for (_, p) in &segs {
+            bytes += fs::metadata(p).map_err(io_err)?.len();
+        }
+        let (first_seq, next_seq, len, path) = match segs.last() {
+            None => {
+                let seq = checkpoint.acked_through;
+                (seq, seq, 0, segment_path(&dir, seq))
+            }
+            Some((first, path)) => {
+                let mut r = BufReader::new(File::open(path).map_err(io_err)?);
+                let (mut next, mut good) = (*first, 0u64);
+                while let Some((rec, n)) = read_frame(&mut r).map_err(io_err)? {
+                    if rec.seq != next {
+                        break;
+                    }
+                    next += 1;
+                    good += n;
+                }
+                let size = fs::metadata(path).map_err(io_err)?.len();
+                if size != good {
+                    tracing::warn!(segment = %path.display(), cut = size - good, "spool: cutting off a torn tail");
+                    bytes -= size - good;
+                }
+                (*first, next.max(checkpoint.acked_through), good, path.clone())
+            }
+        };
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err)?;
+        file.set_len(len).map_err(io_err)?;
+        let mut file = file;
+        file.seek(SeekFrom::End(0)).map_err(io_err)?;
+        let shared = Arc::new(Shared::default());
+        shared.next_seq.store(next_seq, Ordering::Release);
+        shared.acked.store(checkpoint.acked_through, Ordering::Release);
+        shared.bytes.store(bytes, Ordering::Release);
+        metrics::gauge!("forgelog_spool_bytes").set(bytes as f64);
+        Ok(Spool {
+            dir,
+            options,
+            active: Mutex::new(ActiveSegment { file, first_seq, len, unsynced: 0, buf: Vec::new() }),
+            shared,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends one record; returns its seq. Local disk only: never waits on the broker.
+    pub fn append(&self, topic: &str, key: &[u8], value: &[u8]) -> Result<u64, SpoolError> {
+        let io_err = |source| SpoolError::Io { dir: self.dir.clone(), source };
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.shared.next_seq.load(Ordering::Acquire);
+        let mut buf = std::mem::take(&mut active.buf);
+        buf.clear();
+        SpoolRecord::encode_into(seq, topic, key, value, &mut buf);
+        let bytes = self.shared.bytes.load(Ordering::Acquire);
+        if bytes + buf.len() as u64 > self.options.max_bytes {
+            metrics::counter!("forgelog_spool_full_total").increment(1);
+            active.buf = buf;
+            return Err(SpoolError::Full { dir: self.dir.clone(), bytes, max: self.options.max_bytes });
+        }
+        if active.len > 0 && active.len + buf.len() as u64 > self.options.segment_bytes {
+            active.file.sync_data().map_err(io_err)?;
+            let file = OpenOptions::new().create(true).append(true).open(segment_path(&self.dir, seq)).map_err(io_err)?;
+            *active = ActiveSegment { file, first_seq: seq, len: 0, unsynced: 0, buf: Vec::new() };
+        }
+        let written = active.file.write_all(&buf);
+        if let Err(e) = written {
+            // Leave no partial frame behind: the next open would cut it anyway.
+            let len = active.len;
+            let _ = active.file.set_len(len);
+            let _ = active.file.seek(SeekFrom::Start(len));
+            active.buf = buf;
+            return Err(io_err(e));
+        }
+        active.len += buf.len() as u64;
+        active.unsynced += 1;
+        let sync = match self.options.fsync {
+            FsyncPolicy::Never => false,
+            FsyncPolicy::Always => true,
+            FsyncPolicy::EveryN(n) => active.unsynced >= n,
+        };
+        if sync {
+            active.file.sync_data().map_err(io_err)?;
+            active.unsynced = 0;
+        }
+        let total = self.shared.bytes.fetch_add(buf.len() as u64, Ordering::AcqRel) + buf.len() as u64;
+        active.buf = buf;
+        self.shared.next_seq.store(seq + 1, Ordering::Release);
+        drop(active);
+        metrics::gauge!("forgelog_spool_bytes").set(total as f64);
+        self.shared.appended.notify_one();
+        Ok(seq)
+    }
+
+    /// Seq the next append gets.
+    pub fn next_seq(&self) -> u64 {
+        self.shared.next_seq.load(Ordering::Acquire)
+    }
+
+    /// Every record below this seq is acknowledged by the broker.
+    pub fn acked(&self) -> u64 {
+        self.shared.acked.load(Ordering::Acquire)
+    }
+
+    /// Records appended and not yet acknowledged.
+    pub fn pending(&self) -> u64 {
+        self.next_seq() - self.acked()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.shared.bytes.load(Ordering::Acquire)
+    }
+
+    /// A reader positioned at `seq`.
+    pub fn reader(&self, seq: u64) -> SpoolReader {
+        SpoolReader { dir: self.dir.clone(), shared: self.shared.clone(), seq, file: None }
+    }
+
+    /// Waits until something is appended (returns at once if an append happened since the last wait).
+    pub async fn appended(&self) {
+        self.shared.appended.notified().await
+    }
+
+    /// Waits until the acknowledged position moves.
+    pub async fn drained(&self) {
+        self.shared.drained.notified().await
+    }
+
+    /// Records that everything below `seq` is acknowledged, saves `checkpoint`
+    /// and deletes the segments that hold nothing newer.
+    pub fn acknowledge(&self, checkpoint: &Checkpoint) -> Result<(), SpoolError> {
+        let io_err = |source| SpoolError::Io { dir: self.dir.clone(), source };
+        checkpoint.store(&self.dir).map_err(io_err)?;
+        self.shared.acked.store(checkpoint.acked_through, Ordering::Release);
+        let active_first = self.active.lock().unwrap_or_else(|p| p.into_inner()).first_seq;
+        let segs = segments(&self.dir).map_err(io_err)?;
+        for pair in segs.windows(2) {
+            let ((_, path), (next_first, _)) = (&pair[0], &pair[1]);
+            if *next_first <= checkpoint.acked_through && *next_first <= active_first {
+                let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                fs::remove_file(path).map_err(io_err)?;
+                let left = self.shared.bytes.fetch_sub(len, Ordering::AcqRel) - len;
+                metrics::gauge!("forgelog_spool_bytes").set(left as f64);
+            }
+        }
+        self.shared.drained.notify_waiters();
+        Ok(())
+    }
+}
+
+/// Reads records in seq order, only those completely written.
+pub struct SpoolReader {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    seq: u64,
+    file: Option<(u64, BufReader<File>)>,
+}
+
+impl SpoolReader {
+    /// Seq of the record `next` returns.
+    pub fn position(&self) -> u64 {
+        self.seq
+    }
+
+    /// The next record, or `None` when the reader has caught up with the writer.
+    pub fn next_record(&mut self) -> io::Result<Option<SpoolRecord>> {
+        if self.seq >= self.shared.next_seq.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        for _ in 0..2 {
+            if self.file.is_none() {
+                self.open_segment_for(self.seq)?;
+            }
+            let (_, r) = self.file.as_mut().expect("opened above");
+            loop {
+                match read_frame(r)? {
+                    Some((rec, _)) if rec.seq < self.seq => continue,
+                    Some((rec, _)) if rec.seq == self.seq => {
+                        self.seq += 1;
+                        return Ok(Some(rec));
+                    }
+                    Some((rec, _)) => {
+                        return Err(io::Error::other(format!("spool gap: wanted seq {}, found {}", self.seq, rec.seq)))
+                    }
+                    // End of this segment: the record was written to the next one.
+                    None => break,
+                }
+            }
+            self.file = None;
+            let next = segments(&self.dir)?.into_iter().find(|(first, _)| *first == self.seq);
+            if let Some((first, path)) = next {
+                self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
+            }
+        }
+        Err(io::Error::other(format!("spool record {} is missing from {}", self.seq, self.dir.display())))
+    }
+
+    fn open_segment_for(&mut self, seq: u64) -> io::Result<()> {
+        let seg = segments(&self.dir)?.into_iter().rev().find(|(first, _)| *first <= seq);
+        let (first, path) = seg.ok_or_else(|| io::Error::other(format!("no spool segment holds seq {seq}")))?;
+        self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1 @@
+//! forgelog-trainer: the candle GRPO learner: loss, optimizer, checkpoints, PolicyPublished.
