@@ -7,6 +7,7 @@ mod config;
 mod consumer;
 pub mod producer;
 pub mod spool;
+pub mod testing;
 
 pub use config::{StreamConfig, MAX_MESSAGE_BYTES};
 pub use consumer::{ConsumeError, EventConsumer, Received, ReplayReader, StartAt};

@@ -2,28 +2,29 @@
 //!
 //! `send` encodes the event and appends it to the spool: no network, no await.
 //! A drainer task reads the spool in order and produces to Kafka with an
-//! idempotent producer, a bounded window of messages in flight. Each message
-//! carries `forgelog-spool-id`/`forgelog-spool-seq` headers. After any failure,
-//! or a restart after `kill -9`, the drainer reads the topics' tails past its
-//! checkpoint to learn which of its unacknowledged records did arrive, and
-//! sends only the others: nothing lost, nothing twice.
+//! idempotent producer, a bounded window of messages in flight. After any
+//! failure, or a restart after `kill -9`, the drainer reads the topics' tails
+//! past its checkpoint and matches them, byte for byte (by digest), against its
+//! unacknowledged records: those already there are not sent again. Nothing
+//! lost, nothing twice. Events carry deterministic ids, so two identical
+//! messages are the same event by definition.
+//!
+//! Messages carry no headers: tansu 0.6 looks headers up with a full scan of
+//! its header table for every record fetched, which makes reads quadratic.
 
 use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
 use crate::StreamConfig;
 use forgelog_schemas::{Codec, EncodeError, Event};
 use futures::stream::{FuturesOrdered, StreamExt};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-pub const SPOOL_ID_HEADER: &str = "forgelog-spool-id";
-pub const SPOOL_SEQ_HEADER: &str = "forgelog-spool-seq";
 
 const WINDOW: usize = 4096;
 const CHECKPOINT_EVERY: u64 = 2048;
@@ -129,12 +130,7 @@ type Delivered = Result<(i32, i64), DrainError>;
 impl Drainer {
     fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
         let io = |source| SpoolError::Io { dir: spool.dir().to_path_buf(), source };
-        let mut checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
-        if checkpoint.spool_id.is_empty() {
-            checkpoint.spool_id = new_spool_id(spool.dir());
-            checkpoint.acked_through = spool.acked();
-            checkpoint.store(spool.dir()).map_err(io)?;
-        }
+        let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
         Ok(Drainer { config: config.producer(), recovery: config.consumer("forgelog-spool-recovery"), spool, checkpoint })
     }
 
@@ -159,7 +155,7 @@ impl Drainer {
     /// One producer's lifetime: recover, then drain until stopped or failed.
     async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), DrainError> {
         let producer: FutureProducer = self.config.create()?;
-        let already = self.recover().await?;
+        let mut already = self.recover().await?;
         let mut reader = self.spool.reader(self.checkpoint.acked_through);
         let mut inflight = FuturesOrdered::new();
         let mut since_checkpoint = 0u64;
@@ -172,8 +168,8 @@ impl Drainer {
                 let seq = rec.seq;
                 let topic = rec.topic.clone();
                 let delivery: std::pin::Pin<Box<dyn std::future::Future<Output = Delivered> + Send>> =
-                    match already.get(&seq) {
-                        Some(&at) => Box::pin(std::future::ready(Ok(at))),
+                    match already.take(&rec) {
+                        Some(at) => Box::pin(std::future::ready(Ok(at))),
                         None => Box::pin(self.produce(&producer, rec)?),
                     };
                 inflight.push_back(async move { (seq, topic, delivery.await) });
@@ -226,11 +222,7 @@ impl Drainer {
         producer: &FutureProducer,
         rec: SpoolRecord,
     ) -> Result<impl std::future::Future<Output = Delivered> + Send, DrainError> {
-        let seq = rec.seq.to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header { key: SPOOL_ID_HEADER, value: Some(self.checkpoint.spool_id.as_bytes()) })
-            .insert(Header { key: SPOOL_SEQ_HEADER, value: Some(seq.as_bytes()) });
-        let record = FutureRecord::to(&rec.topic).key(&rec.key).payload(&rec.value).headers(headers);
+        let record = FutureRecord::to(&rec.topic).key(&rec.key).payload(&rec.value);
         let future = producer.send_result(record).map_err(|(e, _)| DrainError::Kafka(e))?;
         Ok(async move {
             match future.await {
@@ -266,18 +258,16 @@ impl Drainer {
         Ok(())
     }
 
-    /// Which unacknowledged records already reached the broker: our messages
-    /// past each partition's scan base, by seq.
-    async fn recover(&mut self) -> Result<HashMap<u64, (i32, i64)>, DrainError> {
+    /// The messages past each partition's scan base: among them are any of our
+    /// unacknowledged records that did reach the broker.
+    async fn recover(&mut self) -> Result<Arrived, DrainError> {
         if self.spool.next_seq() <= self.checkpoint.acked_through || self.checkpoint.scan_from.is_empty() {
-            return Ok(HashMap::new());
+            return Ok(Arrived::default());
         }
         let consumer: BaseConsumer = self.recovery.create()?;
         let scan_from = self.checkpoint.scan_from.clone();
-        let spool_id = self.checkpoint.spool_id.clone();
-        let acked = self.checkpoint.acked_through;
-        let found = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
-            let mut found = HashMap::new();
+        let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let mut arrived = Arrived::default();
             for (topic, parts) in &scan_from {
                 for (&partition, &from) in parts {
                     let (_, hi) = consumer.fetch_watermarks(topic, partition, BROKER_TIMEOUT)?;
@@ -287,7 +277,7 @@ impl Drainer {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
                     consumer.assign(&tpl)?;
-                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let deadline = Instant::now() + Duration::from_secs(120);
                     let mut next = from;
                     while next < hi {
                         if Instant::now() > deadline {
@@ -296,47 +286,44 @@ impl Drainer {
                         let Some(msg) = consumer.poll(Duration::from_millis(500)) else { continue };
                         let msg = msg?;
                         next = msg.offset() + 1;
-                        if let Some(seq) = spool_seq(&msg, &spool_id) {
-                            if seq >= acked {
-                                found.insert(seq, (partition, msg.offset()));
-                            }
-                        }
+                        let digest = Arrived::digest(topic, msg.key().unwrap_or_default(), msg.payload().unwrap_or_default());
+                        arrived.at.entry(digest).or_default().push_back((partition, msg.offset()));
                     }
                 }
             }
-            Ok(found)
+            Ok(arrived)
         })
         .await
         .map_err(|e| DrainError::Other(e.to_string()))??;
-        if !found.is_empty() {
-            tracing::info!(count = found.len(), "spool recovery: records already in the log are not sent again");
+        if !arrived.at.is_empty() {
+            tracing::info!(messages = arrived.at.len(), "spool recovery: scanned the topics' tails for records already delivered");
         }
-        Ok(found)
+        Ok(arrived)
     }
 }
 
-/// The spool seq of a message this spool wrote, from its headers.
-fn spool_seq(msg: &impl Message, spool_id: &str) -> Option<u64> {
-    let headers = msg.headers()?;
-    let mut id_ok = false;
-    let mut seq = None;
-    for h in headers.iter() {
-        match h.key {
-            SPOOL_ID_HEADER => id_ok = h.value == Some(spool_id.as_bytes()),
-            SPOOL_SEQ_HEADER => seq = h.value.and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()),
-            _ => {}
-        }
-    }
-    seq.filter(|_| id_ok)
+/// Messages found past the scan bases, by digest of (topic, key, value); each
+/// can stand for one spool record only.
+#[derive(Default)]
+struct Arrived {
+    at: HashMap<[u8; 32], std::collections::VecDeque<(i32, i64)>>,
 }
 
-/// Unique per spool directory instance; not part of any event, so randomness-free
-/// determinism does not apply. Host, path, pid and time make collisions implausible.
-fn new_spool_id(dir: &std::path::Path) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-    forgelog_schemas::event_id(
-        "spool",
-        &[host.trim(), &dir.display().to_string(), &std::process::id().to_string(), &now.as_nanos().to_string()],
-    )
+impl Arrived {
+    fn digest(topic: &str, key: &[u8], value: &[u8]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for part in [topic.as_bytes(), key, value] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.finalize().into()
+    }
+
+    /// Where `rec` already is in the log, if it is (consuming that message).
+    fn take(&mut self, rec: &SpoolRecord) -> Option<(i32, i64)> {
+        if self.at.is_empty() {
+            return None;
+        }
+        self.at.get_mut(&Self::digest(&rec.topic, &rec.key, &rec.value))?.pop_front()
+    }
 }

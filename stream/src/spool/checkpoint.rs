@@ -9,14 +9,12 @@ const FILE: &str = "checkpoint.json";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    /// Identifies this spool's messages in the topics (the `forgelog-spool-id` header).
-    pub spool_id: String,
     /// Every record below this seq is acknowledged by the broker.
     pub acked_through: u64,
-    /// Per topic and partition, the offset after the last message known to be
-    /// ours and acknowledged (or the end of the partition when the spool first
-    /// wrote to it). After a crash, only messages from here on can be ours and
-    /// unacknowledged: scanning them tells what not to send again.
+    /// Per topic and partition, the offset after the last acknowledged record
+    /// below `acked_through` (or the end of the partition when the spool first
+    /// wrote to it). After a crash, any unacknowledged record that did arrive is
+    /// past this point: scanning from here tells what not to send again.
     pub scan_from: BTreeMap<String, BTreeMap<i32, i64>>,
 }
 

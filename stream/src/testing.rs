@@ -1,0 +1,63 @@
+//! Helpers for tests and benchmarks that run against a real broker.
+
+use crate::broker::{find_tansu, BrokerError, LocalBroker};
+use crate::{admin, StreamConfig};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+/// A run id no other test run has used (tests share the broker's topics).
+pub fn unique_run_id(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// A loopback address nothing listens on right now.
+pub fn free_local_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr")
+}
+
+/// The shared test broker (`FORGELOG_BROKERS`, else 127.0.0.1:9092), with the topics created.
+pub async fn shared_broker() -> StreamConfig {
+    let config = StreamConfig::new(crate::default_brokers());
+    admin::create_topics(&config, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("no broker at {} ({e}); start one with `forgelog broker` or .ci/run", config.brokers));
+    config
+}
+
+/// A broker of the test's own, which it may kill and restart.
+pub struct PrivateBroker {
+    pub binary: PathBuf,
+    pub data: tempfile::TempDir,
+    pub addr: SocketAddr,
+    pub broker: Option<LocalBroker>,
+}
+
+impl PrivateBroker {
+    pub fn start() -> Result<PrivateBroker, BrokerError> {
+        let binary = find_tansu().ok_or_else(|| BrokerError::NotInstalled(crate::broker::tools_root().display().to_string()))?;
+        let data = tempfile::Builder::new().prefix("forgelog-broker").tempdir().map_err(|source| BrokerError::DataDir { dir: std::env::temp_dir(), source })?;
+        let addr = free_local_addr();
+        let broker = LocalBroker::start(&binary, data.path(), addr)?;
+        Ok(PrivateBroker { binary, data, addr, broker: Some(broker) })
+    }
+
+    pub fn config(&self) -> StreamConfig {
+        StreamConfig::new(self.addr.to_string())
+    }
+
+    /// `kill -9` the broker.
+    pub fn kill(&mut self) {
+        if let Some(b) = self.broker.take() {
+            b.kill();
+        }
+    }
+
+    /// Start it again on the same data and address.
+    pub fn restart(&mut self) -> Result<(), BrokerError> {
+        self.kill();
+        self.broker = Some(LocalBroker::start(&self.binary, self.data.path(), self.addr)?);
+        Ok(())
+    }
+}
