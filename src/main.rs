@@ -33,6 +33,15 @@ impl BrokerArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start forgelog on the embedded default: a local broker and the topics, with a status line until Ctrl-C
+    Up {
+        /// Broker data directory, when the local broker is used
+        #[arg(long, default_value = ".forgelog/broker")]
+        data: PathBuf,
+        /// Use these Kafka brokers instead of starting the local one
+        #[arg(long, env = "FORGELOG_BROKERS")]
+        brokers: Option<String>,
+    },
     /// Run the local Kafka-protocol broker (tansu) in the foreground, installing it if missing
     Broker {
         /// Data directory (SQLite database and log)
@@ -114,7 +123,8 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new()?;
     match cli.command {
-        Command::Broker { data, listen } => run_broker(&data, listen),
+        Command::Broker { data, listen } => run_broker(&rt, &data, listen),
+        Command::Up { data, brokers } => up(&rt, &data, brokers),
         Command::Topics { action: TopicsAction::Create { partitions, replication, broker } } => {
             let created = rt.block_on(admin::create_topics(&broker.config(), &TopicLayout { partitions, replication }))?;
             for t in Topic::ALL {
@@ -123,13 +133,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Topics { action: TopicsAction::List { broker } } => {
-            println!("{:<24} {:>10} {:>10}", "topic", "partitions", "messages");
-            for t in admin::list_topics(&broker.config())? {
-                println!("{:<24} {:>10} {:>10}", t.name, t.partitions, t.messages);
-            }
-            Ok(())
-        }
+        Command::Topics { action: TopicsAction::List { broker } } => print_topics(&broker.config()),
         Command::Tail { topic, from_beginning, run, limit, broker } => tail(&broker.config(), &topic, from_beginning, run.as_deref(), limit),
         Command::Spool { action: SpoolAction::Drain { dir, timeout_secs, broker } } => rt.block_on(async {
             let producer = EventProducer::start(&broker.config(), &dir, SpoolOptions::default())?;
@@ -147,21 +151,35 @@ fn main() -> Result<()> {
     }
 }
 
-fn run_broker(data: &std::path::Path, listen: std::net::SocketAddr) -> Result<()> {
+/// Installs the Ctrl-C and SIGTERM handlers now; the future resolves on either.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
+}
+
+fn start_local_broker(data: &std::path::Path, listen: std::net::SocketAddr) -> Result<LocalBroker> {
     let binary = broker::find_or_install_tansu()?;
-    let mut b = LocalBroker::start(&binary, data, listen).with_context(|| format!("starting {}", binary.display()))?;
+    LocalBroker::start(&binary, data, listen).with_context(|| format!("starting {}", binary.display()))
+}
+
+fn run_broker(rt: &tokio::runtime::Runtime, data: &std::path::Path, listen: std::net::SocketAddr) -> Result<()> {
+    let mut b = start_local_broker(data, listen)?;
     eprintln!("forgelog broker: tansu on {listen}, data in {} (Ctrl-C to stop)", data.display());
     let pid = b.pid();
-    // Forward Ctrl-C / SIGTERM to tansu and wait for it to exit cleanly.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let status = std::thread::scope(|s| {
         let waiter = s.spawn(|| b.wait());
         rt.block_on(async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            let stop = shutdown_signal()?;
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-                _ = wait_for(&waiter) => {}
+                _ = stop => {}
+                _ = async { while !waiter.is_finished() { tokio::time::sleep(Duration::from_millis(200)).await } } => {}
             }
             anyhow::Ok(())
         })?;
@@ -172,10 +190,53 @@ fn run_broker(data: &std::path::Path, listen: std::net::SocketAddr) -> Result<()
     Ok(())
 }
 
-async fn wait_for<T>(h: &std::thread::ScopedJoinHandle<'_, T>) {
-    while !h.is_finished() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+/// The embedded default: a local broker (unless --brokers names one), the topics,
+/// and a status line until Ctrl-C.
+fn up(rt: &tokio::runtime::Runtime, data: &std::path::Path, brokers: Option<String>) -> Result<()> {
+    let (config, local) = match brokers {
+        Some(b) => (StreamConfig::new(b), None),
+        None => {
+            let listen: std::net::SocketAddr = "127.0.0.1:9092".parse()?;
+            let b = start_local_broker(data, listen)?;
+            eprintln!("broker: tansu on {listen}, data in {}", data.display());
+            (StreamConfig::new(listen.to_string()), Some(b))
+        }
+    };
+    rt.block_on(async {
+        let stop = shutdown_signal()?;
+        let created = admin::create_topics(&config, &TopicLayout::default()).await?;
+        eprintln!("topics: {} created, {} already there", created.len(), Topic::ALL.len() - created.len());
+        print_topics(&config)?;
+        eprintln!("forgelog is up on {} (Ctrl-C to stop)", config.brokers);
+        let status = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Ok(topics) = admin::list_topics(&config) {
+                    let line: Vec<String> = topics.iter().filter(|t| Topic::from_name(&t.name).is_some()).map(|t| format!("{}={}", &t.name["forgelog.".len()..], t.messages)).collect();
+                    eprint!("\r{}   ", line.join("  "));
+                }
+            }
+        };
+        tokio::select! {
+            _ = stop => {}
+            _ = status => {}
+        }
+        eprintln!();
+        anyhow::Ok(())
+    })?;
+    if let Some(b) = local {
+        b.stop();
+        eprintln!("broker stopped");
     }
+    Ok(())
+}
+
+fn print_topics(config: &StreamConfig) -> Result<()> {
+    println!("{:<24} {:>10} {:>10}", "topic", "partitions", "messages");
+    for t in admin::list_topics(config)? {
+        println!("{:<24} {:>10} {:>10}", t.name, t.partitions, t.messages);
+    }
+    Ok(())
 }
 
 fn tail(config: &StreamConfig, topic: &str, from_beginning: bool, run: Option<&str>, limit: Option<usize>) -> Result<()> {

@@ -32,7 +32,11 @@ fn assert_exactly_once_in_order(received: &[Received], run: &str, n: usize, prom
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_calls_round_trip_byte_identical_in_key_order() {
-    let config = shared_broker().await;
+    // A broker of its own: 800 MB in the shared topics would slow every other
+    // test's full-topic reads (tansu's fetch is linear in what follows the offset).
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    forgelog_stream::admin::create_topics(&config, &Default::default()).await.unwrap();
     let run = unique_run_id("volume");
     let n = 100_000;
     let spool = tempfile::tempdir().unwrap();

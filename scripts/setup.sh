@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what forgelog needs beyond what cargo fetches for the build: the
+# tansu broker (built once per machine into $FORGELOG_HOME/tools). Idempotent.
+set -euo pipefail
+FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
+TANSU_VERSION=0.6.0
+
+command -v cargo >/dev/null || { echo "forgelog needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
+
+if [ -n "${FORGELOG_TANSU:-}" ] && [ -x "$FORGELOG_TANSU" ]; then
+  :
+elif command -v tansu >/dev/null || [ -x "$FORGELOG_HOME/tools/bin/tansu" ]; then
+  :
+else
+  echo "setup: building the tansu $TANSU_VERSION broker into $FORGELOG_HOME/tools (once per machine, 7-15 min)" >&2
+  cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$FORGELOG_HOME/tools"
+fi
+echo "setup: tansu ready" >&2
