@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "forgelog", version, about = "Capture, log and train LLM agents inside their real harnesses")]
+#[command(
+    name = "forgelog",
+    version,
+    about = "Capture, log and train LLM agents inside their real harnesses"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -117,7 +121,9 @@ enum SpoolAction {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -125,17 +131,55 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Broker { data, listen } => run_broker(&rt, &data, listen),
         Command::Up { data, brokers } => up(&rt, &data, brokers),
-        Command::Topics { action: TopicsAction::Create { partitions, replication, broker } } => {
-            let created = rt.block_on(admin::create_topics(&broker.config(), &TopicLayout { partitions, replication }))?;
+        Command::Topics {
+            action:
+                TopicsAction::Create {
+                    partitions,
+                    replication,
+                    broker,
+                },
+        } => {
+            let created = rt.block_on(admin::create_topics(
+                &broker.config(),
+                &TopicLayout {
+                    partitions,
+                    replication,
+                },
+            ))?;
             for t in Topic::ALL {
-                let state = if created.iter().any(|c| c == t.name()) { "created" } else { "exists" };
+                let state = if created.iter().any(|c| c == t.name()) {
+                    "created"
+                } else {
+                    "exists"
+                };
                 println!("{:<24} {state}", t.name());
             }
             Ok(())
         }
-        Command::Topics { action: TopicsAction::List { broker } } => print_topics(&broker.config()),
-        Command::Tail { topic, from_beginning, run, limit, broker } => tail(&broker.config(), &topic, from_beginning, run.as_deref(), limit),
-        Command::Spool { action: SpoolAction::Drain { dir, timeout_secs, broker } } => rt.block_on(async {
+        Command::Topics {
+            action: TopicsAction::List { broker },
+        } => print_topics(&broker.config()),
+        Command::Tail {
+            topic,
+            from_beginning,
+            run,
+            limit,
+            broker,
+        } => tail(
+            &broker.config(),
+            &topic,
+            from_beginning,
+            run.as_deref(),
+            limit,
+        ),
+        Command::Spool {
+            action:
+                SpoolAction::Drain {
+                    dir,
+                    timeout_secs,
+                    broker,
+                },
+        } => rt.block_on(async {
             let producer = EventProducer::start(&broker.config(), &dir, SpoolOptions::default())?;
             let pending = producer.spool().pending();
             eprintln!("draining {pending} events from {}", dir.display());
@@ -143,9 +187,16 @@ fn main() -> Result<()> {
             eprintln!("spool {} is empty", dir.display());
             Ok(())
         }),
-        Command::Spool { action: SpoolAction::Status { dir } } => {
+        Command::Spool {
+            action: SpoolAction::Status { dir },
+        } => {
             let spool = forgelog_stream::Spool::open(&dir, SpoolOptions::default())?;
-            println!("pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}", spool.pending(), spool.acked(), spool.bytes());
+            println!(
+                "pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}",
+                spool.pending(),
+                spool.acked(),
+                spool.bytes()
+            );
             Ok(())
         }
     }
@@ -166,12 +217,20 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
 
 fn start_local_broker(data: &std::path::Path, listen: std::net::SocketAddr) -> Result<LocalBroker> {
     let binary = broker::find_or_install_tansu()?;
-    LocalBroker::start(&binary, data, listen).with_context(|| format!("starting {}", binary.display()))
+    LocalBroker::start(&binary, data, listen)
+        .with_context(|| format!("starting {}", binary.display()))
 }
 
-fn run_broker(rt: &tokio::runtime::Runtime, data: &std::path::Path, listen: std::net::SocketAddr) -> Result<()> {
+fn run_broker(
+    rt: &tokio::runtime::Runtime,
+    data: &std::path::Path,
+    listen: std::net::SocketAddr,
+) -> Result<()> {
     let mut b = start_local_broker(data, listen)?;
-    eprintln!("forgelog broker: tansu on {listen}, data in {} (Ctrl-C to stop)", data.display());
+    eprintln!(
+        "forgelog broker: tansu on {listen}, data in {} (Ctrl-C to stop)",
+        data.display()
+    );
     let pid = b.pid();
     let status = std::thread::scope(|s| {
         let waiter = s.spawn(|| b.wait());
@@ -184,7 +243,10 @@ fn run_broker(rt: &tokio::runtime::Runtime, data: &std::path::Path, listen: std:
             anyhow::Ok(())
         })?;
         broker::terminate(pid);
-        waiter.join().map_err(|_| anyhow::anyhow!("broker waiter panicked"))?.map_err(anyhow::Error::from)
+        waiter
+            .join()
+            .map_err(|_| anyhow::anyhow!("broker waiter panicked"))?
+            .map_err(anyhow::Error::from)
     })?;
     eprintln!("forgelog broker: stopped ({status})");
     Ok(())
@@ -205,14 +267,22 @@ fn up(rt: &tokio::runtime::Runtime, data: &std::path::Path, brokers: Option<Stri
     rt.block_on(async {
         let stop = shutdown_signal()?;
         let created = admin::create_topics(&config, &TopicLayout::default()).await?;
-        eprintln!("topics: {} created, {} already there", created.len(), Topic::ALL.len() - created.len());
+        eprintln!(
+            "topics: {} created, {} already there",
+            created.len(),
+            Topic::ALL.len() - created.len()
+        );
         print_topics(&config)?;
         eprintln!("forgelog is up on {} (Ctrl-C to stop)", config.brokers);
         let status = async {
             loop {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 if let Ok(topics) = admin::list_topics(&config) {
-                    let line: Vec<String> = topics.iter().filter(|t| Topic::from_name(&t.name).is_some()).map(|t| format!("{}={}", &t.name["forgelog.".len()..], t.messages)).collect();
+                    let line: Vec<String> = topics
+                        .iter()
+                        .filter(|t| Topic::from_name(&t.name).is_some())
+                        .map(|t| format!("{}={}", &t.name["forgelog.".len()..], t.messages))
+                        .collect();
                     eprint!("\r{}   ", line.join("  "));
                 }
             }
@@ -239,9 +309,18 @@ fn print_topics(config: &StreamConfig) -> Result<()> {
     Ok(())
 }
 
-fn tail(config: &StreamConfig, topic: &str, from_beginning: bool, run: Option<&str>, limit: Option<usize>) -> Result<()> {
+fn tail(
+    config: &StreamConfig,
+    topic: &str,
+    from_beginning: bool,
+    run: Option<&str>,
+    limit: Option<usize>,
+) -> Result<()> {
     if Topic::from_name(topic).is_none() {
-        bail!("unknown topic {topic:?}; forgelog's topics are: {}", Topic::ALL.map(|t| t.name()).join(", "));
+        bail!(
+            "unknown topic {topic:?}; forgelog's topics are: {}",
+            Topic::ALL.map(|t| t.name()).join(", ")
+        );
     }
     let reader = ReplayReader::new(config)?;
     let mut out = std::io::stdout().lock();
@@ -253,7 +332,10 @@ fn tail(config: &StreamConfig, topic: &str, from_beginning: bool, run: Option<&s
         }
         let line = match &rec.event {
             Ok(e) => serde_json::to_string(e).expect("events serialize to JSON"),
-            Err(err) => serde_json::json!({"error": err, "partition": rec.partition, "offset": rec.offset}).to_string(),
+            Err(err) => {
+                serde_json::json!({"error": err, "partition": rec.partition, "offset": rec.offset})
+                    .to_string()
+            }
         };
         if let Err(e) = writeln!(out, "{line}") {
             write_err = Some(e);

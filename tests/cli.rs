@@ -21,57 +21,128 @@ fn tail_prints_a_runs_events_as_json_lines() {
     rt.block_on(async {
         let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
         for i in 0..30 {
-            p.send(&Event::from(call_finished(&run, "s1", i, 5, 3))).unwrap();
+            p.send(&Event::from(call_finished(&run, "s1", i, 5, 3)))
+                .unwrap();
         }
         p.close(Duration::from_secs(30)).await.unwrap();
     });
-    let out = forgelog().args(["tail", "forgelog.calls", "--from-beginning", "--run", &run, "--brokers", &config.brokers]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let out = forgelog()
+        .args([
+            "tail",
+            "forgelog.calls",
+            "--from-beginning",
+            "--run",
+            &run,
+            "--brokers",
+            &config.brokers,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 30);
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["type"], "CallFinished");
         assert_eq!(l["run_id"], run.as_str());
-        assert_eq!(l["call_index"], i as i64, "one key, one partition: in order");
+        assert_eq!(
+            l["call_index"], i as i64,
+            "one key, one partition: in order"
+        );
         let expected = call_finished(&run, "s1", i as i64, 5, 3);
-        assert_eq!(l["prompt_token_ids"], serde_json::json!(expected.prompt_token_ids));
-        assert_eq!(l["completion_logprobs"], serde_json::json!(expected.completion_logprobs));
+        assert_eq!(
+            l["prompt_token_ids"],
+            serde_json::json!(expected.prompt_token_ids)
+        );
+        assert_eq!(
+            l["completion_logprobs"],
+            serde_json::json!(expected.completion_logprobs)
+        );
     }
-    let limited = forgelog().args(["tail", "forgelog.calls", "--from-beginning", "--run", &run, "--limit", "4", "--brokers", &config.brokers]).output().unwrap();
-    assert_eq!(String::from_utf8(limited.stdout).unwrap().lines().count(), 4);
+    let limited = forgelog()
+        .args([
+            "tail",
+            "forgelog.calls",
+            "--from-beginning",
+            "--run",
+            &run,
+            "--limit",
+            "4",
+            "--brokers",
+            &config.brokers,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(limited.stdout).unwrap().lines().count(),
+        4
+    );
 }
 
 #[test]
 fn unknown_topic_is_a_clear_cli_error() {
-    let out = forgelog().args(["tail", "calls", "--from-beginning"]).output().unwrap();
+    let out = forgelog()
+        .args(["tail", "calls", "--from-beginning"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown topic \"calls\"") && err.contains("forgelog.calls"), "{err}");
+    assert!(
+        err.contains("unknown topic \"calls\"") && err.contains("forgelog.calls"),
+        "{err}"
+    );
 }
 
 #[test]
 fn broker_command_runs_tansu_and_stops_it_on_sigterm() {
     let data = tempfile::tempdir().unwrap();
     let addr = free_local_addr();
-    let mut child = forgelog().args(["broker", "--listen", &addr.to_string(), "--data"]).arg(data.path()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = forgelog()
+        .args(["broker", "--listen", &addr.to_string(), "--data"])
+        .arg(data.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     stderr.read_line(&mut line).unwrap();
     assert!(line.contains("tansu on"), "{line}");
-    let list = forgelog().args(["topics", "create", "--brokers", &addr.to_string()]).output().unwrap();
-    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    let list = forgelog()
+        .args(["topics", "create", "--brokers", &addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
     assert!(data.path().join("tansu.db").exists());
     sigterm(&child);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
-    assert!(std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_err(), "tansu still listening");
+    assert!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_err(),
+        "tansu still listening"
+    );
 }
 
 #[test]
 fn up_creates_the_topics_shows_them_and_stops_on_sigterm() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let config = rt.block_on(shared_broker());
-    let mut child = forgelog().args(["up", "--brokers", &config.brokers]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = forgelog()
+        .args(["up", "--brokers", &config.brokers])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("forgelog is up") {

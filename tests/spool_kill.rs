@@ -12,7 +12,11 @@ const N: usize = 10_000;
 const SESSIONS: usize = 20;
 
 fn calls_in_topic(config: &StreamConfig) -> i64 {
-    admin::list_topics(config).unwrap().into_iter().find(|t| t.name == Topic::Calls.name()).map_or(0, |t| t.messages)
+    admin::list_topics(config)
+        .unwrap()
+        .into_iter()
+        .find(|t| t.name == Topic::Calls.name())
+        .map_or(0, |t| t.messages)
 }
 
 fn drain(config: &StreamConfig, dir: &std::path::Path) -> Child {
@@ -34,8 +38,21 @@ fn killing_the_drainer_mid_drain_loses_and_duplicates_nothing() {
         // What a proxy leaves behind when the broker was away: a full spool.
         let spool = Spool::open(dir.path(), SpoolOptions::default()).unwrap();
         for i in 0..N {
-            let e: Event = call_finished(&run, &format!("s{}", i % SESSIONS), (i / SESSIONS) as i64, 2_000, 64).into();
-            spool.append(e.topic().name(), e.key().as_bytes(), &Codec::global().encode(&e).unwrap()).unwrap();
+            let e: Event = call_finished(
+                &run,
+                &format!("s{}", i % SESSIONS),
+                (i / SESSIONS) as i64,
+                2_000,
+                64,
+            )
+            .into();
+            spool
+                .append(
+                    e.topic().name(),
+                    e.key().as_bytes(),
+                    &Codec::global().encode(&e).unwrap(),
+                )
+                .unwrap();
         }
     }
     let base = calls_in_topic(&config);
@@ -61,18 +78,35 @@ fn killing_the_drainer_mid_drain_loses_and_duplicates_nothing() {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    assert!(kills_mid_drain >= 2, "only {kills_mid_drain} kills landed mid-drain");
+    assert!(
+        kills_mid_drain >= 2,
+        "only {kills_mid_drain} kills landed mid-drain"
+    );
     let status = drain(&config, dir.path()).wait().unwrap();
     assert!(status.success(), "final drain failed: {status}");
 
-    let got = ReplayReader::new(&config).unwrap().read(Topic::Calls.name(), StartAt::Beginning, Some(&run)).unwrap();
+    let got = ReplayReader::new(&config)
+        .unwrap()
+        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+        .unwrap();
     let mut seen = HashSet::new();
     let mut last: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     for r in &got {
-        let Ok(Event::CallFinished(c)) = &r.event else { panic!("{:?}", r.event) };
-        assert!(seen.insert(c.event_id.clone()), "duplicate: session {} call {}", c.session_id, c.call_index);
+        let Ok(Event::CallFinished(c)) = &r.event else {
+            panic!("{:?}", r.event)
+        };
+        assert!(
+            seen.insert(c.event_id.clone()),
+            "duplicate: session {} call {}",
+            c.session_id,
+            c.call_index
+        );
         let prev = last.insert(r.key.clone(), c.call_index);
-        assert!(prev.is_none_or(|p| p < c.call_index), "out of order in session {}", c.session_id);
+        assert!(
+            prev.is_none_or(|p| p < c.call_index),
+            "out of order in session {}",
+            c.session_id
+        );
     }
     assert_eq!(seen.len(), N, "events lost");
     println!("{kills_mid_drain} kills mid-drain; {N} events arrived exactly once, in order");

@@ -83,12 +83,26 @@ impl Codec {
         for &kind in EventKind::ALL {
             let schema = parse(kind, kind.avsc());
             let fp = fingerprint(&schema);
-            writers.insert(u64::from_le_bytes(fp), Writer { kind, schema: schema.clone(), current: true });
+            writers.insert(
+                u64::from_le_bytes(fp),
+                Writer {
+                    kind,
+                    schema: schema.clone(),
+                    current: true,
+                },
+            );
             current.insert(kind, (schema, fp));
         }
         for &(kind, avsc) in history {
             let schema = parse(kind, avsc);
-            writers.insert(u64::from_le_bytes(fingerprint(&schema)), Writer { kind, schema, current: false });
+            writers.insert(
+                u64::from_le_bytes(fingerprint(&schema)),
+                Writer {
+                    kind,
+                    schema,
+                    current: false,
+                },
+            );
         }
         Codec { current, writers }
     }
@@ -115,10 +129,16 @@ impl Codec {
     pub fn encode_into(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         let kind = event.kind();
         let (schema, fp) = &self.current[&kind];
-        let schema_err = |e| EncodeError::Schema { kind: kind.name(), source: Box::new(e) };
+        let schema_err = |e| EncodeError::Schema {
+            kind: kind.name(),
+            source: Box::new(e),
+        };
         // Through `Value`: the schemas name-reference their own records
         // (`sampling_sent: SamplingParams`), which resolution handles.
-        let value = event.to_avro().and_then(|v| v.resolve(schema)).map_err(schema_err)?;
+        let value = event
+            .to_avro()
+            .and_then(|v| v.resolve(schema))
+            .map_err(schema_err)?;
         let body = apache_avro::to_avro_datum(schema, value).map_err(schema_err)?;
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(fp);
@@ -136,7 +156,9 @@ impl Codec {
             return Err(DecodeError::NotSingleObject { len: bytes.len() });
         }
         let fp = u64::from_le_bytes(bytes[2..HEADER_LEN].try_into().expect("8 bytes"));
-        self.writers.get(&fp).ok_or(DecodeError::UnknownFingerprint(fp))
+        self.writers
+            .get(&fp)
+            .ok_or(DecodeError::UnknownFingerprint(fp))
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -150,13 +172,14 @@ impl Codec {
         let mut body = &bytes[HEADER_LEN..];
         // Resolution only for events written by an older schema version.
         let resolve = (!writer.current).then_some(reader_schema);
-        let value = apache_avro::from_avro_datum(&writer.schema, &mut body, resolve).map_err(body_err)?;
+        let value =
+            apache_avro::from_avro_datum(&writer.schema, &mut body, resolve).map_err(body_err)?;
         if !body.is_empty() {
             return Err(DecodeError::TrailingBytes {
                 kind: kind.name(),
                 len: body.len(),
             });
         }
-        kind.from_avro(value).map_err(body_err)
+        kind.decode_value(value).map_err(body_err)
     }
 }

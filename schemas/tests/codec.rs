@@ -41,30 +41,51 @@ fn unknown_fingerprint_and_garbage_are_clear_errors() {
     bytes[2] ^= 0xFF;
     let err = codec().decode(&bytes).unwrap_err();
     assert!(matches!(err, DecodeError::UnknownFingerprint(_)));
-    assert!(err.to_string().contains("unknown schema fingerprint"), "{err}");
+    assert!(
+        err.to_string().contains("unknown schema fingerprint"),
+        "{err}"
+    );
 
     let err = codec().decode(b"{\"json\": true}").unwrap_err();
     assert!(err.to_string().contains("C3 01"), "{err}");
 
     let good = codec().encode(&samples::all()[1]).unwrap();
     let err = codec().decode(&good[..good.len() - 5]).unwrap_err();
-    assert!(matches!(err, DecodeError::Body { kind: "CallFinished", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DecodeError::Body {
+                kind: "CallFinished",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let mut long = good.clone();
     long.push(0);
-    assert!(matches!(codec().decode(&long).unwrap_err(), DecodeError::TrailingBytes { len: 1, .. }));
+    assert!(matches!(
+        codec().decode(&long).unwrap_err(),
+        DecodeError::TrailingBytes { len: 1, .. }
+    ));
 }
 
 #[test]
 fn packed_tokens_are_compact() {
     // 100k prompt tokens + 8k sampled tokens with logprobs: 4 bytes per number plus a small envelope.
-    let Event::CallFinished(mut call) = samples::all().remove(1) else { unreachable!() };
+    let Event::CallFinished(mut call) = samples::all().remove(1) else {
+        unreachable!()
+    };
     call.prompt_token_ids = (0..100_000).map(|i| i % 49_152).collect();
     call.completion_token_ids = (0..8_000).collect();
     call.completion_logprobs = (0..8_000).map(|i| -(i as f32) / 1000.0).collect();
     let event: Event = call.into();
     let bytes = codec().encode(&event).unwrap();
     let payload = 4 * (100_000 + 8_000 + 8_000);
-    assert!(bytes.len() < payload + 1024, "{} bytes for {payload} bytes of numbers", bytes.len());
+    assert!(
+        bytes.len() < payload + 1024,
+        "{} bytes for {payload} bytes of numbers",
+        bytes.len()
+    );
     assert_eq!(codec().decode(&bytes).unwrap(), event);
 }
 
@@ -81,7 +102,9 @@ fn text() -> impl Strategy<Value = String> {
     "[a-z0-9\\-é✓]{0,12}"
 }
 
-fn opt<T: std::fmt::Debug + Clone + 'static>(s: impl Strategy<Value = T> + 'static) -> impl Strategy<Value = Option<T>> {
+fn opt<T: std::fmt::Debug + Clone + 'static>(
+    s: impl Strategy<Value = T> + 'static,
+) -> impl Strategy<Value = Option<T>> {
     prop::option::of(s)
 }
 
@@ -90,10 +113,40 @@ fn finite() -> impl Strategy<Value = f64> {
 }
 
 fn sampling() -> impl Strategy<Value = SamplingParams> {
-    (opt(finite()), opt(finite()), opt(any::<i64>()), opt(finite()), opt(any::<i64>()), opt(any::<i64>()), opt(finite()), opt(finite()), prop::collection::vec(text(), 0..3))
-        .prop_map(|(temperature, top_p, top_k, min_p, max_tokens, seed, presence_penalty, frequency_penalty, stop)| SamplingParams {
-            temperature, top_p, top_k, min_p, max_tokens, seed, presence_penalty, frequency_penalty, stop,
-        })
+    (
+        opt(finite()),
+        opt(finite()),
+        opt(any::<i64>()),
+        opt(finite()),
+        opt(any::<i64>()),
+        opt(any::<i64>()),
+        opt(finite()),
+        opt(finite()),
+        prop::collection::vec(text(), 0..3),
+    )
+        .prop_map(
+            |(
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                max_tokens,
+                seed,
+                presence_penalty,
+                frequency_penalty,
+                stop,
+            )| SamplingParams {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                max_tokens,
+                seed,
+                presence_penalty,
+                frequency_penalty,
+                stop,
+            },
+        )
 }
 
 fn logprobs(n: std::ops::Range<usize>) -> impl Strategy<Value = Vec<f32>> {
@@ -102,74 +155,301 @@ fn logprobs(n: std::ops::Range<usize>) -> impl Strategy<Value = Vec<f32>> {
 
 fn sequence() -> impl Strategy<Value = Sequence> {
     (0usize..40).prop_flat_map(|n| {
-        (any::<i64>(), prop::collection::vec(any::<i64>(), 0..4), any::<bool>(),
-         prop::collection::vec(any::<u32>(), n), prop::collection::vec(0u8..=1, n), logprobs(n..n + 1),
-         prop::collection::vec(any::<u32>(), n), any::<i64>())
-            .prop_map(|(root, call_indices, discarded, token_ids, loss_mask, sampling_logprobs, policy_versions, tool_calls)| Sequence {
-                root, call_indices, discarded, token_ids, loss_mask, sampling_logprobs, policy_versions, tool_calls,
-            })
+        (
+            any::<i64>(),
+            prop::collection::vec(any::<i64>(), 0..4),
+            any::<bool>(),
+            prop::collection::vec(any::<u32>(), n),
+            prop::collection::vec(0u8..=1, n),
+            logprobs(n..n + 1),
+            prop::collection::vec(any::<u32>(), n),
+            any::<i64>(),
+        )
+            .prop_map(
+                |(
+                    root,
+                    call_indices,
+                    discarded,
+                    token_ids,
+                    loss_mask,
+                    sampling_logprobs,
+                    policy_versions,
+                    tool_calls,
+                )| Sequence {
+                    root,
+                    call_indices,
+                    discarded,
+                    token_ids,
+                    loss_mask,
+                    sampling_logprobs,
+                    policy_versions,
+                    tool_calls,
+                },
+            )
     })
 }
 
 fn dialect() -> impl Strategy<Value = Dialect> {
-    prop_oneof![Just(Dialect::OpenaiChat), Just(Dialect::OpenaiResponses), Just(Dialect::AnthropicMessages), Just(Dialect::Gemini)]
+    prop_oneof![
+        Just(Dialect::OpenaiChat),
+        Just(Dialect::OpenaiResponses),
+        Just(Dialect::AnthropicMessages),
+        Just(Dialect::Gemini)
+    ]
 }
 
 fn status() -> impl Strategy<Value = CallStatus> {
-    prop_oneof![Just(CallStatus::Ok), Just(CallStatus::ClientError), Just(CallStatus::UpstreamError), Just(CallStatus::BudgetStop)]
+    prop_oneof![
+        Just(CallStatus::Ok),
+        Just(CallStatus::ClientError),
+        Just(CallStatus::UpstreamError),
+        Just(CallStatus::BudgetStop)
+    ]
 }
 
-fn ids() -> (impl Strategy<Value = String>, impl Strategy<Value = String>, impl Strategy<Value = String>, impl Strategy<Value = String>) {
+fn ids() -> (
+    impl Strategy<Value = String>,
+    impl Strategy<Value = String>,
+    impl Strategy<Value = String>,
+    impl Strategy<Value = String>,
+) {
     (text(), text(), text(), text())
 }
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        (ids(), any::<i64>(), dialect(), text(), prop::collection::vec(any::<u8>(), 0..64), any::<i64>()).prop_map(
-            |((run_id, event_id, session_id, rollout_id), call_index, dialect, harness, raw_request, received_at_ms)| {
-                CallStarted { run_id, event_id, session_id, rollout_id, call_index, dialect, harness, path: "/v1/x".into(), raw_request, received_at_ms }.into()
-            }
-        ),
-        (ids(), status(), opt(text()), prop::collection::vec(any::<u32>(), 0..300), (0usize..50).prop_flat_map(|n| (prop::collection::vec(any::<u32>(), n), logprobs(n..n + 1))),
-         (sampling(), sampling(), opt(any::<i64>()), any::<bool>(), opt(text()), any::<(i64, i64, i64)>())).prop_map(
-            |((run_id, event_id, session_id, rollout_id), status, error, prompt_token_ids, (completion_token_ids, completion_logprobs), (sampling_requested, sampling_sent, policy_version, trainable, untrainable_reason, (latency_ms, finished_at_ms, call_index)))| {
-                CallFinished {
-                    run_id, event_id, session_id, rollout_id, call_index, status, error, model: "m".into(),
-                    usage: Usage { prompt_tokens: prompt_token_ids.len() as i64, completion_tokens: completion_token_ids.len() as i64 },
-                    prompt_token_ids, completion_token_ids, completion_logprobs, finish_reason: Some("length".into()),
-                    sampling_requested, sampling_sent, policy_version, trainable, untrainable_reason,
-                    response_body: b"{}".to_vec(), latency_ms, finished_at_ms,
-                }.into()
-            }
-        ),
+        (
+            ids(),
+            any::<i64>(),
+            dialect(),
+            text(),
+            prop::collection::vec(any::<u8>(), 0..64),
+            any::<i64>()
+        )
+            .prop_map(
+                |(
+                    (run_id, event_id, session_id, rollout_id),
+                    call_index,
+                    dialect,
+                    harness,
+                    raw_request,
+                    received_at_ms,
+                )| {
+                    CallStarted {
+                        run_id,
+                        event_id,
+                        session_id,
+                        rollout_id,
+                        call_index,
+                        dialect,
+                        harness,
+                        path: "/v1/x".into(),
+                        raw_request,
+                        received_at_ms,
+                    }
+                    .into()
+                }
+            ),
+        (
+            ids(),
+            status(),
+            opt(text()),
+            prop::collection::vec(any::<u32>(), 0..300),
+            (0usize..50)
+                .prop_flat_map(|n| (prop::collection::vec(any::<u32>(), n), logprobs(n..n + 1))),
+            (
+                sampling(),
+                sampling(),
+                opt(any::<i64>()),
+                any::<bool>(),
+                opt(text()),
+                any::<(i64, i64, i64)>()
+            )
+        )
+            .prop_map(
+                |(
+                    (run_id, event_id, session_id, rollout_id),
+                    status,
+                    error,
+                    prompt_token_ids,
+                    (completion_token_ids, completion_logprobs),
+                    (
+                        sampling_requested,
+                        sampling_sent,
+                        policy_version,
+                        trainable,
+                        untrainable_reason,
+                        (latency_ms, finished_at_ms, call_index),
+                    ),
+                )| {
+                    CallFinished {
+                        run_id,
+                        event_id,
+                        session_id,
+                        rollout_id,
+                        call_index,
+                        status,
+                        error,
+                        model: "m".into(),
+                        usage: Usage {
+                            prompt_tokens: prompt_token_ids.len() as i64,
+                            completion_tokens: completion_token_ids.len() as i64,
+                        },
+                        prompt_token_ids,
+                        completion_token_ids,
+                        completion_logprobs,
+                        finish_reason: Some("length".into()),
+                        sampling_requested,
+                        sampling_sent,
+                        policy_version,
+                        trainable,
+                        untrainable_reason,
+                        response_body: b"{}".to_vec(),
+                        latency_ms,
+                        finished_at_ms,
+                    }
+                    .into()
+                }
+            ),
         (ids(), text(), text(), opt(any::<i64>()), any::<i64>()).prop_map(
-            |((run_id, event_id, rollout_id, session_id), task_id, group_id, policy_version, started_at_ms)| {
-                RolloutStarted { run_id, event_id, rollout_id, session_id, task_id, harness: "h".into(), group_id, policy_version, started_at_ms }.into()
+            |(
+                (run_id, event_id, rollout_id, session_id),
+                task_id,
+                group_id,
+                policy_version,
+                started_at_ms,
+            )| {
+                RolloutStarted {
+                    run_id,
+                    event_id,
+                    rollout_id,
+                    session_id,
+                    task_id,
+                    harness: "h".into(),
+                    group_id,
+                    policy_version,
+                    started_at_ms,
+                }
+                .into()
             }
         ),
         (ids(), opt(any::<i64>()), any::<(i64, i64, i64)>()).prop_map(
-            |((run_id, event_id, rollout_id, session_id), exit_status, (model_calls, started_at_ms, finished_at_ms))| {
-                RolloutFinished { run_id, event_id, rollout_id, session_id, exit_status, model_calls, started_at_ms, finished_at_ms }.into()
+            |(
+                (run_id, event_id, rollout_id, session_id),
+                exit_status,
+                (model_calls, started_at_ms, finished_at_ms),
+            )| {
+                RolloutFinished {
+                    run_id,
+                    event_id,
+                    rollout_id,
+                    session_id,
+                    exit_status,
+                    model_calls,
+                    started_at_ms,
+                    finished_at_ms,
+                }
+                .into()
             }
         ),
-        (ids(), any::<bool>(), opt(finite()), text()).prop_map(|((run_id, event_id, rollout_id, _), ok, reward, details)| {
-            VerifierResult { run_id, event_id, rollout_id, ok, reward, details }.into()
-        }),
-        (ids(), prop::collection::vec(sequence(), 0..4), any::<i64>(), prop::collection::vec((any::<i64>(), text()), 0..3)).prop_map(
-            |((run_id, event_id, rollout_id, session_id), sequences, calls, findings)| {
-                let findings = findings.into_iter().map(|(call_index, detail)| Finding { kind: FindingKind::NotTrainable, call_index, detail }).collect();
-                TrajectoryBuilt { run_id, event_id, rollout_id, session_id, task_id: "t".into(), group_id: "g".into(), harness: "h".into(), calls, sequences, findings }.into()
+        (ids(), any::<bool>(), opt(finite()), text()).prop_map(
+            |((run_id, event_id, rollout_id, _), ok, reward, details)| {
+                VerifierResult {
+                    run_id,
+                    event_id,
+                    rollout_id,
+                    ok,
+                    reward,
+                    details,
+                }
+                .into()
             }
         ),
-        (ids(), any::<bool>(), prop::collection::vec((text(), opt(finite()), opt(finite()), prop::collection::vec(sequence(), 0..3)), 0..4)).prop_map(
-            |((run_id, event_id, group_id, task_id), no_reward_variance, members)| {
-                let members = members.into_iter().map(|(rollout_id, reward, advantage, sequences)| GroupMember { rollout_id, harness: "h".into(), reward, advantage, sequences }).collect();
-                TrainingBatch { run_id, event_id, group_id, task_id, no_reward_variance, members }.into()
-            }
-        ),
-        (ids(), any::<(i64, i64)>(), prop::collection::btree_map(text(), finite(), 0..5)).prop_map(
-            |((run_id, event_id, checkpoint_uri, _), (version, step), metrics)| PolicyPublished { run_id, event_id, version, step, checkpoint_uri, metrics }.into()
-        ),
+        (
+            ids(),
+            prop::collection::vec(sequence(), 0..4),
+            any::<i64>(),
+            prop::collection::vec((any::<i64>(), text()), 0..3)
+        )
+            .prop_map(
+                |((run_id, event_id, rollout_id, session_id), sequences, calls, findings)| {
+                    let findings = findings
+                        .into_iter()
+                        .map(|(call_index, detail)| Finding {
+                            kind: FindingKind::NotTrainable,
+                            call_index,
+                            detail,
+                        })
+                        .collect();
+                    TrajectoryBuilt {
+                        run_id,
+                        event_id,
+                        rollout_id,
+                        session_id,
+                        task_id: "t".into(),
+                        group_id: "g".into(),
+                        harness: "h".into(),
+                        calls,
+                        sequences,
+                        findings,
+                    }
+                    .into()
+                }
+            ),
+        (
+            ids(),
+            any::<bool>(),
+            prop::collection::vec(
+                (
+                    text(),
+                    opt(finite()),
+                    opt(finite()),
+                    prop::collection::vec(sequence(), 0..3)
+                ),
+                0..4
+            )
+        )
+            .prop_map(
+                |((run_id, event_id, group_id, task_id), no_reward_variance, members)| {
+                    let members = members
+                        .into_iter()
+                        .map(|(rollout_id, reward, advantage, sequences)| GroupMember {
+                            rollout_id,
+                            harness: "h".into(),
+                            reward,
+                            advantage,
+                            sequences,
+                        })
+                        .collect();
+                    TrainingBatch {
+                        run_id,
+                        event_id,
+                        group_id,
+                        task_id,
+                        no_reward_variance,
+                        members,
+                    }
+                    .into()
+                }
+            ),
+        (
+            ids(),
+            any::<(i64, i64)>(),
+            prop::collection::btree_map(text(), finite(), 0..5)
+        )
+            .prop_map(
+                |((run_id, event_id, checkpoint_uri, _), (version, step), metrics)| {
+                    PolicyPublished {
+                        run_id,
+                        event_id,
+                        version,
+                        step,
+                        checkpoint_uri,
+                        metrics,
+                    }
+                    .into()
+                }
+            ),
     ]
 }
 
@@ -215,8 +495,21 @@ fn older_schema_versions_resolve_to_current_types() {
     bytes.extend_from_slice(&fp);
     bytes.extend(apache_avro::to_avro_datum(&schema, record).unwrap());
 
-    assert!(matches!(codec().decode(&bytes), Err(DecodeError::UnknownFingerprint(_))));
+    assert!(matches!(
+        codec().decode(&bytes),
+        Err(DecodeError::UnknownFingerprint(_))
+    ));
     let with_v0 = Codec::with_history(&[(EventKind::VerifierResult, v0)]);
-    let expected = VerifierResult { run_id: "run".into(), event_id: "e".into(), rollout_id: "r".into(), ok: false, reward: None, details: String::new() };
-    assert_eq!(with_v0.decode(&bytes).unwrap(), Event::VerifierResult(expected));
+    let expected = VerifierResult {
+        run_id: "run".into(),
+        event_id: "e".into(),
+        rollout_id: "r".into(),
+        ok: false,
+        reward: None,
+        details: String::new(),
+    };
+    assert_eq!(
+        with_v0.decode(&bytes).unwrap(),
+        Event::VerifierResult(expected)
+    );
 }

@@ -10,12 +10,22 @@ const PROMPT: usize = 2_000;
 const COMPLETION: usize = 256;
 
 fn events(n: usize, run: &str) -> Vec<Event> {
-    (0..n).map(|i| testing::call_finished(run, &format!("s{}", i % 64), i as i64, PROMPT, COMPLETION).into()).collect()
+    (0..n)
+        .map(|i| {
+            testing::call_finished(run, &format!("s{}", i % 64), i as i64, PROMPT, COMPLETION)
+                .into()
+        })
+        .collect()
 }
 
 fn report(what: &str, n: usize, bytes: usize, t: Duration) {
     let s = t.as_secs_f64();
-    println!("{what:<34} {:>10.0} events/s {:>8.1} MB/s  ({n} events, {:.2}s)", n as f64 / s, bytes as f64 / s / 1e6, s);
+    println!(
+        "{what:<34} {:>10.0} events/s {:>8.1} MB/s  ({n} events, {:.2}s)",
+        n as f64 / s,
+        bytes as f64 / s / 1e6,
+        s
+    );
 }
 
 fn main() {
@@ -39,7 +49,9 @@ fn main() {
     let spool = Spool::open(dir.path(), SpoolOptions::default()).unwrap();
     let t = Instant::now();
     for (e, b) in evs.iter().zip(&encoded) {
-        spool.append(e.topic().name(), e.key().as_bytes(), b).unwrap();
+        spool
+            .append(e.topic().name(), e.key().as_bytes(), b)
+            .unwrap();
     }
     report("spool append (fsync never)", n, bytes, t.elapsed());
     drop(spool);
@@ -48,7 +60,12 @@ fn main() {
     rt.block_on(async {
         // Broker down: nothing listens on port 1.
         let dir = tempfile::tempdir().unwrap();
-        let down = EventProducer::start(&StreamConfig::new("127.0.0.1:1"), dir.path(), SpoolOptions::default()).unwrap();
+        let down = EventProducer::start(
+            &StreamConfig::new("127.0.0.1:1"),
+            dir.path(),
+            SpoolOptions::default(),
+        )
+        .unwrap();
         let mut worst = Duration::ZERO;
         let t = Instant::now();
         for e in evs.iter().take(10_000) {
@@ -57,7 +74,11 @@ fn main() {
             worst = worst.max(s.elapsed());
         }
         report("send, broker down", 10_000, bytes / 2, t.elapsed());
-        println!("{:<34} {:>10.1} µs", "largest send latency, broker down", worst.as_secs_f64() * 1e6);
+        println!(
+            "{:<34} {:>10.1} µs",
+            "largest send latency, broker down",
+            worst.as_secs_f64() * 1e6
+        );
         drop(down);
 
         let config = StreamConfig::new(forgelog_stream::default_brokers());
@@ -73,7 +94,11 @@ fn main() {
         }
         let sent = t.elapsed();
         producer.close(Duration::from_secs(600)).await.unwrap();
-        println!("{:<34} {:>10.2} s", "send (all, into spool)", sent.as_secs_f64());
+        println!(
+            "{:<34} {:>10.2} s",
+            "send (all, into spool)",
+            sent.as_secs_f64()
+        );
         report("produce to broker (acks=all)", n, bytes, t.elapsed());
     });
 }

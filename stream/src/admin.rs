@@ -17,7 +17,10 @@ pub struct TopicLayout {
 
 impl Default for TopicLayout {
     fn default() -> Self {
-        TopicLayout { partitions: 3, replication: 1 }
+        TopicLayout {
+            partitions: 3,
+            replication: 1,
+        }
     }
 }
 
@@ -26,19 +29,29 @@ pub enum AdminError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("creating {topic}: {code}")]
-    Create { topic: String, code: RDKafkaErrorCode },
+    Create {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
 }
 
 /// Creates every forgelog topic that does not exist yet, with infinite retention
 /// (the log is the source of truth). Returns the names it created.
-pub async fn create_topics(config: &StreamConfig, layout: &TopicLayout) -> Result<Vec<String>, AdminError> {
+pub async fn create_topics(
+    config: &StreamConfig,
+    layout: &TopicLayout,
+) -> Result<Vec<String>, AdminError> {
     let admin: AdminClient<DefaultClientContext> = config.client("forgelog-admin").create()?;
     let new: Vec<NewTopic> = Topic::ALL
         .iter()
         .map(|t| {
-            NewTopic::new(t.name(), layout.partitions, TopicReplication::Fixed(layout.replication))
-                .set("retention.ms", "-1")
-                .set("retention.bytes", "-1")
+            NewTopic::new(
+                t.name(),
+                layout.partitions,
+                TopicReplication::Fixed(layout.replication),
+            )
+            .set("retention.ms", "-1")
+            .set("retention.bytes", "-1")
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
@@ -75,7 +88,11 @@ pub fn list_topics(config: &StreamConfig) -> Result<Vec<TopicInfo>, AdminError> 
             let (lo, hi) = c.fetch_watermarks(t.name(), p.id(), timeout)?;
             messages += hi - lo;
         }
-        out.push(TopicInfo { name: t.name().to_string(), partitions: t.partitions().len(), messages });
+        out.push(TopicInfo {
+            name: t.name().to_string(),
+            partitions: t.partitions().len(),
+            messages,
+        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)

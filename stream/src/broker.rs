@@ -15,11 +15,21 @@ pub enum BrokerError {
     #[error("installing tansu failed ({0}); see the cargo output above")]
     Install(String),
     #[error("starting {binary}: {source}")]
-    Spawn { binary: PathBuf, source: std::io::Error },
+    Spawn {
+        binary: PathBuf,
+        source: std::io::Error,
+    },
     #[error("broker did not accept connections on {addr} within {secs}s; see {log}")]
-    NotReady { addr: SocketAddr, secs: u64, log: String },
+    NotReady {
+        addr: SocketAddr,
+        secs: u64,
+        log: String,
+    },
     #[error("broker data directory {dir}: {source}")]
-    DataDir { dir: PathBuf, source: std::io::Error },
+    DataDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Where forgelog installs tools it builds itself: `$FORGELOG_HOME/tools`, else
@@ -28,7 +38,9 @@ pub fn tools_root() -> PathBuf {
     if let Some(home) = std::env::var_os("FORGELOG_HOME") {
         return PathBuf::from(home).join("tools");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/forgelog/tools")
 }
 
@@ -53,7 +65,16 @@ pub fn find_or_install_tansu() -> Result<PathBuf, BrokerError> {
     let root = tools_root();
     eprintln!("forgelog: tansu {TANSU_VERSION} is not installed; building it into {} (once per machine, several minutes)", root.display());
     let status = Command::new("cargo")
-        .args(["install", "tansu", "--version", TANSU_VERSION, "--locked", "--features", "libsql", "--root"])
+        .args([
+            "install",
+            "tansu",
+            "--version",
+            TANSU_VERSION,
+            "--locked",
+            "--features",
+            "libsql",
+            "--root",
+        ])
         .arg(&root)
         .status()
         .map_err(|e| BrokerError::Install(e.to_string()))?;
@@ -73,21 +94,48 @@ pub struct LocalBroker {
 
 impl LocalBroker {
     /// Starts tansu on `addr` with its SQLite database in `data_dir` and waits until it accepts connections.
-    pub fn start(binary: &Path, data_dir: &Path, addr: SocketAddr) -> Result<LocalBroker, BrokerError> {
-        let data_err = |source| BrokerError::DataDir { dir: data_dir.to_path_buf(), source };
+    pub fn start(
+        binary: &Path,
+        data_dir: &Path,
+        addr: SocketAddr,
+    ) -> Result<LocalBroker, BrokerError> {
+        let data_err = |source| BrokerError::DataDir {
+            dir: data_dir.to_path_buf(),
+            source,
+        };
         std::fs::create_dir_all(data_dir).map_err(data_err)?;
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(data_dir.join("broker.log")).map_err(data_err)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data_dir.join("broker.log"))
+            .map_err(data_err)?;
         let url = format!("tcp://{addr}");
         // The SQLite path is relative to the working directory: run inside the data dir.
         let child = Command::new(binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "sqlite://tansu.db"])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
             .current_dir(data_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(data_err)?)
             .stderr(log)
             .spawn()
-            .map_err(|source| BrokerError::Spawn { binary: binary.to_path_buf(), source })?;
-        let broker = LocalBroker { child, addr, data_dir: data_dir.to_path_buf(), binary: binary.to_path_buf() };
+            .map_err(|source| BrokerError::Spawn {
+                binary: binary.to_path_buf(),
+                source,
+            })?;
+        let broker = LocalBroker {
+            child,
+            addr,
+            data_dir: data_dir.to_path_buf(),
+            binary: binary.to_path_buf(),
+        };
         broker.wait_ready(Duration::from_secs(30))?;
         Ok(broker)
     }

@@ -17,7 +17,10 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 impl StreamConfig {
     pub fn new(brokers: impl Into<String>) -> StreamConfig {
-        StreamConfig { brokers: brokers.into(), extra: Vec::new() }
+        StreamConfig {
+            brokers: brokers.into(),
+            extra: Vec::new(),
+        }
     }
 
     pub(crate) fn client(&self, client_id: &str) -> ClientConfig {

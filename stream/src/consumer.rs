@@ -35,7 +35,9 @@ impl Received {
 
     fn from_message(msg: &BorrowedMessage<'_>) -> Received {
         let value = msg.payload().unwrap_or_default().to_vec();
-        let event = Codec::global().decode(&value).map_err(|e: DecodeError| e.to_string());
+        let event = Codec::global()
+            .decode(&value)
+            .map_err(|e: DecodeError| e.to_string());
         Received {
             topic: msg.topic().to_string(),
             partition: msg.partition(),
@@ -62,7 +64,11 @@ pub struct EventConsumer {
 }
 
 impl EventConsumer {
-    pub fn new(config: &StreamConfig, group: &str, topics: &[Topic]) -> Result<EventConsumer, ConsumeError> {
+    pub fn new(
+        config: &StreamConfig,
+        group: &str,
+        topics: &[Topic],
+    ) -> Result<EventConsumer, ConsumeError> {
         let inner: StreamConsumer = config.consumer(group).create()?;
         let names: Vec<&str> = topics.iter().map(|t| t.name()).collect();
         inner.subscribe(&names)?;
@@ -105,13 +111,19 @@ pub struct ReplayReader {
 impl ReplayReader {
     pub fn new(config: &StreamConfig) -> Result<ReplayReader, ConsumeError> {
         let consumer: BaseConsumer = config.consumer("forgelog-replay").create()?;
-        Ok(ReplayReader { consumer, timeout: Duration::from_secs(10) })
+        Ok(ReplayReader {
+            consumer,
+            timeout: Duration::from_secs(10),
+        })
     }
 
     /// Partition ids of `topic`, sorted.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
         let md = self.consumer.fetch_metadata(Some(topic), self.timeout)?;
-        let t = md.topics().first().ok_or_else(|| ConsumeError::Broker(format!("no metadata for {topic}")))?;
+        let t = md
+            .topics()
+            .first()
+            .ok_or_else(|| ConsumeError::Broker(format!("no metadata for {topic}")))?;
         if let Some(e) = t.error() {
             return Err(ConsumeError::Broker(format!("topic {topic}: {e:?}")));
         }
@@ -131,7 +143,9 @@ impl ReplayReader {
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<(), ConsumeError> {
         for partition in self.partitions(topic)? {
-            let (lo, hi) = self.consumer.fetch_watermarks(topic, partition, self.timeout)?;
+            let (lo, hi) = self
+                .consumer
+                .fetch_watermarks(topic, partition, self.timeout)?;
             let from = match start {
                 StartAt::Beginning => lo,
                 StartAt::Offset(o) => o.clamp(lo, hi),
@@ -179,7 +193,12 @@ impl ReplayReader {
     }
 
     /// All of `topic` (or one run of it) from `start`, in partition then offset order.
-    pub fn read(&self, topic: &str, start: StartAt, run: Option<&str>) -> Result<Vec<Received>, ConsumeError> {
+    pub fn read(
+        &self,
+        topic: &str,
+        start: StartAt,
+        run: Option<&str>,
+    ) -> Result<Vec<Received>, ConsumeError> {
         let mut out = Vec::new();
         self.for_each(topic, start, run, |r| {
             out.push(r);

@@ -19,10 +19,10 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -69,20 +69,32 @@ pub struct EventProducer {
 impl EventProducer {
     /// Opens the spool in `spool_dir` and starts draining it (including anything
     /// a previous process left there). Must be called inside a tokio runtime.
-    pub fn start(config: &StreamConfig, spool_dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Self, SpoolError> {
+    pub fn start(
+        config: &StreamConfig,
+        spool_dir: impl Into<PathBuf>,
+        options: SpoolOptions,
+    ) -> Result<Self, SpoolError> {
         let spool = Arc::new(Spool::open(spool_dir, options)?);
         let (stop, stop_rx) = watch::channel(false);
         let drainer = Drainer::new(config, spool.clone())?;
         let drainer = tokio::spawn(drainer.run(stop_rx));
-        Ok(EventProducer { spool, brokers: config.brokers.clone(), stop, drainer })
+        Ok(EventProducer {
+            spool,
+            brokers: config.brokers.clone(),
+            stop,
+            drainer,
+        })
     }
 
     /// Encodes `event` and appends it to the spool; returns its spool seq.
     /// Never waits for the broker.
     pub fn send(&self, event: &Event) -> Result<u64, SendError> {
         let value = Codec::global().encode(event)?;
-        let seq = self.spool.append(event.topic().name(), event.key().as_bytes(), &value)?;
-        metrics::counter!("forgelog_events_sent_total", "topic" => event.topic().name()).increment(1);
+        let seq = self
+            .spool
+            .append(event.topic().name(), event.key().as_bytes(), &value)?;
+        metrics::counter!("forgelog_events_sent_total", "topic" => event.topic().name())
+            .increment(1);
         Ok(seq)
     }
 
@@ -101,7 +113,11 @@ impl EventProducer {
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return Err(FlushTimeout { pending: target - self.spool.acked(), waited: timeout, brokers: self.brokers.clone() });
+                return Err(FlushTimeout {
+                    pending: target - self.spool.acked(),
+                    waited: timeout,
+                    brokers: self.brokers.clone(),
+                });
             }
             let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), waiting).await;
         }
@@ -129,9 +145,17 @@ type Delivered = Result<(i32, i64), DrainError>;
 
 impl Drainer {
     fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
-        let io = |source| SpoolError::Io { dir: spool.dir().to_path_buf(), source };
+        let io = |source| SpoolError::Io {
+            dir: spool.dir().to_path_buf(),
+            source,
+        };
         let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
-        Ok(Drainer { config: config.producer(), recovery: config.consumer("forgelog-spool-recovery"), spool, checkpoint })
+        Ok(Drainer {
+            config: config.producer(),
+            recovery: config.consumer("forgelog-spool-recovery"),
+            spool,
+            checkpoint,
+        })
     }
 
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
@@ -161,17 +185,20 @@ impl Drainer {
         let mut since_checkpoint = 0u64;
         let result = loop {
             while inflight.len() < WINDOW {
-                let Some(rec) = reader.next_record()? else { break };
+                let Some(rec) = reader.next_record()? else {
+                    break;
+                };
                 if !self.checkpoint.scan_from.contains_key(&rec.topic) {
                     self.mark_scan_base(&rec.topic).await?;
                 }
                 let seq = rec.seq;
                 let topic = rec.topic.clone();
-                let delivery: std::pin::Pin<Box<dyn std::future::Future<Output = Delivered> + Send>> =
-                    match already.take(&rec) {
-                        Some(at) => Box::pin(std::future::ready(Ok(at))),
-                        None => Box::pin(self.produce(&producer, rec)?),
-                    };
+                let delivery: std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Delivered> + Send>,
+                > = match already.take(&rec) {
+                    Some(at) => Box::pin(std::future::ready(Ok(at))),
+                    None => Box::pin(self.produce(&producer, rec)?),
+                };
                 inflight.push_back(async move { (seq, topic, delivery.await) });
             }
             if inflight.is_empty() {
@@ -188,11 +215,19 @@ impl Drainer {
                 }
                 continue;
             }
-            let Some((seq, topic, delivered)) = inflight.next().await else { continue };
+            let Some((seq, topic, delivered)) = inflight.next().await else {
+                continue;
+            };
             match delivered {
                 Ok((partition, offset)) => {
                     self.checkpoint.acked_through = seq + 1;
-                    let from = self.checkpoint.scan_from.entry(topic).or_default().entry(partition).or_insert(0);
+                    let from = self
+                        .checkpoint
+                        .scan_from
+                        .entry(topic)
+                        .or_default()
+                        .entry(partition)
+                        .or_insert(0);
                     *from = (*from).max(offset + 1);
                     metrics::counter!("forgelog_events_delivered_total").increment(1);
                     since_checkpoint += 1;
@@ -222,8 +257,12 @@ impl Drainer {
         producer: &FutureProducer,
         rec: SpoolRecord,
     ) -> Result<impl std::future::Future<Output = Delivered> + Send, DrainError> {
-        let record = FutureRecord::to(&rec.topic).key(&rec.key).payload(&rec.value);
-        let future = producer.send_result(record).map_err(|(e, _)| DrainError::Kafka(e))?;
+        let record = FutureRecord::to(&rec.topic)
+            .key(&rec.key)
+            .payload(&rec.value);
+        let future = producer
+            .send_result(record)
+            .map_err(|(e, _)| DrainError::Kafka(e))?;
         Ok(async move {
             match future.await {
                 Ok(Ok(d)) => Ok((d.partition, d.offset)),
@@ -240,9 +279,14 @@ impl Drainer {
         let topic = topic.to_string();
         let ends = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
             let md = consumer.fetch_metadata(Some(&topic), BROKER_TIMEOUT)?;
-            let t = md.topics().first().ok_or_else(|| DrainError::Other(format!("no metadata for {topic}")))?;
+            let t = md
+                .topics()
+                .first()
+                .ok_or_else(|| DrainError::Other(format!("no metadata for {topic}")))?;
             if let Some(e) = t.error() {
-                return Err(DrainError::Other(format!("topic {topic}: {e:?} (create the topics first: forgelog topics create)")));
+                return Err(DrainError::Other(format!(
+                    "topic {topic}: {e:?} (create the topics first: forgelog topics create)"
+                )));
             }
             let mut ends = std::collections::BTreeMap::new();
             for p in t.partitions() {
@@ -261,7 +305,9 @@ impl Drainer {
     /// The messages past each partition's scan base: among them are any of our
     /// unacknowledged records that did reach the broker.
     async fn recover(&mut self) -> Result<Arrived, DrainError> {
-        if self.spool.next_seq() <= self.checkpoint.acked_through || self.checkpoint.scan_from.is_empty() {
+        if self.spool.next_seq() <= self.checkpoint.acked_through
+            || self.checkpoint.scan_from.is_empty()
+        {
             return Ok(Arrived::default());
         }
         let consumer: BaseConsumer = self.recovery.create()?;
@@ -281,13 +327,25 @@ impl Drainer {
                     let mut next = from;
                     while next < hi {
                         if Instant::now() > deadline {
-                            return Err(DrainError::Other(format!("recovery scan of {topic}/{partition} timed out")));
+                            return Err(DrainError::Other(format!(
+                                "recovery scan of {topic}/{partition} timed out"
+                            )));
                         }
-                        let Some(msg) = consumer.poll(Duration::from_millis(500)) else { continue };
+                        let Some(msg) = consumer.poll(Duration::from_millis(500)) else {
+                            continue;
+                        };
                         let msg = msg?;
                         next = msg.offset() + 1;
-                        let digest = Arrived::digest(topic, msg.key().unwrap_or_default(), msg.payload().unwrap_or_default());
-                        arrived.at.entry(digest).or_default().push_back((partition, msg.offset()));
+                        let digest = Arrived::digest(
+                            topic,
+                            msg.key().unwrap_or_default(),
+                            msg.payload().unwrap_or_default(),
+                        );
+                        arrived
+                            .at
+                            .entry(digest)
+                            .or_default()
+                            .push_back((partition, msg.offset()));
                     }
                 }
             }
@@ -296,7 +354,10 @@ impl Drainer {
         .await
         .map_err(|e| DrainError::Other(e.to_string()))??;
         if !arrived.at.is_empty() {
-            tracing::info!(messages = arrived.at.len(), "spool recovery: scanned the topics' tails for records already delivered");
+            tracing::info!(
+                messages = arrived.at.len(),
+                "spool recovery: scanned the topics' tails for records already delivered"
+            );
         }
         Ok(arrived)
     }
@@ -324,6 +385,8 @@ impl Arrived {
         if self.at.is_empty() {
             return None;
         }
-        self.at.get_mut(&Self::digest(&rec.topic, &rec.key, &rec.value))?.pop_front()
+        self.at
+            .get_mut(&Self::digest(&rec.topic, &rec.key, &rec.value))?
+            .pop_front()
     }
 }

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 /// A run id no other test run has used (tests share the broker's topics).
 pub fn unique_run_id(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
@@ -22,7 +25,12 @@ pub async fn shared_broker() -> StreamConfig {
     let config = StreamConfig::new(crate::default_brokers());
     admin::create_topics(&config, &Default::default())
         .await
-        .unwrap_or_else(|e| panic!("no broker at {} ({e}); start one with `forgelog broker` or .ci/run", config.brokers));
+        .unwrap_or_else(|e| {
+            panic!(
+                "no broker at {} ({e}); start one with `forgelog broker` or .ci/run",
+                config.brokers
+            )
+        });
     config
 }
 
@@ -36,11 +44,24 @@ pub struct PrivateBroker {
 
 impl PrivateBroker {
     pub fn start() -> Result<PrivateBroker, BrokerError> {
-        let binary = find_tansu().ok_or_else(|| BrokerError::NotInstalled(crate::broker::tools_root().display().to_string()))?;
-        let data = tempfile::Builder::new().prefix("forgelog-broker").tempdir().map_err(|source| BrokerError::DataDir { dir: std::env::temp_dir(), source })?;
+        let binary = find_tansu().ok_or_else(|| {
+            BrokerError::NotInstalled(crate::broker::tools_root().display().to_string())
+        })?;
+        let data = tempfile::Builder::new()
+            .prefix("forgelog-broker")
+            .tempdir()
+            .map_err(|source| BrokerError::DataDir {
+                dir: std::env::temp_dir(),
+                source,
+            })?;
         let addr = free_local_addr();
         let broker = LocalBroker::start(&binary, data.path(), addr)?;
-        Ok(PrivateBroker { binary, data, addr, broker: Some(broker) })
+        Ok(PrivateBroker {
+            binary,
+            data,
+            addr,
+            broker: Some(broker),
+        })
     }
 
     pub fn config(&self) -> StreamConfig {
@@ -57,7 +78,11 @@ impl PrivateBroker {
     /// Start it again on the same data and address.
     pub fn restart(&mut self) -> Result<(), BrokerError> {
         self.kill();
-        self.broker = Some(LocalBroker::start(&self.binary, self.data.path(), self.addr)?);
+        self.broker = Some(LocalBroker::start(
+            &self.binary,
+            self.data.path(),
+            self.addr,
+        )?);
         Ok(())
     }
 }

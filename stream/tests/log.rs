@@ -1,17 +1,26 @@
 //! The Kafka layer against a real broker: the shared one for volume and
 //! ordering, a private one for the fault tests that kill it.
 
+use forgelog_schemas::Topic;
 use forgelog_schemas::{testing::call_finished, Codec, Event};
 use forgelog_stream::testing::{shared_broker, unique_run_id, PrivateBroker};
-use forgelog_stream::{EventConsumer, EventProducer, Received, ReplayReader, SpoolOptions, StartAt};
-use forgelog_schemas::Topic;
+use forgelog_stream::{
+    EventConsumer, EventProducer, Received, ReplayReader, SpoolOptions, StartAt,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 const SESSIONS: usize = 50;
 
 fn event(run: &str, i: usize, prompt: usize) -> Event {
-    call_finished(run, &format!("s{}", i % SESSIONS), (i / SESSIONS) as i64, prompt, 16).into()
+    call_finished(
+        run,
+        &format!("s{}", i % SESSIONS),
+        (i / SESSIONS) as i64,
+        prompt,
+        16,
+    )
+    .into()
 }
 
 /// Every event of `run` arrived once; per key, in the order sent.
@@ -19,13 +28,30 @@ fn assert_exactly_once_in_order(received: &[Received], run: &str, n: usize, prom
     let mut seen = HashSet::new();
     let mut last_index: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     for r in received {
-        let Ok(Event::CallFinished(c)) = &r.event else { panic!("not a CallFinished: {:?}", r.event) };
+        let Ok(Event::CallFinished(c)) = &r.event else {
+            panic!("not a CallFinished: {:?}", r.event)
+        };
         assert_eq!(c.run_id, run);
-        assert!(seen.insert(c.event_id.clone()), "duplicate event {} (session {}, call {})", c.event_id, c.session_id, c.call_index);
+        assert!(
+            seen.insert(c.event_id.clone()),
+            "duplicate event {} (session {}, call {})",
+            c.event_id,
+            c.session_id,
+            c.call_index
+        );
         let prev = last_index.insert(r.key.clone(), c.call_index);
-        assert!(prev.is_none_or(|p| p < c.call_index), "session {} out of order: {prev:?} then {}", c.session_id, c.call_index);
+        assert!(
+            prev.is_none_or(|p| p < c.call_index),
+            "session {} out of order: {prev:?} then {}",
+            c.session_id,
+            c.call_index
+        );
         let i = c.call_index as usize * SESSIONS + c.session_id[1..].parse::<usize>().unwrap();
-        assert_eq!(r.value, Codec::global().encode(&event(run, i, prompt)).unwrap(), "bytes differ for event {i}");
+        assert_eq!(
+            r.value,
+            Codec::global().encode(&event(run, i, prompt)).unwrap(),
+            "bytes differ for event {i}"
+        );
     }
     assert_eq!(seen.len(), n, "events missing");
 }
@@ -36,7 +62,9 @@ async fn hundred_thousand_calls_round_trip_byte_identical_in_key_order() {
     // test's full-topic reads (tansu's fetch is linear in what follows the offset).
     let broker = PrivateBroker::start().unwrap();
     let config = broker.config();
-    forgelog_stream::admin::create_topics(&config, &Default::default()).await.unwrap();
+    forgelog_stream::admin::create_topics(&config, &Default::default())
+        .await
+        .unwrap();
     let run = unique_run_id("volume");
     let n = 100_000;
     let spool = tempfile::tempdir().unwrap();
@@ -46,17 +74,28 @@ async fn hundred_thousand_calls_round_trip_byte_identical_in_key_order() {
     }
     producer.close(Duration::from_secs(600)).await.unwrap();
 
-    let consumer = EventConsumer::new(&config, &unique_run_id("volume-group"), &[Topic::Calls]).unwrap();
+    let consumer =
+        EventConsumer::new(&config, &unique_run_id("volume-group"), &[Topic::Calls]).unwrap();
     let mut mine = Vec::with_capacity(n);
     let deadline = Instant::now() + Duration::from_secs(600);
     while mine.len() < n {
-        assert!(Instant::now() < deadline, "only {} of {n} events came back", mine.len());
-        let r = tokio::time::timeout(Duration::from_secs(60), consumer.recv()).await.expect("consumer stalled").unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} events came back",
+            mine.len()
+        );
+        let r = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+            .await
+            .expect("consumer stalled")
+            .unwrap();
         if r.in_run(Some(&run)) {
             mine.push(r);
         }
     }
-    let last: Vec<_> = mine.iter().map(|r| (r.topic.as_str(), r.partition, r.offset)).collect();
+    let last: Vec<_> = mine
+        .iter()
+        .map(|r| (r.topic.as_str(), r.partition, r.offset))
+        .collect();
     consumer.commit(&last).unwrap();
     assert_exactly_once_in_order(&mine, &run, n, 2_000);
 }
@@ -73,11 +112,19 @@ async fn consumer_group_resumes_after_its_last_commit() {
     producer.close(Duration::from_secs(60)).await.unwrap();
     let group = unique_run_id("resume-group");
 
-    async fn take(config: &forgelog_stream::StreamConfig, group: &str, run: &str, n: usize) -> Vec<Received> {
+    async fn take(
+        config: &forgelog_stream::StreamConfig,
+        group: &str,
+        run: &str,
+        n: usize,
+    ) -> Vec<Received> {
         let c = EventConsumer::new(config, group, &[Topic::Calls]).unwrap();
         let mut out = Vec::new();
         while out.len() < n {
-            let r = tokio::time::timeout(Duration::from_secs(30), c.recv()).await.expect("stalled").unwrap();
+            let r = tokio::time::timeout(Duration::from_secs(30), c.recv())
+                .await
+                .expect("stalled")
+                .unwrap();
             if r.in_run(Some(run)) {
                 out.push(r);
             }
@@ -87,7 +134,10 @@ async fn consumer_group_resumes_after_its_last_commit() {
         for r in &out {
             last.insert((r.topic.clone(), r.partition), r.offset);
         }
-        let offsets: Vec<_> = last.iter().map(|((t, p), o)| (t.as_str(), *p, *o)).collect();
+        let offsets: Vec<_> = last
+            .iter()
+            .map(|((t, p), o)| (t.as_str(), *p, *o))
+            .collect();
         c.commit(&offsets).unwrap();
         out
     }
@@ -115,8 +165,13 @@ async fn replay_reader_returns_identical_sequences() {
         let run = run.clone();
         move || {
             let reader = ReplayReader::new(&config).unwrap();
-            let a = reader.read(Topic::Calls.name(), StartAt::Beginning, Some(&run)).unwrap();
-            let b = ReplayReader::new(&config).unwrap().read(Topic::Calls.name(), StartAt::Beginning, Some(&run)).unwrap();
+            let a = reader
+                .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+                .unwrap();
+            let b = ReplayReader::new(&config)
+                .unwrap()
+                .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+                .unwrap();
             (a, b)
         }
     })
@@ -124,7 +179,11 @@ async fn replay_reader_returns_identical_sequences() {
     .unwrap();
     assert_eq!(a.len(), 500);
     assert_eq!(a, b);
-    assert!(a.windows(2).all(|w| (w[0].partition, w[0].offset) < (w[1].partition, w[1].offset)), "not in partition order");
+    assert!(
+        a.windows(2)
+            .all(|w| (w[0].partition, w[0].offset) < (w[1].partition, w[1].offset)),
+        "not in partition order"
+    );
     assert_exactly_once_in_order(&a, &run, 500, 50);
 }
 
@@ -132,7 +191,9 @@ async fn replay_reader_returns_identical_sequences() {
 async fn broker_killed_sends_never_wait_and_everything_arrives_once_in_order() {
     let mut broker = PrivateBroker::start().unwrap();
     let config = broker.config();
-    forgelog_stream::admin::create_topics(&config, &Default::default()).await.unwrap();
+    forgelog_stream::admin::create_topics(&config, &Default::default())
+        .await
+        .unwrap();
     let run = unique_run_id("broker-kill");
     let spool = tempfile::tempdir().unwrap();
     let producer = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
@@ -155,7 +216,10 @@ async fn broker_killed_sends_never_wait_and_everything_arrives_once_in_order() {
     broker.restart().unwrap();
     producer.close(Duration::from_secs(120)).await.unwrap();
     let got = tokio::task::spawn_blocking(move || {
-        ReplayReader::new(&config).unwrap().read(Topic::Calls.name(), StartAt::Beginning, Some(&run)).map(|v| (v, run))
+        ReplayReader::new(&config)
+            .unwrap()
+            .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+            .map(|v| (v, run))
     })
     .await
     .unwrap()

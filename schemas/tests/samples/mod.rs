@@ -25,7 +25,13 @@ fn sequence() -> Sequence {
         token_ids: vec![1, 9, 2, 42, 43],
         loss_mask: vec![0, 0, 0, 1, 1],
         sampling_logprobs: vec![0.0, 0.0, 0.0, -0.25, -1.5],
-        policy_versions: vec![UNKNOWN_POLICY_VERSION, UNKNOWN_POLICY_VERSION, UNKNOWN_POLICY_VERSION, 3, 3],
+        policy_versions: vec![
+            UNKNOWN_POLICY_VERSION,
+            UNKNOWN_POLICY_VERSION,
+            UNKNOWN_POLICY_VERSION,
+            3,
+            3,
+        ],
         tool_calls: 1,
     }
 }
@@ -61,7 +67,10 @@ pub fn all() -> Vec<Event> {
             sampling_requested: sampling(0.7),
             sampling_sent: sampling(1.0),
             policy_version: Some(3),
-            usage: Usage { prompt_tokens: 3, completion_tokens: 2 },
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+            },
             trainable: true,
             untrainable_reason: None,
             response_body: br#"{"id":"x"}"#.to_vec(),
@@ -111,7 +120,11 @@ pub fn all() -> Vec<Event> {
             harness: "claude-code".into(),
             calls: 2,
             sequences: vec![sequence()],
-            findings: vec![Finding { kind: FindingKind::Drift, call_index: 1, detail: "token 3".into() }],
+            findings: vec![Finding {
+                kind: FindingKind::Drift,
+                call_index: 1,
+                detail: "token 3".into(),
+            }],
         }
         .into(),
         TrainingBatch {

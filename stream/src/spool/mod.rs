@@ -40,7 +40,11 @@ pub struct SpoolOptions {
 
 impl Default for SpoolOptions {
     fn default() -> Self {
-        SpoolOptions { segment_bytes: 64 << 20, max_bytes: 8 << 30, fsync: FsyncPolicy::Never }
+        SpoolOptions {
+            segment_bytes: 64 << 20,
+            max_bytes: 8 << 30,
+            fsync: FsyncPolicy::Never,
+        }
     }
 }
 
@@ -90,7 +94,11 @@ fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "seg") {
-            if let Some(seq) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()) {
+            if let Some(seq) = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse().ok())
+            {
                 out.push((seq, path));
             }
         }
@@ -103,12 +111,20 @@ fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 fn read_frame(r: &mut impl Read) -> io::Result<Option<(SpoolRecord, u64)>> {
     let mut header = [0u8; FRAME_HEADER];
     if let Err(e) = r.read_exact(&mut header) {
-        return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::UnexpectedEof {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     let (len, crc) = SpoolRecord::frame_header(&header);
     let mut payload = vec![0u8; len];
     if let Err(e) = r.read_exact(&mut payload) {
-        return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::UnexpectedEof {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     if crc32fast::hash(&payload) != crc {
         return Ok(None);
@@ -120,7 +136,10 @@ impl Spool {
     /// Opens (or creates) the spool in `dir`, cutting off a torn tail left by a crash.
     pub fn open(dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Spool, SpoolError> {
         let dir = dir.into();
-        let io_err = |source| SpoolError::Io { dir: dir.clone(), source };
+        let io_err = |source| SpoolError::Io {
+            dir: dir.clone(),
+            source,
+        };
         fs::create_dir_all(&dir).map_err(io_err)?;
         let checkpoint = Checkpoint::load(&dir).map_err(io_err)?;
         let segs = segments(&dir).map_err(io_err)?;
@@ -148,22 +167,40 @@ impl Spool {
                     tracing::warn!(segment = %path.display(), cut = size - good, "spool: cutting off a torn tail");
                     bytes -= size - good;
                 }
-                (*first, next.max(checkpoint.acked_through), good, path.clone())
+                (
+                    *first,
+                    next.max(checkpoint.acked_through),
+                    good,
+                    path.clone(),
+                )
             }
         };
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err)?;
         file.set_len(len).map_err(io_err)?;
         let mut file = file;
         file.seek(SeekFrom::End(0)).map_err(io_err)?;
         let shared = Arc::new(Shared::default());
         shared.next_seq.store(next_seq, Ordering::Release);
-        shared.acked.store(checkpoint.acked_through, Ordering::Release);
+        shared
+            .acked
+            .store(checkpoint.acked_through, Ordering::Release);
         shared.bytes.store(bytes, Ordering::Release);
         metrics::gauge!("forgelog_spool_bytes").set(bytes as f64);
         Ok(Spool {
             dir,
             options,
-            active: Mutex::new(ActiveSegment { file, first_seq, len, unsynced: 0, buf: Vec::new() }),
+            active: Mutex::new(ActiveSegment {
+                file,
+                first_seq,
+                len,
+                unsynced: 0,
+                buf: Vec::new(),
+            }),
             shared,
         })
     }
@@ -174,7 +211,10 @@ impl Spool {
 
     /// Appends one record; returns its seq. Local disk only: never waits on the broker.
     pub fn append(&self, topic: &str, key: &[u8], value: &[u8]) -> Result<u64, SpoolError> {
-        let io_err = |source| SpoolError::Io { dir: self.dir.clone(), source };
+        let io_err = |source| SpoolError::Io {
+            dir: self.dir.clone(),
+            source,
+        };
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.shared.next_seq.load(Ordering::Acquire);
         let mut buf = std::mem::take(&mut active.buf);
@@ -184,12 +224,26 @@ impl Spool {
         if bytes + buf.len() as u64 > self.options.max_bytes {
             metrics::counter!("forgelog_spool_full_total").increment(1);
             active.buf = buf;
-            return Err(SpoolError::Full { dir: self.dir.clone(), bytes, max: self.options.max_bytes });
+            return Err(SpoolError::Full {
+                dir: self.dir.clone(),
+                bytes,
+                max: self.options.max_bytes,
+            });
         }
         if active.len > 0 && active.len + buf.len() as u64 > self.options.segment_bytes {
             active.file.sync_data().map_err(io_err)?;
-            let file = OpenOptions::new().create(true).append(true).open(segment_path(&self.dir, seq)).map_err(io_err)?;
-            *active = ActiveSegment { file, first_seq: seq, len: 0, unsynced: 0, buf: Vec::new() };
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(segment_path(&self.dir, seq))
+                .map_err(io_err)?;
+            *active = ActiveSegment {
+                file,
+                first_seq: seq,
+                len: 0,
+                unsynced: 0,
+                buf: Vec::new(),
+            };
         }
         let written = active.file.write_all(&buf);
         if let Err(e) = written {
@@ -211,7 +265,11 @@ impl Spool {
             active.file.sync_data().map_err(io_err)?;
             active.unsynced = 0;
         }
-        let total = self.shared.bytes.fetch_add(buf.len() as u64, Ordering::AcqRel) + buf.len() as u64;
+        let total = self
+            .shared
+            .bytes
+            .fetch_add(buf.len() as u64, Ordering::AcqRel)
+            + buf.len() as u64;
         active.buf = buf;
         self.shared.next_seq.store(seq + 1, Ordering::Release);
         drop(active);
@@ -241,7 +299,12 @@ impl Spool {
 
     /// A reader positioned at `seq`.
     pub fn reader(&self, seq: u64) -> SpoolReader {
-        SpoolReader { dir: self.dir.clone(), shared: self.shared.clone(), seq, file: None }
+        SpoolReader {
+            dir: self.dir.clone(),
+            shared: self.shared.clone(),
+            seq,
+            file: None,
+        }
     }
 
     /// Waits until something is appended (returns at once if an append happened since the last wait).
@@ -257,10 +320,19 @@ impl Spool {
     /// Records that everything below `seq` is acknowledged, saves `checkpoint`
     /// and deletes the segments that hold nothing newer.
     pub fn acknowledge(&self, checkpoint: &Checkpoint) -> Result<(), SpoolError> {
-        let io_err = |source| SpoolError::Io { dir: self.dir.clone(), source };
+        let io_err = |source| SpoolError::Io {
+            dir: self.dir.clone(),
+            source,
+        };
         checkpoint.store(&self.dir).map_err(io_err)?;
-        self.shared.acked.store(checkpoint.acked_through, Ordering::Release);
-        let active_first = self.active.lock().unwrap_or_else(|p| p.into_inner()).first_seq;
+        self.shared
+            .acked
+            .store(checkpoint.acked_through, Ordering::Release);
+        let active_first = self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first_seq;
         let segs = segments(&self.dir).map_err(io_err)?;
         for pair in segs.windows(2) {
             let ((_, path), (next_first, _)) = (&pair[0], &pair[1]);
@@ -308,24 +380,37 @@ impl SpoolReader {
                         return Ok(Some(rec));
                     }
                     Some((rec, _)) => {
-                        return Err(io::Error::other(format!("spool gap: wanted seq {}, found {}", self.seq, rec.seq)))
+                        return Err(io::Error::other(format!(
+                            "spool gap: wanted seq {}, found {}",
+                            self.seq, rec.seq
+                        )))
                     }
                     // End of this segment: the record was written to the next one.
                     None => break,
                 }
             }
             self.file = None;
-            let next = segments(&self.dir)?.into_iter().find(|(first, _)| *first == self.seq);
+            let next = segments(&self.dir)?
+                .into_iter()
+                .find(|(first, _)| *first == self.seq);
             if let Some((first, path)) = next {
                 self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
             }
         }
-        Err(io::Error::other(format!("spool record {} is missing from {}", self.seq, self.dir.display())))
+        Err(io::Error::other(format!(
+            "spool record {} is missing from {}",
+            self.seq,
+            self.dir.display()
+        )))
     }
 
     fn open_segment_for(&mut self, seq: u64) -> io::Result<()> {
-        let seg = segments(&self.dir)?.into_iter().rev().find(|(first, _)| *first <= seq);
-        let (first, path) = seg.ok_or_else(|| io::Error::other(format!("no spool segment holds seq {seq}")))?;
+        let seg = segments(&self.dir)?
+            .into_iter()
+            .rev()
+            .find(|(first, _)| *first <= seq);
+        let (first, path) =
+            seg.ok_or_else(|| io::Error::other(format!("no spool segment holds seq {seq}")))?;
         self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
         Ok(())
     }

@@ -36,12 +36,19 @@ impl SpoolRecord {
     pub fn decode_payload(payload: &[u8]) -> Option<SpoolRecord> {
         let seq = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
         let topic_len = u16::from_le_bytes(payload.get(8..10)?.try_into().ok()?) as usize;
-        let topic = std::str::from_utf8(payload.get(10..10 + topic_len)?).ok()?.to_string();
+        let topic = std::str::from_utf8(payload.get(10..10 + topic_len)?)
+            .ok()?
+            .to_string();
         let at = 10 + topic_len;
         let key_len = u32::from_le_bytes(payload.get(at..at + 4)?.try_into().ok()?) as usize;
         let key = payload.get(at + 4..at + 4 + key_len)?.to_vec();
         let value = payload.get(at + 4 + key_len..)?.to_vec();
-        Some(SpoolRecord { seq, topic, key, value })
+        Some(SpoolRecord {
+            seq,
+            topic,
+            key,
+            value,
+        })
     }
 
     /// Splits a frame header into (payload length, crc).

@@ -2,7 +2,11 @@ use super::*;
 use std::io::Write;
 
 fn options(segment_bytes: u64) -> SpoolOptions {
-    SpoolOptions { segment_bytes, max_bytes: 1 << 30, fsync: FsyncPolicy::Never }
+    SpoolOptions {
+        segment_bytes,
+        max_bytes: 1 << 30,
+        fsync: FsyncPolicy::Never,
+    }
 }
 
 fn drain_all(spool: &Spool, from: u64) -> Vec<SpoolRecord> {
@@ -15,12 +19,20 @@ fn appends_read_back_in_order_across_segments() {
     let dir = tempfile::tempdir().unwrap();
     let spool = Spool::open(dir.path(), options(256)).unwrap();
     for i in 0..100u64 {
-        assert_eq!(spool.append("t", format!("k{i}").as_bytes(), &[i as u8; 40]).unwrap(), i);
+        assert_eq!(
+            spool
+                .append("t", format!("k{i}").as_bytes(), &[i as u8; 40])
+                .unwrap(),
+            i
+        );
     }
     assert!(segments(dir.path()).unwrap().len() > 10);
     let recs = drain_all(&spool, 0);
     assert_eq!(recs.len(), 100);
-    assert!(recs.iter().enumerate().all(|(i, r)| r.seq == i as u64 && r.value == vec![i as u8; 40]));
+    assert!(recs
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.seq == i as u64 && r.value == vec![i as u8; 40]));
     assert_eq!(drain_all(&spool, 57)[0].seq, 57);
 }
 
@@ -67,7 +79,14 @@ fn corrupt_record_is_not_returned() {
 #[test]
 fn full_spool_refuses_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let spool = Spool::open(dir.path(), SpoolOptions { max_bytes: 200, ..options(1 << 20) }).unwrap();
+    let spool = Spool::open(
+        dir.path(),
+        SpoolOptions {
+            max_bytes: 200,
+            ..options(1 << 20)
+        },
+    )
+    .unwrap();
     let mut accepted = 0;
     let err = loop {
         match spool.append("t", b"k", &[0; 50]) {
@@ -89,7 +108,10 @@ fn acknowledged_segments_are_deleted_and_resume_after_reopen() {
         spool.append("t", b"k", &[i; 30]).unwrap();
     }
     let before = spool.bytes();
-    let cp = Checkpoint { acked_through: 40, ..Default::default() };
+    let cp = Checkpoint {
+        acked_through: 40,
+        ..Default::default()
+    };
     spool.acknowledge(&cp).unwrap();
     assert!(spool.bytes() < before);
     assert_eq!(spool.pending(), 10);
@@ -97,5 +119,8 @@ fn acknowledged_segments_are_deleted_and_resume_after_reopen() {
     let spool = Spool::open(dir.path(), options(128)).unwrap();
     assert_eq!(spool.acked(), 40);
     let recs = drain_all(&spool, spool.acked());
-    assert_eq!(recs.iter().map(|r| r.seq).collect::<Vec<_>>(), (40..50).collect::<Vec<_>>());
+    assert_eq!(
+        recs.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        (40..50).collect::<Vec<_>>()
+    );
 }
