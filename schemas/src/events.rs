@@ -107,6 +107,8 @@ pub struct RolloutStarted {
     pub task_id: String,
     pub harness: String,
     pub group_id: String,
+    /// How many rollouts the group will have: the reward join waits for all of them.
+    pub group_size: i64,
     pub policy_version: Option<i64>,
     pub started_at_ms: i64,
 }
@@ -193,6 +195,9 @@ pub struct TrajectoryBuilt {
     pub group_id: String,
     pub harness: String,
     pub calls: i64,
+    /// Calls outside discarded branches that ended in tool calls.
+    #[serde(default)]
+    pub tool_calls: i64,
     pub sequences: Vec<Sequence>,
     #[serde(default)]
     pub findings: Vec<Finding>,

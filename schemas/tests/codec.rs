@@ -327,6 +327,7 @@ fn event() -> impl Strategy<Value = Event> {
                     task_id,
                     harness: "h".into(),
                     group_id,
+                    group_size: 8,
                     policy_version,
                     started_at_ms,
                 }
@@ -390,6 +391,7 @@ fn event() -> impl Strategy<Value = Event> {
                         group_id: "g".into(),
                         harness: "h".into(),
                         calls,
+                        tool_calls: calls / 2,
                         sequences,
                         findings,
                     }

@@ -86,6 +86,7 @@ pub fn all() -> Vec<Event> {
             task_id: "t-1".into(),
             harness: "claude-code".into(),
             group_id: "g-1".into(),
+            group_size: 8,
             policy_version: Some(3),
             started_at_ms: 1_790_000_000_000,
         }
@@ -119,6 +120,7 @@ pub fn all() -> Vec<Event> {
             group_id: "g-1".into(),
             harness: "claude-code".into(),
             calls: 2,
+            tool_calls: 1,
             sequences: vec![sequence()],
             findings: vec![Finding {
                 kind: FindingKind::Drift,
