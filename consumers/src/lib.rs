@@ -4,6 +4,12 @@
 //! - [`TrajectoryBuilder`]: `forgelog.calls` + `forgelog.rollouts` → `forgelog.trajectories`
 //! - [`RewardJoin`]: `forgelog.rollouts` + `forgelog.trajectories` + `forgelog.rewards` → `forgelog.batches`
 
+mod processor;
+pub mod rewards;
+mod trajectories;
 pub mod tree;
 
+pub use processor::Processor;
+pub use rewards::{RewardConfig, RewardJoin, RewardTransform};
+pub use trajectories::TrajectoryBuilder;
 pub use tree::TrajectoryTree;
