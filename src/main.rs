@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use forgelog_consumers::{shell, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats, ShellOptions, TrajectoryBuilder};
 use forgelog_schemas::Topic;
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
@@ -75,11 +76,38 @@ enum Command {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Run the stream consumers: trajectory trees, and the reward join into GRPO groups
+    Consume {
+        /// Which consumer: trajectories, rewards, or all (both)
+        #[arg(value_enum)]
+        which: Consumers,
+        /// State directory (checkpoints and output spool), one subdirectory per consumer
+        #[arg(long, default_value = ".forgelog/consumers")]
+        state: PathBuf,
+        /// Exit after a sweep that finds nothing new (batch processing of a recorded run)
+        #[arg(long)]
+        exit_when_idle: bool,
+        /// Input events between checkpoints
+        #[arg(long, default_value_t = 1000)]
+        checkpoint_every: usize,
+        /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
+        #[arg(long)]
+        efficiency_bonus: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
         action: SpoolAction,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Consumers {
+    Trajectories,
+    Rewards,
+    All,
 }
 
 #[derive(Subcommand)]
@@ -187,6 +215,36 @@ fn main() -> Result<()> {
             eprintln!("spool {} is empty", dir.display());
             Ok(())
         }),
+        Command::Consume { which, state, exit_when_idle, checkpoint_every, efficiency_bonus, broker } => {
+            let config = broker.config();
+            let options = |name: &str| ShellOptions { checkpoint_every, exit_when_idle, ..ShellOptions::new(state.join(name)) };
+            let rewards = RewardConfig {
+                transforms: if efficiency_bonus { vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }] } else { Vec::new() },
+                ..Default::default()
+            };
+            rt.block_on(async move {
+                let (c1, c2) = (config.clone(), config.clone());
+                let (o1, o2) = (options(TrajectoryBuilder::NAME), options(RewardJoin::NAME));
+                let trajectories = move || shell::run(&c1, TrajectoryBuilder::default(), &o1);
+                let join = move || shell::run(&c2, RewardJoin::new(rewards), &o2);
+                let report = |name: &str, stats: RunStats| eprintln!("{name}: {stats:?}");
+                match which {
+                    Consumers::Trajectories => report("trajectories", tokio::task::spawn_blocking(trajectories).await??),
+                    Consumers::Rewards => report("rewards", tokio::task::spawn_blocking(join).await??),
+                    // In batch mode the join runs after the trees are done, so each sees its whole input.
+                    Consumers::All if exit_when_idle => {
+                        report("trajectories", tokio::task::spawn_blocking(trajectories).await??);
+                        report("rewards", tokio::task::spawn_blocking(join).await??);
+                    }
+                    Consumers::All => {
+                        let (a, b) = tokio::join!(tokio::task::spawn_blocking(trajectories), tokio::task::spawn_blocking(join));
+                        report("trajectories", a??);
+                        report("rewards", b??);
+                    }
+                }
+                anyhow::Ok(())
+            })
+        }
         Command::Spool {
             action: SpoolAction::Status { dir },
         } => {

@@ -6,10 +6,12 @@
 
 mod processor;
 pub mod rewards;
+pub mod shell;
 mod trajectories;
 pub mod tree;
 
 pub use processor::Processor;
+pub use shell::{RunStats, ShellOptions};
 pub use rewards::{RewardConfig, RewardJoin, RewardTransform};
 pub use trajectories::TrajectoryBuilder;
 pub use tree::TrajectoryTree;

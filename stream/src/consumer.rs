@@ -159,37 +159,66 @@ impl ReplayReader {
                     }
                 }
             };
-            if from >= hi {
-                continue;
-            }
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
-            self.consumer.assign(&tpl)?;
-            let mut next = from;
-            let mut idle_since = Instant::now();
-            while next < hi {
-                match self.consumer.poll(Duration::from_millis(200)) {
-                    Some(msg) => {
-                        let msg = msg?;
-                        idle_since = Instant::now();
-                        next = msg.offset() + 1;
-                        let rec = Received::from_message(&msg);
-                        if rec.in_run(run) && f(rec).is_break() {
-                            self.consumer.unassign()?;
-                            return Ok(());
-                        }
-                    }
-                    None if idle_since.elapsed() > self.timeout * 3 => {
-                        return Err(ConsumeError::Broker(format!(
-                            "replay of {topic}/{partition} stalled at offset {next} of {hi}"
-                        )));
-                    }
-                    None => {}
+            let flow = self.for_each_in(topic, partition, from, hi, |rec| {
+                if rec.in_run(run) {
+                    f(rec)
+                } else {
+                    ControlFlow::Continue(())
                 }
+            })?;
+            if flow.is_break() {
+                break;
             }
         }
         self.consumer.unassign()?;
         Ok(())
+    }
+
+    /// High watermark (the offset the next message will get) of one partition.
+    pub fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
+        Ok(self.consumer.fetch_watermarks(topic, partition, self.timeout)?.1)
+    }
+
+    /// Calls `f` with the messages of one partition in `[from, to)`, in offset
+    /// order, until `f` breaks (which this returns).
+    pub fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
+        if from >= to {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        self.consumer.assign(&tpl)?;
+        let mut next = from;
+        let mut idle_since = Instant::now();
+        while next < to {
+            match self.consumer.poll(Duration::from_millis(200)) {
+                Some(msg) => {
+                    let msg = msg?;
+                    idle_since = Instant::now();
+                    next = msg.offset() + 1;
+                    if msg.offset() >= to {
+                        break;
+                    }
+                    if f(Received::from_message(&msg)).is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                None if idle_since.elapsed() > self.timeout * 3 => {
+                    return Err(ConsumeError::Broker(format!(
+                        "read of {topic}/{partition} stalled at offset {next} of {to}"
+                    )));
+                }
+                None => {}
+            }
+        }
+        Ok(ControlFlow::Continue(()))
     }
 
     /// All of `topic` (or one run of it) from `start`, in partition then offset order.
