@@ -2,7 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use forgelog_consumers::{shell, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats, ShellOptions, TrajectoryBuilder};
+use forgelog_consumers::{
+    shell, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats, ShellOptions,
+    TrajectoryBuilder,
+};
 use forgelog_schemas::Topic;
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
@@ -215,11 +218,26 @@ fn main() -> Result<()> {
             eprintln!("spool {} is empty", dir.display());
             Ok(())
         }),
-        Command::Consume { which, state, exit_when_idle, checkpoint_every, efficiency_bonus, broker } => {
+        Command::Consume {
+            which,
+            state,
+            exit_when_idle,
+            checkpoint_every,
+            efficiency_bonus,
+            broker,
+        } => {
             let config = broker.config();
-            let options = |name: &str| ShellOptions { checkpoint_every, exit_when_idle, ..ShellOptions::new(state.join(name)) };
+            let options = |name: &str| ShellOptions {
+                checkpoint_every,
+                exit_when_idle,
+                ..ShellOptions::new(state.join(name))
+            };
             let rewards = RewardConfig {
-                transforms: if efficiency_bonus { vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }] } else { Vec::new() },
+                transforms: if efficiency_bonus {
+                    vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }]
+                } else {
+                    Vec::new()
+                },
                 ..Default::default()
             };
             rt.block_on(async move {
@@ -229,15 +247,26 @@ fn main() -> Result<()> {
                 let join = move || shell::run(&c2, RewardJoin::new(rewards), &o2);
                 let report = |name: &str, stats: RunStats| eprintln!("{name}: {stats:?}");
                 match which {
-                    Consumers::Trajectories => report("trajectories", tokio::task::spawn_blocking(trajectories).await??),
-                    Consumers::Rewards => report("rewards", tokio::task::spawn_blocking(join).await??),
+                    Consumers::Trajectories => report(
+                        "trajectories",
+                        tokio::task::spawn_blocking(trajectories).await??,
+                    ),
+                    Consumers::Rewards => {
+                        report("rewards", tokio::task::spawn_blocking(join).await??)
+                    }
                     // In batch mode the join runs after the trees are done, so each sees its whole input.
                     Consumers::All if exit_when_idle => {
-                        report("trajectories", tokio::task::spawn_blocking(trajectories).await??);
+                        report(
+                            "trajectories",
+                            tokio::task::spawn_blocking(trajectories).await??,
+                        );
                         report("rewards", tokio::task::spawn_blocking(join).await??);
                     }
                     Consumers::All => {
-                        let (a, b) = tokio::join!(tokio::task::spawn_blocking(trajectories), tokio::task::spawn_blocking(join));
+                        let (a, b) = tokio::join!(
+                            tokio::task::spawn_blocking(trajectories),
+                            tokio::task::spawn_blocking(join)
+                        );
                         report("trajectories", a??);
                         report("rewards", b??);
                     }

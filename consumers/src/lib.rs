@@ -11,7 +11,7 @@ mod trajectories;
 pub mod tree;
 
 pub use processor::Processor;
-pub use shell::{RunStats, ShellOptions};
 pub use rewards::{RewardConfig, RewardJoin, RewardTransform};
+pub use shell::{RunStats, ShellOptions};
 pub use trajectories::TrajectoryBuilder;
 pub use tree::TrajectoryTree;

@@ -17,7 +17,9 @@
 
 use crate::Processor;
 use forgelog_schemas::Event;
-use forgelog_stream::{ConsumeError, EventProducer, ReplayReader, SendError, SpoolError, SpoolOptions, StreamConfig};
+use forgelog_stream::{
+    ConsumeError, EventProducer, ReplayReader, SendError, SpoolError, SpoolOptions, StreamConfig,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
@@ -35,9 +37,16 @@ pub enum ShellError {
     #[error("flushing output: {0}")]
     Flush(#[from] forgelog_stream::FlushTimeout),
     #[error("state {path}: {source}")]
-    State { path: PathBuf, source: std::io::Error },
+    State {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
-    Settings { path: PathBuf, saved: String, current: String },
+    Settings {
+        path: PathBuf,
+        saved: String,
+        current: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -52,7 +61,12 @@ pub struct ShellOptions {
 
 impl ShellOptions {
     pub fn new(state_dir: impl Into<PathBuf>) -> ShellOptions {
-        ShellOptions { state_dir: state_dir.into(), checkpoint_every: 1000, exit_when_idle: false, idle_wait: Duration::from_millis(500) }
+        ShellOptions {
+            state_dir: state_dir.into(),
+            checkpoint_every: 1000,
+            exit_when_idle: false,
+            idle_wait: Duration::from_millis(500),
+        }
     }
 }
 
@@ -80,29 +94,48 @@ struct Checkpoint<P> {
 
 /// Runs `fresh` (or its checkpointed state) over its input topics until idle or
 /// forever. Blocking: call it from a blocking thread inside a tokio runtime.
-pub fn run<P: Processor>(config: &StreamConfig, fresh: P, options: &ShellOptions) -> Result<RunStats, ShellError> {
+pub fn run<P: Processor>(
+    config: &StreamConfig,
+    fresh: P,
+    options: &ShellOptions,
+) -> Result<RunStats, ShellError> {
     let rt = tokio::runtime::Handle::current();
     let state_path = options.state_dir.join("state.json");
-    let state_err = |source| ShellError::State { path: state_path.clone(), source };
+    let state_err = |source| ShellError::State {
+        path: state_path.clone(),
+        source,
+    };
     std::fs::create_dir_all(&options.state_dir).map_err(state_err)?;
 
     // 1. Whatever a crashed run left in the spool goes out first.
-    let producer = EventProducer::start(config, options.state_dir.join("spool"), SpoolOptions::default())?;
+    let producer = EventProducer::start(
+        config,
+        options.state_dir.join("spool"),
+        SpoolOptions::default(),
+    )?;
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
 
     // 2. The checkpoint, or a fresh start from the beginning of the inputs.
     let reader = ReplayReader::new(config)?;
     let output = P::OUTPUT.name();
     let mut state = match std::fs::read(&state_path) {
-        Ok(bytes) => serde_json::from_slice::<Checkpoint<P>>(&bytes).map_err(|e| state_err(std::io::Error::other(e)))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Checkpoint { settings: fresh.settings(), inputs: BTreeMap::new(), outputs: BTreeMap::new(), processor: fresh }
-        }
+        Ok(bytes) => serde_json::from_slice::<Checkpoint<P>>(&bytes)
+            .map_err(|e| state_err(std::io::Error::other(e)))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint {
+            settings: fresh.settings(),
+            inputs: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            processor: fresh,
+        },
         Err(e) => return Err(state_err(e)),
     };
     let current = P::settings(&state.processor);
     if state.settings != current {
-        return Err(ShellError::Settings { path: state_path, saved: state.settings, current });
+        return Err(ShellError::Settings {
+            path: state_path,
+            saved: state.settings,
+            current,
+        });
     }
 
     // 3. Outputs written after the checkpoint: re-derived ones are not sent again.
@@ -127,8 +160,14 @@ pub fn run<P: Processor>(config: &StreamConfig, fresh: P, options: &ShellOptions
         for topic in P::INPUTS {
             let topic = topic.name();
             for partition in reader.partitions(topic)? {
-                let from = state.inputs.get(topic).and_then(|p| p.get(&partition)).copied().unwrap_or(0);
+                let from = state
+                    .inputs
+                    .get(topic)
+                    .and_then(|p| p.get(&partition))
+                    .copied()
+                    .unwrap_or(0);
                 let end = reader.end(topic, partition)?;
+                let t = std::time::Instant::now();
                 let mut failure: Option<ShellError> = None;
                 let _ = reader.for_each_in(topic, partition, from, end, |rec| {
                     progressed = true;
@@ -170,6 +209,7 @@ pub fn run<P: Processor>(config: &StreamConfig, fresh: P, options: &ShellOptions
                 if let Some(err) = failure {
                     return Err(err);
                 }
+                tracing::debug!(consumer = P::NAME, topic, partition, from, end, elapsed = ?t.elapsed(), "swept");
             }
         }
         if since_checkpoint > 0 {
@@ -194,12 +234,19 @@ fn checkpoint<P: Processor>(
     state: &mut Checkpoint<P>,
     path: &Path,
 ) -> Result<(), ShellError> {
+    let t = std::time::Instant::now();
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
+    let flushed = t.elapsed();
     let output = P::OUTPUT.name();
     for partition in reader.partitions(output)? {
-        state.outputs.insert(partition, reader.end(output, partition)?);
+        state
+            .outputs
+            .insert(partition, reader.end(output, partition)?);
     }
-    let state_err = |source| ShellError::State { path: path.to_path_buf(), source };
+    let state_err = |source| ShellError::State {
+        path: path.to_path_buf(),
+        source,
+    };
     let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec(state).map_err(|e| state_err(std::io::Error::other(e)))?;
     {
@@ -208,5 +255,7 @@ fn checkpoint<P: Processor>(
         f.write_all(&bytes).map_err(state_err)?;
         f.sync_data().map_err(state_err)?;
     }
-    std::fs::rename(&tmp, path).map_err(state_err)
+    std::fs::rename(&tmp, path).map_err(state_err)?;
+    tracing::debug!(consumer = P::NAME, ?flushed, total = ?t.elapsed(), bytes = bytes.len(), "checkpoint");
+    Ok(())
 }

@@ -1,7 +1,9 @@
 //! `forgelog.calls` + `forgelog.rollouts` → `forgelog.trajectories`.
 
 use crate::{Processor, TrajectoryTree};
-use forgelog_schemas::{event_id, CallFinished, Event, RolloutFinished, RolloutStarted, Topic, TrajectoryBuilt};
+use forgelog_schemas::{
+    event_id, CallFinished, Event, RolloutFinished, RolloutStarted, Topic, TrajectoryBuilt,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -100,7 +102,9 @@ mod tests {
         let clean = run_all(events.clone());
         assert_eq!(clean.len(), 12);
         // Rollout events before any call, calls reversed: same trajectories.
-        let (rollouts, calls): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| e.topic() == Topic::Rollouts);
+        let (rollouts, calls): (Vec<Event>, Vec<Event>) = events
+            .into_iter()
+            .partition(|e| e.topic() == Topic::Rollouts);
         let mut shuffled = run_all(rollouts.into_iter().chain(calls.into_iter().rev()));
         let key = |e: &Event| e.event_id().to_string();
         let mut clean_sorted = clean.clone();
@@ -112,7 +116,10 @@ mod tests {
     #[test]
     fn waits_for_every_call_the_rollout_reported() {
         let events = recorded_run("r", 1, 1, 3, 10);
-        let last_call = events.iter().rposition(|e| matches!(e, Event::CallFinished(_))).unwrap();
+        let last_call = events
+            .iter()
+            .rposition(|e| matches!(e, Event::CallFinished(_)))
+            .unwrap();
         let mut without_last: Vec<Event> = events.clone();
         let late = without_last.remove(last_call);
         let mut b = TrajectoryBuilder::default();

@@ -57,7 +57,13 @@ pub fn call_finished(
 /// seventh has one untrainable call), with rollout events and verifier results
 /// (every ninth rollout's verifier did not run). Events come in the order a proxy
 /// would write them; everything depends only on the arguments.
-pub fn recorded_run(run_id: &str, groups: usize, group_size: usize, turns: usize, tokens_per_turn: usize) -> Vec<crate::Event> {
+pub fn recorded_run(
+    run_id: &str,
+    groups: usize,
+    group_size: usize,
+    turns: usize,
+    tokens_per_turn: usize,
+) -> Vec<crate::Event> {
     use crate::{Event, RolloutFinished, RolloutStarted, VerifierResult};
     let mut events: Vec<Event> = Vec::new();
     let mut n = 0usize;
@@ -72,7 +78,12 @@ pub fn recorded_run(run_id: &str, groups: usize, group_size: usize, turns: usize
                     rollout_id: rollout.clone(),
                     session_id: session.clone(),
                     task_id: format!("task-{g}"),
-                    harness: if m % 2 == 0 { "opencode" } else { "claude-code" }.into(),
+                    harness: if m % 2 == 0 {
+                        "opencode"
+                    } else {
+                        "claude-code"
+                    }
+                    .into(),
                     group_id: format!("group-{g}"),
                     group_size: group_size as i64,
                     policy_version: Some(0),
@@ -80,7 +91,9 @@ pub fn recorded_run(run_id: &str, groups: usize, group_size: usize, turns: usize
                 }
                 .into(),
             );
-            let mut context: Vec<u32> = (0..tokens_per_turn as u32).map(|t| (t * 31 + g as u32) % 49_152).collect();
+            let mut context: Vec<u32> = (0..tokens_per_turn as u32)
+                .map(|t| (t * 31 + g as u32) % 49_152)
+                .collect();
             let mut index = 0i64;
             for turn in 0..turns {
                 let attempts = if n % 5 == 0 && turn == 1 { 2 } else { 1 };
@@ -89,14 +102,29 @@ pub fn recorded_run(run_id: &str, groups: usize, group_size: usize, turns: usize
                     c.event_id = event_id("CallFinished", &[run_id, &session, &index.to_string()]);
                     c.rollout_id = rollout.clone();
                     c.prompt_token_ids = context.clone();
-                    c.completion_token_ids =
-                        (0..tokens_per_turn as u32 / 4 + 1).map(|t| (t * 17 + (n * 7 + turn * 3 + attempt) as u32) % 49_152).collect();
-                    c.completion_logprobs = c.completion_token_ids.iter().map(|&t| -((t % 97) as f32) / 40.0).collect();
-                    c.finish_reason = Some(if turn + 1 < turns { "tool_calls" } else { "stop" }.into());
+                    c.completion_token_ids = (0..tokens_per_turn as u32 / 4 + 1)
+                        .map(|t| (t * 17 + (n * 7 + turn * 3 + attempt) as u32) % 49_152)
+                        .collect();
+                    c.completion_logprobs = c
+                        .completion_token_ids
+                        .iter()
+                        .map(|&t| -((t % 97) as f32) / 40.0)
+                        .collect();
+                    c.finish_reason = Some(
+                        if turn + 1 < turns {
+                            "tool_calls"
+                        } else {
+                            "stop"
+                        }
+                        .into(),
+                    );
                     c.trainable = !(n % 7 == 3 && turn == 0);
                     if attempt + 1 == attempts {
                         context.extend_from_slice(&c.completion_token_ids);
-                        context.extend((0..tokens_per_turn as u32).map(|t| (t * 13 + turn as u32 * 5 + 1) % 49_152));
+                        context.extend(
+                            (0..tokens_per_turn as u32)
+                                .map(|t| (t * 13 + turn as u32 * 5 + 1) % 49_152),
+                        );
                     }
                     events.push(c.into());
                     index += 1;

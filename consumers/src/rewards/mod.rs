@@ -2,7 +2,10 @@
 //! the reward join and GRPO grouping.
 
 use crate::Processor;
-use forgelog_schemas::{event_id, Event, GroupMember, RolloutStarted, Topic, TrainingBatch, TrajectoryBuilt, VerifierResult};
+use forgelog_schemas::{
+    event_id, Event, GroupMember, RolloutStarted, Topic, TrainingBatch, TrajectoryBuilt,
+    VerifierResult,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +22,9 @@ pub enum RewardTransform {
 impl RewardTransform {
     pub fn apply(&self, reward: f64, tool_calls: i64) -> f64 {
         match *self {
-            RewardTransform::EfficiencyBonus { correct_at } if reward >= correct_at => 1.0 + 1.5 / (15.0 + tool_calls as f64),
+            RewardTransform::EfficiencyBonus { correct_at } if reward >= correct_at => {
+                1.0 + 1.5 / (15.0 + tool_calls as f64)
+            }
             RewardTransform::EfficiencyBonus { .. } => reward,
             RewardTransform::Clip { min, max } => reward.clamp(min, max),
         }
@@ -36,7 +41,10 @@ pub struct RewardConfig {
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        RewardConfig { transforms: Vec::new(), epsilon: 1e-6 }
+        RewardConfig {
+            transforms: Vec::new(),
+            epsilon: 1e-6,
+        }
     }
 }
 
@@ -52,7 +60,18 @@ pub fn advantages(rewards: &[Option<f64>], epsilon: f64) -> (Vec<Option<f64>>, b
     let mean = scored.iter().sum::<f64>() / n;
     let std = (scored.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
     let flat = scored.len() < 2 || scored.iter().all(|&r| r == scored[0]);
-    let adv = rewards.iter().map(|r| r.map(|r| if flat { 0.0 } else { (r - mean) / (std + epsilon) })).collect();
+    let adv = rewards
+        .iter()
+        .map(|r| {
+            r.map(|r| {
+                if flat {
+                    0.0
+                } else {
+                    (r - mean) / (std + epsilon)
+                }
+            })
+        })
+        .collect();
     (adv, flat)
 }
 
@@ -93,21 +112,34 @@ fn key(run_id: &str, id: &str) -> String {
 
 impl RewardJoin {
     pub fn new(config: RewardConfig) -> RewardJoin {
-        RewardJoin { config, ..Default::default() }
+        RewardJoin {
+            config,
+            ..Default::default()
+        }
     }
 
-    fn join_group(&mut self, run_id: &str, group_id: &str, task_id: &str, rollout_id: &str, harness: &str) -> Option<String> {
+    fn join_group(
+        &mut self,
+        run_id: &str,
+        group_id: &str,
+        task_id: &str,
+        rollout_id: &str,
+        harness: &str,
+    ) -> Option<String> {
         let gk = key(run_id, group_id);
         if self.emitted.contains(&gk) {
             return None;
         }
-        let group = self.groups.entry(gk.clone()).or_insert_with(|| PendingGroup {
-            run_id: run_id.into(),
-            group_id: group_id.into(),
-            task_id: task_id.into(),
-            size: 1,
-            members: BTreeMap::new(),
-        });
+        let group = self
+            .groups
+            .entry(gk.clone())
+            .or_insert_with(|| PendingGroup {
+                run_id: run_id.into(),
+                group_id: group_id.into(),
+                task_id: task_id.into(),
+                size: 1,
+                members: BTreeMap::new(),
+            });
         let member = group.members.entry(rollout_id.into()).or_default();
         if member.harness.is_empty() {
             member.harness = harness.into();
@@ -115,19 +147,38 @@ impl RewardJoin {
         let rk = key(run_id, rollout_id);
         self.group_of.insert(rk.clone(), gk.clone());
         if let Some(v) = self.early_verdicts.remove(&rk) {
-            self.groups.get_mut(&gk).expect("inserted").members.get_mut(rollout_id).expect("inserted").verdict.get_or_insert(v);
+            self.groups
+                .get_mut(&gk)
+                .expect("inserted")
+                .members
+                .get_mut(rollout_id)
+                .expect("inserted")
+                .verdict
+                .get_or_insert(v);
         }
         Some(gk)
     }
 
     fn started(&mut self, e: RolloutStarted) -> Option<String> {
-        let gk = self.join_group(&e.run_id, &e.group_id, &e.task_id, &e.rollout_id, &e.harness)?;
+        let gk = self.join_group(
+            &e.run_id,
+            &e.group_id,
+            &e.task_id,
+            &e.rollout_id,
+            &e.harness,
+        )?;
         self.groups.get_mut(&gk)?.size = e.group_size.max(1);
         Some(gk)
     }
 
     fn trajectory(&mut self, t: TrajectoryBuilt) -> Option<String> {
-        let gk = self.join_group(&t.run_id, &t.group_id, &t.task_id, &t.rollout_id, &t.harness)?;
+        let gk = self.join_group(
+            &t.run_id,
+            &t.group_id,
+            &t.task_id,
+            &t.rollout_id,
+            &t.harness,
+        )?;
         let member = self.groups.get_mut(&gk)?.members.get_mut(&t.rollout_id)?;
         member.trajectory.get_or_insert(t);
         Some(gk)
@@ -150,7 +201,10 @@ impl RewardJoin {
 
     fn complete(&self, gk: &str) -> bool {
         self.groups.get(gk).is_some_and(|g| {
-            g.members.len() as i64 >= g.size && g.members.values().all(|m| m.trajectory.is_some() && m.verdict.is_some())
+            g.members.len() as i64 >= g.size
+                && g.members
+                    .values()
+                    .all(|m| m.trajectory.is_some() && m.verdict.is_some())
         })
     }
 
@@ -161,7 +215,12 @@ impl RewardJoin {
             .map(|m| {
                 let v = m.verdict.as_ref().expect("complete");
                 let tool_calls = m.trajectory.as_ref().map_or(0, |t| t.tool_calls);
-                v.reward.filter(|_| v.ok).map(|r| self.config.transforms.iter().fold(r, |r, t| t.apply(r, tool_calls)))
+                v.reward.filter(|_| v.ok).map(|r| {
+                    self.config
+                        .transforms
+                        .iter()
+                        .fold(r, |r, t| t.apply(r, tool_calls))
+                })
             })
             .collect();
         let (adv, flat) = advantages(&rewards, self.config.epsilon);
@@ -175,7 +234,10 @@ impl RewardJoin {
                 reward,
                 advantage,
                 // Abandoned retries are not trained on.
-                sequences: m.trajectory.map(|t| t.sequences.into_iter().filter(|s| !s.discarded).collect()).unwrap_or_default(),
+                sequences: m
+                    .trajectory
+                    .map(|t| t.sequences.into_iter().filter(|s| !s.discarded).collect())
+                    .unwrap_or_default(),
             })
             .collect();
         TrainingBatch {

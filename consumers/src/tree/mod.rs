@@ -13,7 +13,9 @@
 //!   same point: a retry) and their branches are discarded. At the top level
 //!   only a root re-sent with its whole prompt counts as a retry.
 
-use forgelog_schemas::{CallFinished, CallStatus, Finding, FindingKind, Sequence, UNKNOWN_POLICY_VERSION};
+use forgelog_schemas::{
+    CallFinished, CallStatus, Finding, FindingKind, Sequence, UNKNOWN_POLICY_VERSION,
+};
 
 #[derive(Debug, Clone)]
 struct Node {
@@ -69,19 +71,29 @@ impl TrajectoryTree {
     }
 
     fn finding(&mut self, kind: FindingKind, call_index: i64, detail: String) {
-        self.findings.push(Finding { kind, call_index, detail });
+        self.findings.push(Finding {
+            kind,
+            call_index,
+            detail,
+        });
     }
 
     fn insert(&mut self, call: &CallFinished) {
         let index = call.call_index;
         if call.status != CallStatus::Ok || call.prompt_token_ids.is_empty() {
-            let why = call.error.clone().unwrap_or_else(|| format!("status {:?}, no prompt tokens", call.status));
+            let why = call
+                .error
+                .clone()
+                .unwrap_or_else(|| format!("status {:?}, no prompt tokens", call.status));
             self.finding(FindingKind::FailedCall, index, why);
             return;
         }
         let consistent = call.completion_token_ids.len() == call.completion_logprobs.len();
         if !call.trainable {
-            let why = call.untrainable_reason.clone().unwrap_or_else(|| "recorded trainable=false".into());
+            let why = call
+                .untrainable_reason
+                .clone()
+                .unwrap_or_else(|| "recorded trainable=false".into());
             self.finding(FindingKind::NotTrainable, index, why);
         } else if !consistent {
             let detail = format!(
@@ -105,7 +117,10 @@ impl TrajectoryTree {
             prompt_len: prompt.len(),
             logprobs: call.completion_logprobs.clone(),
             sampled: call.trainable && consistent,
-            policy_version: call.policy_version.and_then(|v| u32::try_from(v).ok()).unwrap_or(UNKNOWN_POLICY_VERSION),
+            policy_version: call
+                .policy_version
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(UNKNOWN_POLICY_VERSION),
             tool_call: call.finish_reason.as_deref() == Some("tool_calls"),
             children: Vec::new(),
             discarded: false,
@@ -124,15 +139,23 @@ impl TrajectoryTree {
             .max_by_key(|&n| self.nodes[n].tokens.len());
         let siblings: Vec<usize> = match parent {
             Some(p) => self.nodes[p].children.clone(),
-            None => (0..self.nodes.len()).filter(|&n| self.nodes[n].parent.is_none()).collect(),
+            None => (0..self.nodes.len())
+                .filter(|&n| self.nodes[n].parent.is_none())
+                .collect(),
         };
         // The sibling sharing the longest prefix decides (latest on ties).
-        let best = siblings.iter().map(|&c| (common_prefix(prompt, &self.nodes[c].tokens), c)).max_by_key(|&(lcp, _)| lcp);
+        let best = siblings
+            .iter()
+            .map(|&c| (common_prefix(prompt, &self.nodes[c].tokens), c))
+            .max_by_key(|&(lcp, _)| lcp);
         if let Some((lcp, c)) = best {
             let node = &self.nodes[c];
             if lcp > node.prompt_len {
                 // Drift: the prompt re-sent this sibling's sampled tokens, differently.
-                let detail = format!("prompt re-tokenized call {}'s sampled tokens: diverges at token {lcp}", node.call_index);
+                let detail = format!(
+                    "prompt re-tokenized call {}'s sampled tokens: diverges at token {lcp}",
+                    node.call_index
+                );
                 let root = node.root;
                 self.finding(FindingKind::Drift, index, detail);
                 return (parent, root);
@@ -167,7 +190,12 @@ impl TrajectoryTree {
 
     /// One sequence per root-to-leaf path, leaves in creation order.
     pub fn sequences(&self) -> Vec<Sequence> {
-        self.nodes.iter().enumerate().filter(|(_, n)| n.children.is_empty()).map(|(leaf, _)| self.path_sequence(leaf)).collect()
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.children.is_empty())
+            .map(|(leaf, _)| self.path_sequence(leaf))
+            .collect()
     }
 
     fn path_sequence(&self, leaf: usize) -> Sequence {
@@ -203,7 +231,10 @@ impl TrajectoryTree {
 
     /// Calls outside discarded branches that ended in tool calls.
     pub fn tool_calls(&self) -> i64 {
-        self.nodes.iter().filter(|n| n.tool_call && !n.discarded).count() as i64
+        self.nodes
+            .iter()
+            .filter(|n| n.tool_call && !n.discarded)
+            .count() as i64
     }
 
     /// Calls placed in the tree.

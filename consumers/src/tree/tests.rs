@@ -29,7 +29,10 @@ fn a_multi_turn_session_is_one_sequence_with_sampled_spans_masked() {
     assert_eq!(s.call_indices, vec![0, 1]);
     assert_eq!(s.token_ids, cat(&[SYS, USER, &[30, 31, 40, 41, 42, 50]]));
     let mask: Vec<u8> = s.loss_mask.clone();
-    assert_eq!(mask, [vec![0; 9], vec![1, 1], vec![0, 0, 0], vec![1]].concat());
+    assert_eq!(
+        mask,
+        [vec![0; 9], vec![1, 1], vec![0, 0, 0], vec![1]].concat()
+    );
     assert_eq!(s.sampling_logprobs[9], -0.30);
     assert_eq!(s.sampling_logprobs[14], -0.50);
     assert_eq!(s.policy_versions[9], 0);
@@ -46,8 +49,14 @@ fn a_retry_forks_and_discards_the_abandoned_branch() {
     let c2 = call(2, &cat(&[&p, &[32], &[40]]), &[33]);
     let seqs = TrajectoryTree::build([&c0, &c1, &c2]).sequences();
     assert_eq!(seqs.len(), 2);
-    assert_eq!((seqs[0].call_indices.clone(), seqs[0].discarded), (vec![0], true));
-    assert_eq!((seqs[1].call_indices.clone(), seqs[1].discarded), (vec![1, 2], false));
+    assert_eq!(
+        (seqs[0].call_indices.clone(), seqs[0].discarded),
+        (vec![0], true)
+    );
+    assert_eq!(
+        (seqs[1].call_indices.clone(), seqs[1].discarded),
+        (vec![1, 2], false)
+    );
 }
 
 #[test]
@@ -57,7 +66,10 @@ fn sub_agents_and_compactions_start_new_roots() {
     let compacted = call(2, &cat(&[SYS, &[1, 77, 2]]), &[32]); // same system, summary instead of history
     let tree = TrajectoryTree::build([&c0, &sub, &compacted]);
     let seqs = tree.sequences();
-    assert_eq!(seqs.iter().map(|s| s.root).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(
+        seqs.iter().map(|s| s.root).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
     assert!(seqs.iter().all(|s| !s.discarded));
 }
 
@@ -70,11 +82,19 @@ fn drift_is_reported_not_repaired() {
     assert_eq!(tree.findings().len(), 1);
     assert_eq!(tree.findings()[0].kind, FindingKind::Drift);
     let seqs = tree.sequences();
-    assert_eq!(seqs.len(), 2, "the original sampled tokens keep their own path");
+    assert_eq!(
+        seqs.len(),
+        2,
+        "the original sampled tokens keep their own path"
+    );
     assert_eq!(seqs[0].loss_mask.iter().filter(|&&m| m == 1).count(), 3);
     let second = &seqs[1];
     assert_eq!(&second.token_ids[9..11], &[30, 35]);
-    assert_eq!(&second.loss_mask[9..11], &[0, 0], "re-sent tokens are context");
+    assert_eq!(
+        &second.loss_mask[9..11],
+        &[0, 0],
+        "re-sent tokens are context"
+    );
     assert!(seqs.iter().all(|s| !s.discarded));
 }
 
@@ -90,12 +110,25 @@ fn untrainable_failed_and_inconsistent_calls_are_context_only() {
     let c3 = call(3, &cat(&[SYS, USER, &[30], &[40], &[31, 32], &[41]]), &[33]);
     let tree = TrajectoryTree::build([&c0, &c1, &failed, &c3]);
     let kinds: Vec<_> = tree.findings().iter().map(|f| f.kind).collect();
-    assert_eq!(kinds, vec![FindingKind::NotTrainable, FindingKind::InconsistentTokens, FindingKind::FailedCall]);
+    assert_eq!(
+        kinds,
+        vec![
+            FindingKind::NotTrainable,
+            FindingKind::InconsistentTokens,
+            FindingKind::FailedCall
+        ]
+    );
     let seqs = tree.sequences();
     assert_eq!(seqs.len(), 1);
     assert_eq!(seqs[0].call_indices, vec![0, 1, 3]);
-    let masked: Vec<usize> = (0..seqs[0].loss_mask.len()).filter(|&i| seqs[0].loss_mask[i] == 1).collect();
-    assert_eq!(masked, vec![seqs[0].token_ids.len() - 1], "only call 3's token");
+    let masked: Vec<usize> = (0..seqs[0].loss_mask.len())
+        .filter(|&i| seqs[0].loss_mask[i] == 1)
+        .collect();
+    assert_eq!(
+        masked,
+        vec![seqs[0].token_ids.len() - 1],
+        "only call 3's token"
+    );
 }
 
 #[test]
@@ -159,10 +192,29 @@ fn simulate(steps: &[Step], lens: &[usize]) -> (Vec<CallFinished>, Vec<i64>) {
                 let mut resent = l.completion_token_ids.clone();
                 *resent.last_mut().unwrap() += 7; // re-tokenized differently
                 resent.push(4242);
-                ([l.prompt_token_ids.clone(), resent, next(len)].concat(), true)
+                (
+                    [l.prompt_token_ids.clone(), resent, next(len)].concat(),
+                    true,
+                )
             }
-            (Step::Untrainable, Some(l)) => ([l.prompt_token_ids.clone(), l.completion_token_ids.clone(), next(len)].concat(), false),
-            (_, Some(l)) => ([l.prompt_token_ids.clone(), l.completion_token_ids.clone(), next(len)].concat(), true),
+            (Step::Untrainable, Some(l)) => (
+                [
+                    l.prompt_token_ids.clone(),
+                    l.completion_token_ids.clone(),
+                    next(len),
+                ]
+                .concat(),
+                false,
+            ),
+            (_, Some(l)) => (
+                [
+                    l.prompt_token_ids.clone(),
+                    l.completion_token_ids.clone(),
+                    next(len),
+                ]
+                .concat(),
+                true,
+            ),
         };
         if prompt.is_empty() {
             trainable = false;
