@@ -3,10 +3,10 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use forgelog_consumers::{
-    shell, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats, ShellOptions,
-    TrajectoryBuilder,
+    rebuild, shell, show, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats,
+    ShellOptions, TrajectoryBuilder,
 };
-use forgelog_schemas::Topic;
+use forgelog_schemas::{Event, GroupMember, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
 use forgelog_stream::{EventProducer, ReplayReader, SpoolOptions, StartAt, StreamConfig};
@@ -99,6 +99,11 @@ enum Command {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Re-derive a run from the log and compare, or show its trajectory trees
+    Replay {
+        #[command(subcommand)]
+        action: ReplayAction,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
@@ -111,6 +116,30 @@ enum Consumers {
     Trajectories,
     Rewards,
     All,
+}
+
+#[derive(Subcommand)]
+enum ReplayAction {
+    /// Re-derive trajectories and batches from calls, rollouts and rewards; compare with the output topics
+    Rebuild {
+        #[arg(long)]
+        run: String,
+        /// The reward join ran with --efficiency-bonus
+        #[arg(long)]
+        efficiency_bonus: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
+    Show {
+        #[arg(long)]
+        run: String,
+        /// Only this rollout
+        #[arg(long)]
+        rollout: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -218,6 +247,70 @@ fn main() -> Result<()> {
             eprintln!("spool {} is empty", dir.display());
             Ok(())
         }),
+        Command::Replay {
+            action:
+                ReplayAction::Rebuild {
+                    run,
+                    efficiency_bonus,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let (rebuilt, diff) =
+                rebuild::rebuild_and_compare(&reader, &run, reward_config(efficiency_bonus))?;
+            match diff {
+                None => {
+                    println!(
+                        "identical: {} trajectories, {} batches of run {run}",
+                        rebuilt.trajectories.len(),
+                        rebuilt.batches.len()
+                    );
+                    Ok(())
+                }
+                Some(d) => bail!("differs: {d}"),
+            }
+        }
+        Command::Replay {
+            action:
+                ReplayAction::Show {
+                    run,
+                    rollout,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let members: Vec<GroupMember> = rebuild::read_run(&reader, Topic::Batches, &run)?
+                .into_iter()
+                .filter_map(|r| match r.event {
+                    Ok(Event::TrainingBatch(b)) => Some(b.members),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            let mut shown = 0;
+            for r in rebuild::read_run(&reader, Topic::Trajectories, &run)? {
+                let Ok(Event::TrajectoryBuilt(t)) = r.event else {
+                    continue;
+                };
+                if rollout.as_ref().is_some_and(|x| *x != t.rollout_id) {
+                    continue;
+                }
+                print!(
+                    "{}",
+                    show::render(&t, members.iter().find(|m| m.rollout_id == t.rollout_id))
+                );
+                shown += 1;
+            }
+            if shown == 0 {
+                bail!(
+                    "no trajectories for run {run}{}",
+                    rollout
+                        .map(|r| format!(", rollout {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
         Command::Consume {
             which,
             state,
@@ -232,14 +325,7 @@ fn main() -> Result<()> {
                 exit_when_idle,
                 ..ShellOptions::new(state.join(name))
             };
-            let rewards = RewardConfig {
-                transforms: if efficiency_bonus {
-                    vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }]
-                } else {
-                    Vec::new()
-                },
-                ..Default::default()
-            };
+            let rewards = reward_config(efficiency_bonus);
             rt.block_on(async move {
                 let (c1, c2) = (config.clone(), config.clone());
                 let (o1, o2) = (options(TrajectoryBuilder::NAME), options(RewardJoin::NAME));
@@ -286,6 +372,18 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+fn reward_config(efficiency_bonus: bool) -> RewardConfig {
+    let transforms = if efficiency_bonus {
+        vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }]
+    } else {
+        Vec::new()
+    };
+    RewardConfig {
+        transforms,
+        ..Default::default()
     }
 }
 

@@ -5,8 +5,10 @@
 //! - [`RewardJoin`]: `forgelog.rollouts` + `forgelog.trajectories` + `forgelog.rewards` → `forgelog.batches`
 
 mod processor;
+pub mod rebuild;
 pub mod rewards;
 pub mod shell;
+pub mod show;
 mod trajectories;
 pub mod tree;
 
