@@ -3,8 +3,8 @@
 //! time) gives exactly the same bytes as a clean one.
 
 use forgelog_schemas::{testing::recorded_run, Topic};
-use forgelog_stream::testing::PrivateBroker;
-use forgelog_stream::{admin, EventProducer, ReplayReader, SpoolOptions, StreamConfig};
+use forgelog_stream::testing::{self, PrivateBroker};
+use forgelog_stream::{ReplayReader, StreamConfig};
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -15,18 +15,10 @@ const GROUPS: usize = 40;
 fn broker_with_run() -> PrivateBroker {
     let broker = PrivateBroker::start().unwrap();
     let config = broker.config();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        admin::create_topics(&config, &Default::default())
-            .await
-            .unwrap();
-        let spool = tempfile::tempdir().unwrap();
-        let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
-        for e in recorded_run(RUN, GROUPS, 4, 4, 40) {
-            p.send(&e).unwrap();
-        }
-        p.close(Duration::from_secs(60)).await.unwrap();
-    });
+    let events = recorded_run(RUN, GROUPS, 4, 4, 40);
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(testing::produce(&config, &events));
     broker
 }
 

@@ -2,11 +2,10 @@
 
 use forgelog_consumers::{rebuild::rebuild, RewardConfig};
 use forgelog_schemas::{testing::recorded_run, Event, Topic};
-use forgelog_stream::testing::PrivateBroker;
-use forgelog_stream::{admin, EventProducer, SpoolOptions, StreamConfig};
+use forgelog_stream::testing::{self, PrivateBroker};
+use forgelog_stream::StreamConfig;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
-use std::time::Duration;
 
 const RUN: &str = "replay-run";
 
@@ -19,18 +18,9 @@ fn forgelog(args: &[&str], config: &StreamConfig) -> Output {
 }
 
 fn produce(config: &StreamConfig, events: &[Event]) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        admin::create_topics(config, &Default::default())
-            .await
-            .unwrap();
-        let spool = tempfile::tempdir().unwrap();
-        let p = EventProducer::start(config, spool.path(), SpoolOptions::default()).unwrap();
-        for e in events {
-            p.send(e).unwrap();
-        }
-        p.close(Duration::from_secs(60)).await.unwrap();
-    });
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(testing::produce(config, events));
 }
 
 #[test]

@@ -4,8 +4,7 @@
 use forgelog_consumers::{shell, RewardJoin, ShellOptions, TrajectoryBuilder, TrajectoryTree};
 use forgelog_schemas::{testing, CallFinished};
 use forgelog_stream::testing::PrivateBroker;
-use forgelog_stream::{admin, EventProducer, SpoolOptions};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A 50-call session: each call's prompt is the previous prompt, its sampled
 /// tokens and `turn` new harness tokens; every tenth call is retried once.
@@ -68,17 +67,7 @@ fn main() {
         .iter()
         .filter(|e| matches!(e, forgelog_schemas::Event::CallFinished(_)))
         .count();
-    rt.block_on(async {
-        admin::create_topics(&config, &Default::default())
-            .await
-            .unwrap();
-        let spool = tempfile::tempdir().unwrap();
-        let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
-        for e in &events {
-            p.send(e).unwrap();
-        }
-        p.close(Duration::from_secs(120)).await.unwrap();
-    });
+    rt.block_on(forgelog_stream::testing::produce(&config, &events));
     let state = tempfile::tempdir().unwrap();
     let opts = |name: &str| ShellOptions {
         exit_when_idle: true,
