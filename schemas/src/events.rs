@@ -94,6 +94,13 @@ pub struct CallFinished {
     /// The body the harness received (before any SSE framing).
     #[serde(with = "crate::packed")]
     pub response_body: Vec<u8>,
+    /// The request in OpenAI Chat form, whatever the dialect: `{"messages": [...], "tools": [...]}`
+    /// (empty when unknown). What SFT export writes.
+    #[serde(default)]
+    pub chat_request: String,
+    /// The assistant message in OpenAI Chat form (empty when unknown).
+    #[serde(default)]
+    pub chat_response: String,
     pub latency_ms: i64,
     pub finished_at_ms: i64,
 }

@@ -47,6 +47,8 @@ pub fn call_finished(
         trainable: true,
         untrainable_reason: None,
         response_body: Vec::new(),
+        chat_request: String::new(),
+        chat_response: String::new(),
         latency_ms: 50,
         finished_at_ms: 1_790_000_000_000 + call_index,
     }

@@ -305,6 +305,8 @@ fn event() -> impl Strategy<Value = Event> {
                         trainable,
                         untrainable_reason,
                         response_body: b"{}".to_vec(),
+                        chat_request: String::new(),
+                        chat_response: "{}".into(),
                         latency_ms,
                         finished_at_ms,
                     }

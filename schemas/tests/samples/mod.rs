@@ -74,6 +74,8 @@ pub fn all() -> Vec<Event> {
             trainable: true,
             untrainable_reason: None,
             response_body: br#"{"id":"x"}"#.to_vec(),
+            chat_request: r#"{"messages":[{"role":"user","content":"2+2?"}]}"#.into(),
+            chat_response: r#"{"role":"assistant","content":"4"}"#.into(),
             latency_ms: 12,
             finished_at_ms: 1_790_000_000_012,
         }
