@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use forgelog_consumers::{
-    rebuild, shell, show, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats,
+    export, rebuild, shell, show, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats,
     ShellOptions, TrajectoryBuilder,
 };
 use forgelog_schemas::{Event, GroupMember, Topic};
@@ -104,6 +104,11 @@ enum Command {
         #[command(subcommand)]
         action: ReplayAction,
     },
+    /// Export a run as a supervised fine-tuning dataset
+    Export {
+        #[command(subcommand)]
+        action: ExportAction,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
@@ -137,6 +142,26 @@ enum ReplayAction {
         /// Only this rollout
         #[arg(long)]
         rollout: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum ExportAction {
+    /// JSONL (OpenAI Chat `messages`) and Parquet (`input_ids`, `loss_mask`, `labels`) per harness, plus a manifest
+    Sft {
+        #[arg(long)]
+        run: String,
+        /// Destination URL: file:///abs/dir, s3://bucket/prefix (AWS_* variables configure S3)
+        #[arg(long)]
+        to: String,
+        /// Only rollouts whose verifier ran and gave a reward above 0
+        #[arg(long)]
+        only_successful: bool,
+        /// Only rollouts with at least this reward
+        #[arg(long)]
+        min_reward: Option<f64>,
         #[command(flatten)]
         broker: BrokerArgs,
     },
@@ -309,6 +334,34 @@ fn main() -> Result<()> {
                         .unwrap_or_default()
                 );
             }
+            Ok(())
+        }
+        Command::Export {
+            action:
+                ExportAction::Sft {
+                    run,
+                    to,
+                    only_successful,
+                    min_reward,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let filter = export::ExportFilter {
+                only_successful,
+                min_reward,
+            };
+            let (manifest, written) = rt
+                .block_on(export::export_run(&reader, &run, &to, filter))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            for path in written {
+                println!("{path}");
+            }
+            eprintln!(
+                "exported {} rows ({} filtered out)",
+                manifest.rows.values().sum::<usize>(),
+                manifest.filtered_out
+            );
             Ok(())
         }
         Command::Consume {

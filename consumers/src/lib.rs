@@ -4,6 +4,7 @@
 //! - [`TrajectoryBuilder`]: `forgelog.calls` + `forgelog.rollouts` → `forgelog.trajectories`
 //! - [`RewardJoin`]: `forgelog.rollouts` + `forgelog.trajectories` + `forgelog.rewards` → `forgelog.batches`
 
+pub mod export;
 mod processor;
 pub mod rebuild;
 pub mod rewards;
