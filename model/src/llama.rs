@@ -1,0 +1,311 @@
+//! The llama architecture (SmolLM2, Llama 2/3, and Qwen2, which adds q/k/v
+//! biases), written to return logits at every position of a ragged batch: each
+//! sequence brings its own new tokens and its own [`KvCache`]. Projections and
+//! the MLP run on all rows of the batch at once; attention runs per sequence.
+//!
+//! Every op is an ordinary differentiable candle op, so the trainer can take
+//! gradients through the same code the engine samples with.
+//!
+//! Tensor names (Hugging Face layout; a checkpoint uses exactly these):
+//! `model.embed_tokens.weight`,
+//! `model.layers.{i}.input_layernorm.weight`,
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` (+ `{q,k,v}_proj.bias` when `attention_bias`),
+//! `model.layers.{i}.post_attention_layernorm.weight`,
+//! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
+//! `model.norm.weight`, and `lm_head.weight` unless `tie_word_embeddings`.
+
+use crate::LlamaConfig;
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+
+/// Keys and values seen so far by one sequence, per layer: `(kv_heads, len, head_dim)`.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// Tokens already in the cache (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn append(&mut self, layer: usize, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, None);
+        }
+        let kv = match self.layers[layer].take() {
+            None => (k, v),
+            Some((k0, v0)) => (Tensor::cat(&[&k0, &k], 1)?, Tensor::cat(&[&v0, &v], 1)?),
+        };
+        self.layers[layer] = Some(kv.clone());
+        Ok(kv)
+    }
+}
+
+/// Which positions' logits a forward returns for each sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every new position (teacher forcing, training).
+    All,
+    /// Only the last new position (sampling: saves the `(tokens, vocab)` matrix of a long prefill).
+    Last,
+}
+
+#[derive(Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+#[derive(Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+#[derive(Clone)]
+struct Block {
+    input_layernorm: Tensor,
+    self_attn: Attention,
+    post_attention_layernorm: Tensor,
+    mlp: Mlp,
+}
+
+/// Cheap to clone: tensors are shared.
+#[derive(Clone)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Block>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// RoPE tables, `(max_position, head_dim / 2)`.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
+    let vb = vb.pp(name);
+    let weight = vb.get((d_out, d_in), "weight")?;
+    let bias = if bias { Some(vb.get(d_out, "bias")?) } else { None };
+    Ok(Linear::new(weight, bias))
+}
+
+/// `x / rms(x) * weight`, over the last dimension.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(mean_square + eps)?.sqrt()?)?
+        .broadcast_mul(weight)
+}
+
+/// Rotates the two halves of each head (the Hugging Face layout):
+/// `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`. `x`: `(heads, t, head_dim)`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated_1 = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let rotated_2 = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+    Tensor::cat(&[rotated_1, rotated_2], D::Minus1)
+}
+
+/// Additive mask for `t` new queries after `past` cached positions: query `i`
+/// sees keys `0..=past + i`.
+fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
+    let keys = past + t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..keys).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(mask, (t, keys), device)
+}
+
+impl Attention {
+    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Attention> {
+        let (hidden, head_dim) = (c.hidden_size, c.head_dim());
+        let (q_out, kv_out) = (c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim);
+        Ok(Attention {
+            q_proj: linear(vb, "q_proj", hidden, q_out, c.attention_bias)?,
+            k_proj: linear(vb, "k_proj", hidden, kv_out, c.attention_bias)?,
+            v_proj: linear(vb, "v_proj", hidden, kv_out, c.attention_bias)?,
+            o_proj: linear(vb, "o_proj", q_out, hidden, false)?,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim,
+        })
+    }
+
+    /// `x`: `(rows, hidden)`, the rows of all sequences one after the other.
+    fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        rope_tables: (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let (q, k, v) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
+        let mut outputs = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for (tokens, cache) in batch.iter_mut() {
+            let (t, past) = (tokens.len(), cache.len());
+            let heads_of = |m: &Tensor, n: usize| -> Result<Tensor> {
+                m.narrow(0, row, t)?.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
+            };
+            let cos = rope_tables.0.narrow(0, past, t)?;
+            let sin = rope_tables.1.narrow(0, past, t)?;
+            let q = rope(&heads_of(&q, h)?, &cos, &sin)?;
+            let k = rope(&heads_of(&k, kvh)?, &cos, &sin)?;
+            let (k, v) = cache.append(layer, k, heads_of(&v, kvh)?)?;
+            // Grouped-query attention: each kv head serves `h / kvh` query heads.
+            let repeat = |m: &Tensor| -> Result<Tensor> {
+                let keys = m.dim(1)?;
+                m.unsqueeze(1)?.expand((kvh, h / kvh, keys, d))?.reshape((h, keys, d))
+            };
+            let (k, v) = (repeat(&k)?, repeat(&v)?);
+            let mut scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
+            if t > 1 {
+                scores = scores.broadcast_add(&causal_mask(t, past, x.device())?)?;
+            }
+            let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+            let out = weights.matmul(&v)?.transpose(0, 1)?.reshape((t, h * d))?;
+            outputs.push(out);
+            row += t;
+        }
+        self.o_proj.forward(&Tensor::cat(&outputs, 0)?)
+    }
+}
+
+impl Mlp {
+    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Mlp> {
+        let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
+        Ok(Mlp {
+            gate_proj: linear(vb, "gate_proj", hidden, ffn, false)?,
+            up_proj: linear(vb, "up_proj", hidden, ffn, false)?,
+            down_proj: linear(vb, "down_proj", ffn, hidden, false)?,
+        })
+    }
+
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
+        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    }
+}
+
+impl Llama {
+    /// Builds the model from weights named as in the module docs. With
+    /// `VarBuilder::from_varmap` the weights are trainable variables.
+    pub fn load(vb: VarBuilder, config: &LlamaConfig) -> Result<Llama> {
+        let c = config;
+        let model = vb.pp("model");
+        let embed_tokens = model.get((c.vocab_size, c.hidden_size), "embed_tokens.weight")?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let vb = model.pp(format!("layers.{i}"));
+                Ok(Block {
+                    input_layernorm: vb.get(c.hidden_size, "input_layernorm.weight")?,
+                    self_attn: Attention::load(&vb.pp("self_attn"), c)?,
+                    post_attention_layernorm: vb.get(c.hidden_size, "post_attention_layernorm.weight")?,
+                    mlp: Mlp::load(&vb.pp("mlp"), c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = model.get(c.hidden_size, "norm.weight")?;
+        let lm_head = if c.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            vb.get((c.vocab_size, c.hidden_size), "lm_head.weight")?
+        };
+        let (cos, sin) = rope_tables(c, vb.device())?;
+        Ok(Llama { config: c.clone(), embed_tokens, layers, norm, lm_head, cos, sin })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    /// Logits `(tokens.len(), vocab)` for every position of `tokens`, which
+    /// follow what `cache` holds; `cache` then holds them too.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        let mut batch = [(tokens, cache)];
+        Ok(self.forward_batch(&mut batch, Logits::All)?.remove(0))
+    }
+
+    /// One step for a ragged batch: each sequence's new tokens (a whole prompt
+    /// or one sampled token) after what its own cache holds. Returns, per
+    /// sequence, logits `(positions, vocab)` as `logits` asks.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        logits: Logits,
+    ) -> Result<Vec<Tensor>> {
+        let eps = self.config.rms_norm_eps;
+        let context = self.config.max_position_embeddings;
+        let mut ids = Vec::new();
+        for (tokens, cache) in batch.iter() {
+            if tokens.is_empty() || cache.len() + tokens.len() > context {
+                candle_core::bail!(
+                    "{} new tokens after {} cached do not fit the context of {context}",
+                    tokens.len(),
+                    cache.len()
+                );
+            }
+            ids.extend_from_slice(tokens);
+        }
+        let ids = Tensor::new(ids.as_slice(), self.device())?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        for (i, block) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &block.input_layernorm, eps)?;
+            x = (x + block.self_attn.forward(&h, i, batch, (&self.cos, &self.sin))?)?;
+            let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = (&x + block.mlp.forward(&h)?)?;
+        }
+        let mut outputs = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for (tokens, cache) in batch.iter_mut() {
+            let t = tokens.len();
+            cache.len += t;
+            let rows = match logits {
+                Logits::All => x.narrow(0, row, t)?,
+                Logits::Last => x.narrow(0, row + t - 1, 1)?,
+            };
+            let h = rms_norm(&rows, &self.norm, eps)?;
+            outputs.push(h.matmul(&self.lm_head.t()?)?);
+            row += t;
+        }
+        Ok(outputs)
+    }
+}
+
+fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim() / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim() as f64) as f32)
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let positions = Tensor::arange(0u32, c.max_position_embeddings as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((c.max_position_embeddings, 1))?;
+    let angles = positions.broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}

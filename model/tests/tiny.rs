@@ -1,0 +1,80 @@
+//! The llama forward on a tiny random model: a ragged batch with KV caches
+//! computes what one full (teacher-forced) forward of each sequence computes.
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use forgelog_model::testing::{tiny_config, tiny_weights, write_tiny_llama};
+use forgelog_model::{load_hf_dir, KvCache, Llama, Logits};
+
+fn tiny_model() -> Llama {
+    let config = tiny_config(300);
+    let vb = VarBuilder::from_tensors(tiny_weights(&config, 1), DType::F32, &Device::Cpu);
+    Llama::load(vb, &config).unwrap()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+}
+
+#[test]
+fn cached_ragged_steps_match_full_forwards() {
+    let model = tiny_model();
+    let sequences: [&[u32]; 3] = [&[5, 17, 42, 8, 99, 3], &[7, 7, 250], &[1, 2, 3, 4, 5, 6, 7, 8, 9]];
+    let full: Vec<Tensor> = sequences.iter().map(|s| model.forward(s, &mut KvCache::new()).unwrap()).collect();
+    assert_eq!(full[0].dims(), &[6, 300]);
+
+    // Prefill the first two tokens of each together, then step one token at a time.
+    let mut caches = vec![KvCache::new(), KvCache::new(), KvCache::new()];
+    let mut batch: Vec<(&[u32], &mut KvCache)> =
+        sequences.iter().zip(caches.iter_mut()).map(|(s, c)| (&s[..2], c)).collect();
+    let prefill = model.forward_batch(&mut batch, Logits::All).unwrap();
+    for (i, logits) in prefill.iter().enumerate() {
+        assert!(max_abs_diff(logits, &full[i].narrow(0, 0, 2).unwrap()) < 1e-5);
+    }
+    for position in 2..9 {
+        let mut batch: Vec<(&[u32], &mut KvCache)> = sequences
+            .iter()
+            .zip(caches.iter_mut())
+            .filter(|(s, _)| position < s.len())
+            .map(|(s, c)| (&s[position..position + 1], c))
+            .collect();
+        let (live, steps) = (batch.len(), model.forward_batch(&mut batch, Logits::Last).unwrap());
+        assert_eq!(steps.len(), live);
+        let expected: Vec<Tensor> = sequences
+            .iter()
+            .zip(&full)
+            .filter(|(s, _)| position < s.len())
+            .map(|(_, f)| f.narrow(0, position, 1).unwrap())
+            .collect();
+        for (got, want) in steps.iter().zip(&expected) {
+            let diff = max_abs_diff(got, want);
+            assert!(diff < 1e-5, "position {position}: {diff}");
+        }
+    }
+    assert_eq!(caches.iter().map(KvCache::len).collect::<Vec<_>>(), [6, 3, 9]);
+}
+
+#[test]
+fn context_overflow_is_an_error_not_a_panic() {
+    let model = tiny_model();
+    let too_long: Vec<u32> = vec![3; 97];
+    let err = model.forward(&too_long, &mut KvCache::new()).unwrap_err();
+    assert!(err.to_string().contains("context"), "{err}");
+}
+
+#[test]
+fn hf_directory_loads_with_tokenizer_and_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_tiny_llama(dir.path(), 3).unwrap();
+    let policy = load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    assert_eq!(policy.model.config(), &config);
+    assert_eq!(policy.tokenizer.token_to_id("<|im_start|>"), Some(1));
+    assert_eq!(policy.stop_token_ids, vec![0, 2]);
+    let prompt = policy
+        .chat_template
+        .render(&[serde_json::json!({"role": "user", "content": "Hello"})], None, true)
+        .unwrap();
+    let ids = policy.tokenizer.encode(prompt.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(ids[0], 1);
+    assert_eq!(policy.tokenizer.decode(&ids, false).unwrap(), prompt);
+}
