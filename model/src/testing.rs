@@ -107,6 +107,7 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
 /// Writes a loadable Hugging Face directory: `config.json`, `model.safetensors`,
 /// `tokenizer.json`, `tokenizer_config.json` (ChatML).
 pub fn write_tiny_llama(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
+    std::fs::create_dir_all(dir)?;
     let tokenizer = tiny_tokenizer();
     tokenizer
         .save(dir.join("tokenizer.json"), false)
