@@ -18,11 +18,21 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>) -> ApiError {
-        ApiError { status: 400, message: message.into(), kind: "invalid_request_error", code: None }
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            code: None,
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError { status: 500, message: message.into(), kind: "internal_error", code: None }
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "internal_error",
+            code: None,
+        }
     }
 
     pub fn body(&self) -> Value {
@@ -89,7 +99,8 @@ pub struct CompletionRequest {
 
 /// Parses a JSON body, turning any failure into a 400.
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
 }
 
 /// What the response should include besides the text.
@@ -107,13 +118,17 @@ pub fn generation_request(
     context: usize,
 ) -> Result<(GenerationRequest, Include), ApiError> {
     if fields.stream == Some(true) {
-        return Err(ApiError::invalid("stream: true is not supported by the forgelog engine; send stream: false"));
+        return Err(ApiError::invalid(
+            "stream: true is not supported by the forgelog engine; send stream: false",
+        ));
     }
     if fields.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported"));
     }
     if fields.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid("top_logprobs > 0 is not supported; use top_logprobs: 0"));
+        return Err(ApiError::invalid(
+            "top_logprobs > 0 is not supported; use top_logprobs: 0",
+        ));
     }
     let temperature = fields.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && temperature >= 0.0) {
@@ -131,7 +146,8 @@ pub fn generation_request(
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty"));
     }
-    let too_long = |requested: usize| ApiError {
+    let too_long = |requested: usize| {
+        ApiError {
         status: 400,
         message: format!(
             "This model's maximum context length is {context} tokens. However, you requested {requested} tokens ({} in the messages, {} in the completion).",
@@ -140,13 +156,16 @@ pub fn generation_request(
         ),
         kind: "invalid_request_error",
         code: Some("context_length_exceeded"),
+    }
     };
     if prompt.len() >= context {
         return Err(too_long(prompt.len()));
     }
     let max_tokens = match fields.max_completion_tokens.or(fields.max_tokens) {
         Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1")),
-        Some(n) if prompt.len() + n as usize > context => return Err(too_long(prompt.len() + n as usize)),
+        Some(n) if prompt.len() + n as usize > context => {
+            return Err(too_long(prompt.len() + n as usize))
+        }
         Some(n) => n as usize,
         None => context - prompt.len(),
     };
@@ -162,11 +181,19 @@ pub fn generation_request(
     let request = GenerationRequest {
         prompt,
         max_tokens,
-        sampling: SamplingParams { temperature, top_p, top_k, seed: fields.seed },
+        sampling: SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed: fields.seed,
+        },
         stop,
         ignore_eos: fields.ignore_eos.unwrap_or(false),
     };
-    let include = Include { logprobs, token_ids: fields.return_token_ids.unwrap_or(false) };
+    let include = Include {
+        logprobs,
+        token_ids: fields.return_token_ids.unwrap_or(false),
+    };
     Ok((request, include))
 }
 
@@ -224,7 +251,8 @@ pub fn chat_response(
             .collect();
         json!({"content": content})
     });
-    let mut choice = json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason});
+    let mut choice =
+        json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason});
     let mut body = json!({
         "id": meta.id,
         "object": "chat.completion",
@@ -243,7 +271,12 @@ pub fn chat_response(
 }
 
 /// Legacy completions: `logprobs` as `tokens` / `token_logprobs` lists.
-pub fn completion_response(meta: &Meta, prompt: &[u32], generation: &Generation, include: Include) -> Value {
+pub fn completion_response(
+    meta: &Meta,
+    prompt: &[u32],
+    generation: &Generation,
+    include: Include,
+) -> Value {
     let logprobs = include.logprobs.then(|| {
         json!({
             "tokens": generation.tokens.iter().map(|&t| token_name(t)).collect::<Vec<_>>(),
@@ -287,11 +320,20 @@ mod tests {
     #[test]
     fn context_and_field_errors_are_400s() {
         let err = generation_request(&fields(json!({})), vec![1; 10], 10).unwrap_err();
-        assert_eq!((err.status, err.code), (400, Some("context_length_exceeded")));
+        assert_eq!(
+            (err.status, err.code),
+            (400, Some("context_length_exceeded"))
+        );
         assert!(err.message.contains("context length"));
-        let err = generation_request(&fields(json!({"max_tokens": 5})), vec![1; 8], 10).unwrap_err();
+        let err =
+            generation_request(&fields(json!({"max_tokens": 5})), vec![1; 8], 10).unwrap_err();
         assert_eq!(err.code, Some("context_length_exceeded"));
-        for bad in [json!({"stream": true}), json!({"temperature": -1.0}), json!({"top_p": 0.0}), json!({"n": 2})] {
+        for bad in [
+            json!({"stream": true}),
+            json!({"temperature": -1.0}),
+            json!({"top_p": 0.0}),
+            json!({"n": 2}),
+        ] {
             let err = generation_request(&fields(bad.clone()), vec![1], 10).unwrap_err();
             assert_eq!(err.status, 400, "{bad}");
         }
@@ -301,9 +343,16 @@ mod tests {
 
     #[test]
     fn defaults_fill_the_context_and_sample_at_temperature_one() {
-        let (request, include) = generation_request(&fields(json!({"logprobs": true})), vec![1, 2], 10).unwrap();
+        let (request, include) =
+            generation_request(&fields(json!({"logprobs": true})), vec![1, 2], 10).unwrap();
         assert_eq!(request.max_tokens, 8);
         assert_eq!(request.sampling, SamplingParams::default());
-        assert_eq!(include, Include { logprobs: true, token_ids: false });
+        assert_eq!(
+            include,
+            Include {
+                logprobs: true,
+                token_ids: false
+            }
+        );
     }
 }

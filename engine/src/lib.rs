@@ -85,7 +85,13 @@ pub struct Engine(Arc<Shared>);
 impl Engine {
     /// Starts serving `policy` as policy version 0.
     pub fn start(policy: Policy) -> Engine {
-        let Policy { name, model, tokenizer, chat_template, stop_token_ids } = policy;
+        let Policy {
+            name,
+            model,
+            tokenizer,
+            chat_template,
+            stop_token_ids,
+        } = policy;
         let (config, device) = (model.config().clone(), model.device().clone());
         let tokenizer = Arc::new(tokenizer);
         let scheduler = Scheduler::start(model, tokenizer.clone(), stop_token_ids, 0);
@@ -121,12 +127,20 @@ impl Engine {
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let encoding = self.0.tokenizer.encode(text, false).map_err(|e| EngineError::Tokenize(e.to_string()))?;
+        let encoding = self
+            .0
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// The prompt tokens of a chat: the template rendered with the generation prompt.
-    pub fn chat_prompt(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, EngineError> {
+    pub fn chat_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+    ) -> Result<Vec<u32>, EngineError> {
         let text = self.0.chat_template.render(messages, tools, true)?;
         self.encode(&text)
     }
@@ -170,10 +184,18 @@ async fn fetch_checkpoint(uri: &str) -> Result<bytes::Bytes, EngineError> {
 /// serves (of `run`, when given). Every engine reads every policy, so the
 /// consumer group is this process's own; it starts from the beginning of the
 /// topic and so ends on the newest policy.
-pub async fn follow_policy(engine: Engine, brokers: &str, run: Option<&str>) -> Result<(), EngineError> {
+pub async fn follow_policy(
+    engine: Engine,
+    brokers: &str,
+    run: Option<&str>,
+) -> Result<(), EngineError> {
     use forgelog_schemas::{Event, Topic};
     let config = forgelog_stream::StreamConfig::new(brokers);
-    let group = format!("forgelog-engine-{}-{}", std::process::id(), engine.model_name());
+    let group = format!(
+        "forgelog-engine-{}-{}",
+        std::process::id(),
+        engine.model_name()
+    );
     let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
     loop {
         let received = consumer.recv().await?;
@@ -181,7 +203,10 @@ pub async fn follow_policy(engine: Engine, brokers: &str, run: Option<&str>) -> 
             Ok(Event::PolicyPublished(p)) if run.is_none_or(|r| r == p.run_id) => p,
             Ok(_) => continue,
             Err(e) => {
-                tracing::warn!(offset = received.offset, "undecodable message on forgelog.policy: {e}");
+                tracing::warn!(
+                    offset = received.offset,
+                    "undecodable message on forgelog.policy: {e}"
+                );
                 continue;
             }
         };
@@ -199,7 +224,9 @@ fn device(kind: DeviceKind) -> Result<Device, EngineError> {
     match kind {
         DeviceKind::Cpu => Ok(Device::Cpu),
         DeviceKind::Cuda => Device::new_cuda(0).map_err(|e| {
-            EngineError::Device(format!("{e} (build with `--features cuda` for GPU support)"))
+            EngineError::Device(format!(
+                "{e} (build with `--features cuda` for GPU support)"
+            ))
         }),
     }
 }

@@ -19,7 +19,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> SamplingParams {
-        SamplingParams { temperature: 1.0, top_p: 1.0, top_k: None, seed: None }
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            seed: None,
+        }
     }
 }
 
@@ -68,7 +73,10 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> Sampled
     } else {
         draw(&logprobs, params, rng.next_f64())
     };
-    Sampled { token: token as u32, logprob: logprobs[token] }
+    Sampled {
+        token: token as u32,
+        logprob: logprobs[token],
+    }
 }
 
 /// The first index of the largest value.
@@ -122,7 +130,14 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax_with_its_raw_logprob() {
         let logits = [1.0, 3.0, 2.0];
-        let s = sample(&logits, &SamplingParams { temperature: 0.0, ..Default::default() }, &mut Rng::new(0));
+        let s = sample(
+            &logits,
+            &SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            &mut Rng::new(0),
+        );
         assert_eq!(s.token, 1);
         assert!((s.logprob - log_softmax(&logits)[1]).abs() < 1e-6);
     }
@@ -130,7 +145,11 @@ mod tests {
     #[test]
     fn temperature_scales_before_log_softmax() {
         let logits = [0.5, 1.5, -1.0];
-        let params = SamplingParams { temperature: 0.5, seed: Some(7), ..Default::default() };
+        let params = SamplingParams {
+            temperature: 0.5,
+            seed: Some(7),
+            ..Default::default()
+        };
         let s = sample(&logits, &params, &mut Rng::new(7));
         let expected = log_softmax(&[1.0, 3.0, -2.0])[s.token as usize];
         assert!((s.logprob - expected).abs() < 1e-6);
@@ -142,7 +161,9 @@ mod tests {
         let params = SamplingParams::default();
         let run = |seed| {
             let mut rng = Rng::new(seed);
-            (0..4000).map(|_| sample(&logits, &params, &mut rng).token).collect::<Vec<_>>()
+            (0..4000)
+                .map(|_| sample(&logits, &params, &mut rng).token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         let ones = run(42).iter().filter(|&&t| t == 1).count() as f64 / 4000.0;
@@ -154,9 +175,23 @@ mod tests {
         let logits = [3.0, 2.9, -5.0, 2.8];
         let mut rng = Rng::new(1);
         for _ in 0..200 {
-            let k1 = sample(&logits, &SamplingParams { top_k: Some(1), ..Default::default() }, &mut rng);
+            let k1 = sample(
+                &logits,
+                &SamplingParams {
+                    top_k: Some(1),
+                    ..Default::default()
+                },
+                &mut rng,
+            );
             assert_eq!(k1.token, 0);
-            let p = sample(&logits, &SamplingParams { top_p: 0.5, ..Default::default() }, &mut rng);
+            let p = sample(
+                &logits,
+                &SamplingParams {
+                    top_p: 0.5,
+                    ..Default::default()
+                },
+                &mut rng,
+            );
             assert!(p.token == 0 || p.token == 1, "{p:?}");
         }
     }

@@ -45,7 +45,11 @@ pub struct Generation {
 }
 
 enum Command {
-    Generate(GenerationRequest, Instant, oneshot::Sender<Result<Generation, String>>),
+    Generate(
+        GenerationRequest,
+        Instant,
+        oneshot::Sender<Result<Generation, String>>,
+    ),
     Swap(Box<Llama>, u64, oneshot::Sender<()>),
 }
 
@@ -66,10 +70,22 @@ pub enum SchedulerError {
 
 impl Scheduler {
     /// Starts the scheduler thread serving `model` as policy version `version`.
-    pub fn start(model: Llama, tokenizer: Arc<Tokenizer>, stop_token_ids: Vec<u32>, version: u64) -> Scheduler {
+    pub fn start(
+        model: Llama,
+        tokenizer: Arc<Tokenizer>,
+        stop_token_ids: Vec<u32>,
+        version: u64,
+    ) -> Scheduler {
         let (commands, receiver) = mpsc::unbounded_channel();
         let version = Arc::new(AtomicU64::new(version));
-        let state = Loop { model, tokenizer, stop_token_ids, version: version.clone(), active: Vec::new(), seeds: 0 };
+        let state = Loop {
+            model,
+            tokenizer,
+            stop_token_ids,
+            version: version.clone(),
+            active: Vec::new(),
+            seeds: 0,
+        };
         std::thread::Builder::new()
             .name("forgelog-scheduler".into())
             .spawn(move || state.run(receiver))
@@ -87,7 +103,10 @@ impl Scheduler {
         self.commands
             .send(Command::Generate(request, Instant::now(), reply))
             .map_err(|_| SchedulerError::Stopped)?;
-        answer.await.map_err(|_| SchedulerError::Stopped)?.map_err(SchedulerError::Step)
+        answer
+            .await
+            .map_err(|_| SchedulerError::Stopped)?
+            .map_err(SchedulerError::Step)
     }
 
     /// Replaces the weights between two steps; returns once they serve.
@@ -152,7 +171,9 @@ impl Loop {
             Command::Generate(request, submitted, reply) => {
                 let seed = request.sampling.seed.unwrap_or_else(|| {
                     self.seeds += 1;
-                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
                     now.as_nanos() as u64 ^ self.seeds.rotate_left(32)
                 });
                 self.active.push(Sequence {
@@ -172,8 +193,11 @@ impl Loop {
     }
 
     fn step(&mut self) {
-        let mut batch: Vec<(&[u32], &mut KvCache)> =
-            self.active.iter_mut().map(|s| (s.next_input.as_slice(), &mut s.cache)).collect();
+        let mut batch: Vec<(&[u32], &mut KvCache)> = self
+            .active
+            .iter_mut()
+            .map(|s| (s.next_input.as_slice(), &mut s.cache))
+            .collect();
         let logits = match self.model.forward_batch(&mut batch, Logits::Last) {
             Ok(logits) => logits,
             Err(e) => {
@@ -233,11 +257,20 @@ fn finish(
     let tokens = &sequence.tokens;
     let last = *tokens.last()?;
     if stop_token_ids.contains(&last) && !sequence.request.ignore_eos {
-        return Some((FinishReason::Stop, decode(tokenizer, &tokens[..tokens.len() - 1])));
+        return Some((
+            FinishReason::Stop,
+            decode(tokenizer, &tokens[..tokens.len() - 1]),
+        ));
     }
     if !sequence.request.stop.is_empty() {
         let text = decode(tokenizer, tokens);
-        let first_stop = sequence.request.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min();
+        let first_stop = sequence
+            .request
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
         if let Some(at) = first_stop {
             return Some((FinishReason::Stop, text[..at].to_string()));
         }

@@ -46,17 +46,38 @@ async fn models(State(engine): State<Engine>) -> Json<Value> {
 
 fn meta<'a>(engine: &'a Engine, prefix: &str) -> Meta<'a> {
     static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-    Meta { id: format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)), created, model: engine.model_name() }
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    Meta {
+        id: format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        created,
+        model: engine.model_name(),
+    }
 }
 
-async fn chat_completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn chat_completions(
+    State(engine): State<Engine>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let request: ChatCompletionRequest = api::parse(&body)?;
     let prompt = engine.chat_prompt(&request.messages, request.tools.as_ref())?;
-    let (generation_request, include) = api::generation_request(&request.fields, prompt.clone(), engine.context_length())?;
+    let (generation_request, include) =
+        api::generation_request(&request.fields, prompt.clone(), engine.context_length())?;
     let generation = engine.generate(generation_request).await?;
-    let parse_tools = request.tools.as_ref().and_then(Value::as_array).is_some_and(|t| !t.is_empty());
-    Ok(Json(api::chat_response(&meta(&engine, "chatcmpl"), &prompt, &generation, include, parse_tools)))
+    let parse_tools = request
+        .tools
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    Ok(Json(api::chat_response(
+        &meta(&engine, "chatcmpl"),
+        &prompt,
+        &generation,
+        include,
+        parse_tools,
+    )))
 }
 
 async fn completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {
@@ -65,7 +86,9 @@ async fn completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<V
         Prompt::Tokens(ids) => {
             let vocab = engine.vocab_size();
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
+                return Err(ApiError::invalid(format!(
+                    "token id {bad} is outside the vocabulary of {vocab}"
+                )));
             }
             ids
         }
@@ -74,7 +97,12 @@ async fn completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<V
     let (generation_request, include): (_, Include) =
         api::generation_request(&request.fields, prompt.clone(), engine.context_length())?;
     let generation = engine.generate(generation_request).await?;
-    Ok(Json(api::completion_response(&meta(&engine, "cmpl"), &prompt, &generation, include)))
+    Ok(Json(api::completion_response(
+        &meta(&engine, "cmpl"),
+        &prompt,
+        &generation,
+        include,
+    )))
 }
 
 #[derive(Deserialize)]
@@ -85,7 +113,9 @@ struct ReloadRequest {
 
 async fn reload(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let request: ReloadRequest = api::parse(&body)?;
-    engine.reload(&request.checkpoint_uri, request.version).await?;
+    engine
+        .reload(&request.checkpoint_uri, request.version)
+        .await?;
     Ok(Json(json!({"policy_version": engine.policy_version()})))
 }
 

@@ -15,7 +15,10 @@ pub fn parse_tool_calls(text: &str, id_prefix: &str) -> (Option<String>, Vec<Val
     while let Some(start) = rest.find(OPEN) {
         let body_start = start + OPEN.len();
         let (body, block_end) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (&rest[body_start..body_start + end], body_start + end + CLOSE.len()),
+            Some(end) => (
+                &rest[body_start..body_start + end],
+                body_start + end + CLOSE.len(),
+            ),
             // An unterminated last block (the model hit a stop token first).
             None => (&rest[body_start..], rest.len()),
         };
@@ -53,7 +56,8 @@ mod tests {
         assert_eq!(content.as_deref(), Some("Let me add."));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0]["function"]["name"], "add");
-        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"a": 1, "b": 2}));
         assert_eq!(calls[1]["function"]["arguments"], "{}");
         assert_eq!(calls[1]["id"], "call-1");
@@ -63,7 +67,10 @@ mod tests {
     fn malformed_blocks_stay_text() {
         let (content, calls) = parse_tool_calls("<tool_call>{not json}</tool_call> ok", "c");
         assert!(calls.is_empty());
-        assert_eq!(content.as_deref(), Some("<tool_call>{not json}</tool_call> ok"));
+        assert_eq!(
+            content.as_deref(),
+            Some("<tool_call>{not json}</tool_call> ok")
+        );
         let (content, calls) = parse_tool_calls("plain", "c");
         assert_eq!((content.as_deref(), calls.len()), (Some("plain"), 0));
     }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 fn tiny_server(dir: &Path) -> Server {
     write_tiny_llama(dir, 5).unwrap();
     let config_path = dir.join("config.json");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
     config["max_position_embeddings"] = json!(1024);
     std::fs::write(&config_path, config.to_string()).unwrap();
     serve(forgelog_model::load_hf_dir(dir, &candle_core::Device::Cpu).unwrap())
@@ -35,7 +36,9 @@ fn greedy(max_tokens: usize) -> Value {
 }
 
 fn logprobs(response: &Value) -> Vec<f64> {
-    let values = response["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
+    let values = response["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
     values.iter().map(|v| v.as_f64().unwrap()).collect()
 }
 
@@ -45,7 +48,11 @@ async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
     let server = tiny_server(&dir.path().join("model"));
     let vocab = server.engine.vocab_size();
     let (status, before) = post(&server.base, "/v1/completions", &greedy(4)).await;
-    assert_eq!((status, &before["policy_version"]), (200, &json!(0)), "{before}");
+    assert_eq!(
+        (status, &before["policy_version"]),
+        (200, &json!(0)),
+        "{before}"
+    );
     let uri = write_checkpoint(&dir.path().join("step-7"), vocab, 1.5);
 
     // A long request, admitted before the reload and still decoding during it.
@@ -55,21 +62,42 @@ async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
         (response, Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, reloaded) = post(&server.base, "/admin/reload", &json!({"checkpoint_uri": uri, "version": 7})).await;
+    let (status, reloaded) = post(
+        &server.base,
+        "/admin/reload",
+        &json!({"checkpoint_uri": uri, "version": 7}),
+    )
+    .await;
     let reloaded_at = Instant::now();
-    assert_eq!((status, &reloaded["policy_version"]), (200, &json!(7)), "{reloaded}");
+    assert_eq!(
+        (status, &reloaded["policy_version"]),
+        (200, &json!(7)),
+        "{reloaded}"
+    );
 
     let ((status, long), finished_at) = in_flight.await.unwrap();
     assert_eq!(status, 200, "{long}");
     assert_eq!(long["policy_version"], 0, "admitted before the reload");
-    assert_eq!(long["choices"][0]["token_ids"].as_array().unwrap().len(), 900);
-    assert!(finished_at > reloaded_at, "the long request was still in flight during the reload");
+    assert_eq!(
+        long["choices"][0]["token_ids"].as_array().unwrap().len(),
+        900
+    );
+    assert!(
+        finished_at > reloaded_at,
+        "the long request was still in flight during the reload"
+    );
 
     let (_, after) = post(&server.base, "/v1/completions", &greedy(4)).await;
     assert_eq!(after["policy_version"], 7);
     let (old, new) = (logprobs(&before), logprobs(&after));
-    assert!(old.iter().zip(&new).any(|(a, b)| (a - b).abs() > 1e-3), "{old:?} vs {new:?}");
-    assert_eq!(get(&server.base, "/v1/models").await["data"][0]["policy_version"], 7);
+    assert!(
+        old.iter().zip(&new).any(|(a, b)| (a - b).abs() > 1e-3),
+        "{old:?} vs {new:?}"
+    );
+    assert_eq!(
+        get(&server.base, "/v1/models").await["data"][0]["policy_version"],
+        7
+    );
 
     // A checkpoint that is not there is a clean 400 and changes nothing.
     let missing = json!({"checkpoint_uri": format!("file://{}/nope/model.safetensors", dir.path().display()), "version": 8});
@@ -87,10 +115,17 @@ async fn policy_published_on_the_log_is_loaded() {
     let server = tiny_server(&dir.path().join("model"));
     let uri = write_checkpoint(&dir.path().join("step-3"), server.engine.vocab_size(), 0.5);
 
-    let (engine, brokers, follow_run) = (server.engine.clone(), broker.brokers.clone(), run.clone());
-    tokio::spawn(async move { forgelog_engine::follow_policy(engine, &brokers, Some(&follow_run)).await });
-    let producer =
-        forgelog_stream::EventProducer::start(&broker, dir.path().join("spool"), Default::default()).unwrap();
+    let (engine, brokers, follow_run) =
+        (server.engine.clone(), broker.brokers.clone(), run.clone());
+    tokio::spawn(async move {
+        forgelog_engine::follow_policy(engine, &brokers, Some(&follow_run)).await
+    });
+    let producer = forgelog_stream::EventProducer::start(
+        &broker,
+        dir.path().join("spool"),
+        Default::default(),
+    )
+    .unwrap();
     let published = PolicyPublished {
         run_id: run.clone(),
         event_id: event_id("PolicyPublished", &[&run, "3"]),
@@ -104,7 +139,10 @@ async fn policy_published_on_the_log_is_loaded() {
 
     let deadline = Instant::now() + Duration::from_secs(60);
     while server.engine.policy_version() != 3 {
-        assert!(Instant::now() < deadline, "PolicyPublished was not loaded within 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "PolicyPublished was not loaded within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (_, response) = post(&server.base, "/v1/completions", &greedy(2)).await;

@@ -18,13 +18,20 @@ fn question(extra: Value) -> Value {
         "return_token_ids": true,
         "stream": false,
     });
-    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
     body
 }
 
 /// The processed logprob of each completion token from one teacher-forced
 /// forward over prompt + completion.
-fn teacher_forced(policy: &Policy, prompt: &[u32], completion: &[u32], temperature: f32) -> Vec<f32> {
+fn teacher_forced(
+    policy: &Policy,
+    prompt: &[u32],
+    completion: &[u32],
+    temperature: f32,
+) -> Vec<f32> {
     let input: Vec<u32> = prompt.iter().chain(completion).copied().collect();
     let logits = policy.model.forward(&input, &mut KvCache::new()).unwrap();
     completion
@@ -47,19 +54,34 @@ fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
 #[tokio::test]
 async fn greedy_chat_answers_paris_with_teacher_forced_logprobs() {
     let (server, policy) = smollm2();
-    let (status, response) = post(&server.base, "/v1/chat/completions", &question(json!({"temperature": 0, "max_tokens": 12}))).await;
+    let (status, response) = post(
+        &server.base,
+        "/v1/chat/completions",
+        &question(json!({"temperature": 0, "max_tokens": 12})),
+    )
+    .await;
     assert_eq!(status, 200, "{response}");
     let choice = &response["choices"][0];
     let text = choice["message"]["content"].as_str().unwrap();
     assert!(text.contains("Paris"), "{text}");
     assert_eq!(response["policy_version"], 0);
-    let (prompt, completion) = (ids(&response["prompt_token_ids"]), ids(&choice["token_ids"]));
+    let (prompt, completion) = (
+        ids(&response["prompt_token_ids"]),
+        ids(&choice["token_ids"]),
+    );
     assert_eq!(prompt[..2], [1, 9690], "<|im_start|>system");
     assert_eq!(response["usage"]["prompt_tokens"], prompt.len());
     assert_eq!(response["usage"]["completion_tokens"], completion.len());
     let reason = choice["finish_reason"].as_str().unwrap();
-    assert!(reason == "length" || (reason == "stop" && completion.last() == Some(&2)), "{reason}");
-    assert_close(&chat_logprobs(&response), &teacher_forced(policy, &prompt, &completion, 0.0), 1e-4);
+    assert!(
+        reason == "length" || (reason == "stop" && completion.last() == Some(&2)),
+        "{reason}"
+    );
+    assert_close(
+        &chat_logprobs(&response),
+        &teacher_forced(policy, &prompt, &completion, 0.0),
+        1e-4,
+    );
 }
 
 #[tokio::test]
@@ -70,7 +92,11 @@ async fn seeded_sampling_repeats_and_reports_tempered_logprobs() {
         let (_, first) = post(&server.base, "/v1/chat/completions", &body).await;
         let (_, second) = post(&server.base, "/v1/chat/completions", &body).await;
         let tokens = ids(&first["choices"][0]["token_ids"]);
-        assert_eq!(tokens, ids(&second["choices"][0]["token_ids"]), "same seed, same tokens");
+        assert_eq!(
+            tokens,
+            ids(&second["choices"][0]["token_ids"]),
+            "same seed, same tokens"
+        );
         // Other tests' requests may share a batch with one of these: equal within 1e-4.
         assert_close(&chat_logprobs(&first), &chat_logprobs(&second), 1e-4);
         let prompt = ids(&first["prompt_token_ids"]);
@@ -92,7 +118,11 @@ async fn concurrent_requests_match_one_at_a_time() {
     let started = Instant::now();
     let mut alone = Vec::new();
     for seed in 0..16 {
-        alone.push(post(&server.base, "/v1/chat/completions", &body(seed)).await.1);
+        alone.push(
+            post(&server.base, "/v1/chat/completions", &body(seed))
+                .await
+                .1,
+        );
     }
     let sequential = started.elapsed();
     let started = Instant::now();
@@ -110,7 +140,10 @@ async fn concurrent_requests_match_one_at_a_time() {
     }
     let concurrent = started.elapsed();
     for (a, b) in alone.iter().zip(&together) {
-        assert_eq!(ids(&a["choices"][0]["token_ids"]), ids(&b["choices"][0]["token_ids"]));
+        assert_eq!(
+            ids(&a["choices"][0]["token_ids"]),
+            ids(&b["choices"][0]["token_ids"])
+        );
         assert_close(&chat_logprobs(a), &chat_logprobs(b), 1e-4);
     }
     eprintln!("16 requests: {sequential:?} one at a time, {concurrent:?} together");
@@ -124,7 +157,10 @@ async fn completions_take_token_ids_and_bad_requests_get_openai_errors() {
     let (status, response) = post(&server.base, "/v1/completions", &body).await;
     assert_eq!(status, 200, "{response}");
     let choice = &response["choices"][0];
-    assert!(choice["text"].as_str().unwrap().contains("Paris"), "{response}");
+    assert!(
+        choice["text"].as_str().unwrap().contains("Paris"),
+        "{response}"
+    );
     assert_eq!(ids(&response["prompt_token_ids"]), prompt);
     assert_eq!(choice["logprobs"]["tokens"].as_array().unwrap().len(), 3);
     assert_eq!(choice["finish_reason"], "length");
@@ -134,10 +170,21 @@ async fn completions_take_token_ids_and_bad_requests_get_openai_errors() {
     assert_eq!(status, 400);
     assert_eq!(error["error"]["code"], "context_length_exceeded");
     assert_eq!(error["error"]["type"], "invalid_request_error");
-    assert!(error["error"]["message"].as_str().unwrap().contains("context length"));
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("context length"));
 
-    for bad in [question(json!({"stream": true})), json!({"messages": "hi"}), json!({"prompt": [99999999]})] {
-        let path = if bad.get("prompt").is_some() { "/v1/completions" } else { "/v1/chat/completions" };
+    for bad in [
+        question(json!({"stream": true})),
+        json!({"messages": "hi"}),
+        json!({"prompt": [99999999]}),
+    ] {
+        let path = if bad.get("prompt").is_some() {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
         let (status, error) = post(&server.base, path, &bad).await;
         assert_eq!(status, 400, "{bad}");
         assert!(error["error"]["message"].is_string(), "{error}");
@@ -153,6 +200,8 @@ async fn completions_take_token_ids_and_bad_requests_get_openai_errors() {
     let models = get(&server.base, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct");
     assert_eq!(models["data"][0]["policy_version"], 0);
-    let health = reqwest::get(format!("{}/healthz", server.base)).await.unwrap();
+    let health = reqwest::get(format!("{}/healthz", server.base))
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
 }

@@ -81,7 +81,10 @@ fn normalize_message(message: &Value) -> Value {
     if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
         for call in calls {
             if let Some(arguments) = call.pointer_mut("/function/arguments") {
-                if let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+                if let Some(parsed) = arguments
+                    .as_str()
+                    .and_then(|s| serde_json::from_str(s).ok())
+                {
                     *arguments = parsed;
                 }
             }
@@ -99,7 +102,10 @@ mod tests {
         let t = ChatTemplate::new(CHATML, "", "<|im_end|>");
         let text = t
             .render(
-                &[json!({"role": "user", "content": [{"type": "text", "text": "Hi"}]}), json!({"role": "assistant", "content": null})],
+                &[
+                    json!({"role": "user", "content": [{"type": "text", "text": "Hi"}]}),
+                    json!({"role": "assistant", "content": null}),
+                ],
                 None,
                 true,
             )
@@ -115,7 +121,13 @@ mod tests {
         let source = "{% for t in tools %}{{ t.function.name }}{{ t | tojson }}{% endfor %}{% if not messages %}{{ raise_exception('no messages') }}{% endif %}";
         let t = ChatTemplate::new(source, "", "");
         let tools = json!([{"type": "function", "function": {"name": "add"}}]);
-        let text = t.render(&[json!({"role": "user", "content": "x"})], Some(&tools), true).unwrap();
+        let text = t
+            .render(
+                &[json!({"role": "user", "content": "x"})],
+                Some(&tools),
+                true,
+            )
+            .unwrap();
         assert!(text.starts_with("add{"), "{text}");
         let err = t.render(&[], Some(&tools), true).unwrap_err();
         assert!(err.to_string().contains("no messages"), "{err}");

@@ -14,11 +14,12 @@ pub mod testing;
 
 pub use chat::{ChatTemplate, TemplateError};
 pub use config::LlamaConfig;
+pub use llama::Logits;
 pub use llama::{KvCache, Llama};
 pub use load::{
-    default_gguf_path, load_gguf, load_hf_dir, load_policy, weights_from_safetensors, LoadError, Policy,
+    default_gguf_path, load_gguf, load_hf_dir, load_policy, weights_from_safetensors, LoadError,
+    Policy,
 };
-pub use llama::Logits;
 
 /// Numerically stable `log_softmax` of one row of logits, in f64 for the sums
 /// so that the engine and a teacher-forced check compute the same numbers.

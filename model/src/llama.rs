@@ -103,7 +103,11 @@ pub struct Llama {
 fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
     let vb = vb.pp(name);
     let weight = vb.get((d_out, d_in), "weight")?;
-    let bias = if bias { Some(vb.get(d_out, "bias")?) } else { None };
+    let bias = if bias {
+        Some(vb.get(d_out, "bias")?)
+    } else {
+        None
+    };
     Ok(Linear::new(weight, bias))
 }
 
@@ -138,7 +142,10 @@ fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
 impl Attention {
     fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Attention> {
         let (hidden, head_dim) = (c.hidden_size, c.head_dim());
-        let (q_out, kv_out) = (c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim);
+        let (q_out, kv_out) = (
+            c.num_attention_heads * head_dim,
+            c.num_key_value_heads * head_dim,
+        );
         Ok(Attention {
             q_proj: linear(vb, "q_proj", hidden, q_out, c.attention_bias)?,
             k_proj: linear(vb, "k_proj", hidden, kv_out, c.attention_bias)?,
@@ -158,14 +165,21 @@ impl Attention {
         batch: &mut [(&[u32], &mut KvCache)],
         rope_tables: (&Tensor, &Tensor),
     ) -> Result<Tensor> {
-        let (q, k, v) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let (q, k, v) = (
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        );
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
         let mut outputs = Vec::with_capacity(batch.len());
         let mut row = 0;
         for (tokens, cache) in batch.iter_mut() {
             let (t, past) = (tokens.len(), cache.len());
             let heads_of = |m: &Tensor, n: usize| -> Result<Tensor> {
-                m.narrow(0, row, t)?.reshape((t, n, d))?.transpose(0, 1)?.contiguous()
+                m.narrow(0, row, t)?
+                    .reshape((t, n, d))?
+                    .transpose(0, 1)?
+                    .contiguous()
             };
             let cos = rope_tables.0.narrow(0, past, t)?;
             let sin = rope_tables.1.narrow(0, past, t)?;
@@ -175,7 +189,9 @@ impl Attention {
             // Grouped-query attention: each kv head serves `h / kvh` query heads.
             let repeat = |m: &Tensor| -> Result<Tensor> {
                 let keys = m.dim(1)?;
-                m.unsqueeze(1)?.expand((kvh, h / kvh, keys, d))?.reshape((h, keys, d))
+                m.unsqueeze(1)?
+                    .expand((kvh, h / kvh, keys, d))?
+                    .reshape((h, keys, d))
             };
             let (k, v) = (repeat(&k)?, repeat(&v)?);
             let mut scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
@@ -221,7 +237,8 @@ impl Llama {
                 Ok(Block {
                     input_layernorm: vb.get(c.hidden_size, "input_layernorm.weight")?,
                     self_attn: Attention::load(&vb.pp("self_attn"), c)?,
-                    post_attention_layernorm: vb.get(c.hidden_size, "post_attention_layernorm.weight")?,
+                    post_attention_layernorm: vb
+                        .get(c.hidden_size, "post_attention_layernorm.weight")?,
                     mlp: Mlp::load(&vb.pp("mlp"), c)?,
                 })
             })
@@ -233,7 +250,15 @@ impl Llama {
             vb.get((c.vocab_size, c.hidden_size), "lm_head.weight")?
         };
         let (cos, sin) = rope_tables(c, vb.device())?;
-        Ok(Llama { config: c.clone(), embed_tokens, layers, norm, lm_head, cos, sin })
+        Ok(Llama {
+            config: c.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -276,7 +301,9 @@ impl Llama {
         let mut x = self.embed_tokens.index_select(&ids, 0)?;
         for (i, block) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &block.input_layernorm, eps)?;
-            x = (x + block.self_attn.forward(&h, i, batch, (&self.cos, &self.sin))?)?;
+            x = (x + block
+                .self_attn
+                .forward(&h, i, batch, (&self.cos, &self.sin))?)?;
             let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
             x = (&x + block.mlp.forward(&h)?)?;
         }

@@ -50,9 +50,12 @@ pub fn default_gguf_path() -> PathBuf {
     if let Ok(path) = std::env::var("FORGELOG_MODEL_GGUF") {
         return PathBuf::from(path);
     }
-    let home = std::env::var("FORGELOG_HOME").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/forgelog")
-    });
+    let home = std::env::var("FORGELOG_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
+                .join(".cache/forgelog")
+        });
     home.join("models").join(DEFAULT_GGUF)
 }
 
@@ -80,11 +83,16 @@ pub fn load_policy(spec: &str, device: &Device) -> Result<Policy, LoadError> {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LoadError + '_ {
-    move |source| LoadError::Io { path: path.to_path_buf(), source }
+    move |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// A GGUF file, every tensor dequantized to f32.
@@ -99,11 +107,17 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
     };
     let arch = meta("general.architecture")?.to_string()?.clone();
     if arch != "llama" && arch != "qwen2" {
-        return Err(LoadError::Invalid(format!("unsupported GGUF architecture {arch:?}")));
+        return Err(LoadError::Invalid(format!(
+            "unsupported GGUF architecture {arch:?}"
+        )));
     }
-    let num = |key: &str| -> Result<usize, LoadError> { Ok(meta(&format!("{arch}.{key}"))?.to_u32()? as usize) };
+    let num = |key: &str| -> Result<usize, LoadError> {
+        Ok(meta(&format!("{arch}.{key}"))?.to_u32()? as usize)
+    };
     let float = |key: &str, default: f64| -> f64 {
-        meta(&format!("{arch}.{key}")).and_then(|v| Ok(v.to_f32()? as f64)).unwrap_or(default)
+        meta(&format!("{arch}.{key}"))
+            .and_then(|v| Ok(v.to_f32()? as f64))
+            .unwrap_or(default)
     };
     let tokens = meta("tokenizer.ggml.tokens")?.to_vec()?.len();
     let config = LlamaConfig {
@@ -122,8 +136,12 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
 
     let mut weights = HashMap::new();
     for name in content.tensor_infos.keys() {
-        let tensor = content.tensor(&mut file, name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
-        let Some(hf_name) = hf_name_of_gguf(name) else { continue };
+        let tensor = content
+            .tensor(&mut file, name, &Device::Cpu)?
+            .dequantize(&Device::Cpu)?;
+        let Some(hf_name) = hf_name_of_gguf(name) else {
+            continue;
+        };
         // llama.cpp interleaves the two RoPE halves of each q/k head for llama
         // (not for qwen2); undo it so the weights match the Hugging Face layout.
         let tensor = match name.rsplit('.').nth(1) {
@@ -137,10 +155,17 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         };
         weights.insert(hf_name, tensor.to_device(device)?);
     }
-    let model = Llama::load(VarBuilder::from_tensors(weights, DType::F32, device), &config)?;
+    let model = Llama::load(
+        VarBuilder::from_tensors(weights, DType::F32, device),
+        &config,
+    )?;
 
-    let mut tokenizer = Tokenizer::from_gguf(&content).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-    let pre = content.metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok());
+    let mut tokenizer =
+        Tokenizer::from_gguf(&content).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+    let pre = content
+        .metadata
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.to_string().ok());
     fix_gpt2_pre_tokenizer(&mut tokenizer, pre.map(String::as_str));
     let token = |key: &str| -> String {
         meta(key)
@@ -149,7 +174,10 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
             .and_then(|id| tokenizer.id_to_token(id))
             .unwrap_or_default()
     };
-    let (bos, eos) = (token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"));
+    let (bos, eos) = (
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    );
     let source = meta("tokenizer.chat_template")
         .and_then(|v| Ok(v.to_string()?.clone()))
         .unwrap_or_else(|_| crate::chat::CHATML.to_string());
@@ -207,7 +235,10 @@ fn fix_gpt2_pre_tokenizer(tokenizer: &mut Tokenizer, pre: Option<&str>) {
     let byte_level = ByteLevel::new(false, true, true);
     match pre {
         Some("smollm") => {
-            tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![Digits::new(true).into(), byte_level.into()])));
+            tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+                Digits::new(true).into(),
+                byte_level.into(),
+            ])));
         }
         Some("qwen2" | "smaug-bpe" | "lfm2" | "llama3") => {}
         _ => {
@@ -221,7 +252,12 @@ fn fix_gpt2_pre_tokenizer(tokenizer: &mut Tokenizer, pre: Option<&str>) {
 fn stop_tokens(tokenizer: &Tokenizer, eos: &[&str]) -> Vec<u32> {
     let mut ids: Vec<u32> = eos
         .iter()
-        .chain(&["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"])
+        .chain(&[
+            "<|im_end|>",
+            "<|endoftext|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+        ])
         .filter_map(|t| tokenizer.token_to_id(t))
         .collect();
     ids.sort();
@@ -230,7 +266,10 @@ fn stop_tokens(tokenizer: &Tokenizer, eos: &[&str]) -> Vec<u32> {
 }
 
 /// Reads safetensors bytes into f32 tensors on `device` (a checkpoint for reload).
-pub fn weights_from_safetensors(bytes: &[u8], device: &Device) -> Result<HashMap<String, Tensor>, LoadError> {
+pub fn weights_from_safetensors(
+    bytes: &[u8],
+    device: &Device,
+) -> Result<HashMap<String, Tensor>, LoadError> {
     candle_core::safetensors::load_buffer(bytes, device)?
         .into_iter()
         .map(|(name, t)| Ok((name, t.to_dtype(DType::F32)?)))
@@ -246,7 +285,11 @@ fn read_json(path: &Path) -> Result<Value, LoadError> {
 fn token_text(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+        Some(Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
         _ => String::new(),
     }
 }
@@ -260,7 +303,11 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
     match raw_config.get("model_type").and_then(Value::as_str) {
         Some("llama") | None => {}
         Some("qwen2") => config.attention_bias = true,
-        Some(other) => return Err(LoadError::Invalid(format!("unsupported model_type {other:?}"))),
+        Some(other) => {
+            return Err(LoadError::Invalid(format!(
+                "unsupported model_type {other:?}"
+            )))
+        }
     }
 
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -270,17 +317,23 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(LoadError::Invalid(format!("no *.safetensors in {}", dir.display())));
+        return Err(LoadError::Invalid(format!(
+            "no *.safetensors in {}",
+            dir.display()
+        )));
     }
     let mut weights = HashMap::new();
     for file in &files {
         let bytes = std::fs::read(file).map_err(io_err(file))?;
         weights.extend(weights_from_safetensors(&bytes, device)?);
     }
-    let model = Llama::load(VarBuilder::from_tensors(weights, DType::F32, device), &config)?;
+    let model = Llama::load(
+        VarBuilder::from_tensors(weights, DType::F32, device),
+        &config,
+    )?;
 
-    let tokenizer =
-        Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
     let tokenizer_config = match dir.join("tokenizer_config.json") {
         p if p.is_file() => read_json(&p)?,
         _ => Value::Null,
@@ -293,7 +346,8 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
             .and_then(|t| t.get("template")?.as_str())
             .unwrap_or(crate::chat::CHATML)
             .to_string(),
-        _ => std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap_or_else(|_| crate::chat::CHATML.into()),
+        _ => std::fs::read_to_string(dir.join("chat_template.jinja"))
+            .unwrap_or_else(|_| crate::chat::CHATML.into()),
     };
     let bos = token_text(tokenizer_config.get("bos_token"));
     let eos = token_text(tokenizer_config.get("eos_token"));
@@ -301,14 +355,19 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
     for key in ["eos_token_id"] {
         match raw_config.get(key) {
             Some(Value::Number(n)) => stop_token_ids.extend(n.as_u64().map(|n| n as u32)),
-            Some(Value::Array(ids)) => stop_token_ids.extend(ids.iter().filter_map(Value::as_u64).map(|n| n as u32)),
+            Some(Value::Array(ids)) => {
+                stop_token_ids.extend(ids.iter().filter_map(Value::as_u64).map(|n| n as u32))
+            }
             _ => {}
         }
     }
     stop_token_ids.sort();
     stop_token_ids.dedup();
     Ok(Policy {
-        name: dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        name: dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         model,
         tokenizer,
         chat_template: ChatTemplate::new(source, &bos, &eos),

@@ -24,7 +24,8 @@ const CORPUS: &[&str] = &[
 /// A byte-level BPE of about 300 tokens with `<|endoftext|>`=0,
 /// `<|im_start|>`=1 and `<|im_end|>`=2, like SmolLM2's.
 pub fn tiny_tokenizer() -> Tokenizer {
-    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(|t| AddedToken::from(t, true));
+    let specials =
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(|t| AddedToken::from(t, true));
     let mut trainer: TrainerWrapper = BpeTrainer::builder()
         .vocab_size(300)
         .min_frequency(1)
@@ -42,7 +43,7 @@ pub fn tiny_tokenizer() -> Tokenizer {
     tokenizer
         .add_special_tokens(specials)
         .expect("add the special tokens");
-    tokenizer.into()
+    tokenizer
 }
 
 pub fn tiny_config(vocab_size: usize) -> LlamaConfig {
@@ -65,7 +66,9 @@ pub fn tiny_config(vocab_size: usize) -> LlamaConfig {
 pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> {
     let mut state = seed;
     let mut uniform = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     };
     let c = config;
@@ -80,14 +83,36 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
         shapes.extend([
             (format!("{p}.input_layernorm.weight"), vec![h]),
             (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![c.num_attention_heads * d, h]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![c.num_key_value_heads * d, h]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![c.num_key_value_heads * d, h]),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, c.num_attention_heads * d]),
+            (
+                format!("{p}.self_attn.q_proj.weight"),
+                vec![c.num_attention_heads * d, h],
+            ),
+            (
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![c.num_key_value_heads * d, h],
+            ),
+            (
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![c.num_key_value_heads * d, h],
+            ),
+            (
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![h, c.num_attention_heads * d],
+            ),
             (format!("{p}.mlp.gate_proj.weight"), vec![ffn, h]),
             (format!("{p}.mlp.up_proj.weight"), vec![ffn, h]),
             (format!("{p}.mlp.down_proj.weight"), vec![h, ffn]),
         ]);
+    }
+    if c.attention_bias {
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}.self_attn");
+            shapes.extend([
+                (format!("{p}.q_proj.bias"), vec![c.num_attention_heads * d]),
+                (format!("{p}.k_proj.bias"), vec![c.num_key_value_heads * d]),
+                (format!("{p}.v_proj.bias"), vec![c.num_key_value_heads * d]),
+            ]);
+        }
     }
     shapes
         .into_iter()
@@ -104,17 +129,27 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
         .collect()
 }
 
-/// Writes a loadable Hugging Face directory: `config.json`, `model.safetensors`,
-/// `tokenizer.json`, `tokenizer_config.json` (ChatML).
+/// Writes a loadable Hugging Face llama directory: `config.json`,
+/// `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` (ChatML).
 pub fn write_tiny_llama(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
+    write_tiny(dir, seed, "llama")
+}
+
+/// The same as a Qwen2 directory (q/k/v biases).
+pub fn write_tiny_qwen2(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
+    write_tiny(dir, seed, "qwen2")
+}
+
+fn write_tiny(dir: &Path, seed: u64, model_type: &str) -> std::io::Result<LlamaConfig> {
     std::fs::create_dir_all(dir)?;
     let tokenizer = tiny_tokenizer();
     tokenizer
         .save(dir.join("tokenizer.json"), false)
         .map_err(std::io::Error::other)?;
-    let config = tiny_config(tokenizer.get_vocab_size(true));
+    let mut config = tiny_config(tokenizer.get_vocab_size(true));
+    config.attention_bias = model_type == "qwen2";
     let mut config_json = serde_json::to_value(&config)?;
-    config_json["model_type"] = json!("llama");
+    config_json["model_type"] = json!(model_type);
     std::fs::write(dir.join("config.json"), config_json.to_string())?;
     std::fs::write(
         dir.join("tokenizer_config.json"),

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use forgelog_model::testing::{tiny_config, tiny_weights, write_tiny_llama};
+use forgelog_model::testing::{tiny_config, tiny_weights, write_tiny_llama, write_tiny_qwen2};
 use forgelog_model::{load_hf_dir, KvCache, Llama, Logits};
 
 fn tiny_model() -> Llama {
@@ -13,20 +13,37 @@ fn tiny_model() -> Llama {
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 #[test]
 fn cached_ragged_steps_match_full_forwards() {
     let model = tiny_model();
-    let sequences: [&[u32]; 3] = [&[5, 17, 42, 8, 99, 3], &[7, 7, 250], &[1, 2, 3, 4, 5, 6, 7, 8, 9]];
-    let full: Vec<Tensor> = sequences.iter().map(|s| model.forward(s, &mut KvCache::new()).unwrap()).collect();
+    let sequences: [&[u32]; 3] = [
+        &[5, 17, 42, 8, 99, 3],
+        &[7, 7, 250],
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+    ];
+    let full: Vec<Tensor> = sequences
+        .iter()
+        .map(|s| model.forward(s, &mut KvCache::new()).unwrap())
+        .collect();
     assert_eq!(full[0].dims(), &[6, 300]);
 
     // Prefill the first two tokens of each together, then step one token at a time.
-    let mut caches = vec![KvCache::new(), KvCache::new(), KvCache::new()];
-    let mut batch: Vec<(&[u32], &mut KvCache)> =
-        sequences.iter().zip(caches.iter_mut()).map(|(s, c)| (&s[..2], c)).collect();
+    let mut caches = [KvCache::new(), KvCache::new(), KvCache::new()];
+    let mut batch: Vec<(&[u32], &mut KvCache)> = sequences
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(s, c)| (&s[..2], c))
+        .collect();
     let prefill = model.forward_batch(&mut batch, Logits::All).unwrap();
     for (i, logits) in prefill.iter().enumerate() {
         assert!(max_abs_diff(logits, &full[i].narrow(0, 0, 2).unwrap()) < 1e-5);
@@ -38,7 +55,10 @@ fn cached_ragged_steps_match_full_forwards() {
             .filter(|(s, _)| position < s.len())
             .map(|(s, c)| (&s[position..position + 1], c))
             .collect();
-        let (live, steps) = (batch.len(), model.forward_batch(&mut batch, Logits::Last).unwrap());
+        let (live, steps) = (
+            batch.len(),
+            model.forward_batch(&mut batch, Logits::Last).unwrap(),
+        );
         assert_eq!(steps.len(), live);
         let expected: Vec<Tensor> = sequences
             .iter()
@@ -51,7 +71,10 @@ fn cached_ragged_steps_match_full_forwards() {
             assert!(diff < 1e-5, "position {position}: {diff}");
         }
     }
-    assert_eq!(caches.iter().map(KvCache::len).collect::<Vec<_>>(), [6, 3, 9]);
+    assert_eq!(
+        caches.iter().map(KvCache::len).collect::<Vec<_>>(),
+        [6, 3, 9]
+    );
 }
 
 #[test]
@@ -72,9 +95,43 @@ fn hf_directory_loads_with_tokenizer_and_template() {
     assert_eq!(policy.stop_token_ids, vec![0, 2]);
     let prompt = policy
         .chat_template
-        .render(&[serde_json::json!({"role": "user", "content": "Hello"})], None, true)
+        .render(
+            &[serde_json::json!({"role": "user", "content": "Hello"})],
+            None,
+            true,
+        )
         .unwrap();
-    let ids = policy.tokenizer.encode(prompt.as_str(), false).unwrap().get_ids().to_vec();
+    let ids = policy
+        .tokenizer
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
     assert_eq!(ids[0], 1);
     assert_eq!(policy.tokenizer.decode(&ids, false).unwrap(), prompt);
+}
+
+#[test]
+fn qwen2_directory_loads_its_biases() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_tiny_qwen2(dir.path(), 4).unwrap();
+    assert!(config.attention_bias);
+    let policy = load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    assert!(policy.model.config().attention_bias);
+    let logits = policy
+        .model
+        .forward(&[5, 6, 7], &mut KvCache::new())
+        .unwrap();
+    assert_eq!(logits.dims(), &[3, config.vocab_size]);
+    // The biases are used: the same weights without them give other logits.
+    let mut no_bias = config.clone();
+    no_bias.attention_bias = false;
+    let weights = tiny_weights(&no_bias, 4);
+    let plain = Llama::load(
+        VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu),
+        &no_bias,
+    )
+    .unwrap();
+    let plain_logits = plain.forward(&[5, 6, 7], &mut KvCache::new()).unwrap();
+    assert!(max_abs_diff(&logits, &plain_logits) > 1e-3);
 }

@@ -21,7 +21,10 @@ pub fn serve(policy: Policy) -> Server {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = forgelog_engine::server::router(engine.clone());
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             axum::serve(listener, router).await.unwrap();
@@ -35,23 +38,38 @@ pub fn serve(policy: Policy) -> Server {
 pub fn smollm2() -> &'static (Server, Policy) {
     static SERVER: OnceLock<(Server, Policy)> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu).unwrap_or_else(|e| panic!("{e}"));
+        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
+            .unwrap_or_else(|e| panic!("{e}"));
         (serve(policy.clone()), policy)
     })
 }
 
 pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new().post(format!("{base}{path}")).json(body).send().await.unwrap();
+    let response = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
 
 pub async fn get(base: &str, path: &str) -> Value {
-    reqwest::get(format!("{base}{path}")).await.unwrap().json().await.unwrap()
+    reqwest::get(format!("{base}{path}"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// `choices[0].logprobs.content[].logprob` of a chat response, checking that
