@@ -170,6 +170,9 @@ impl Attention {
             self.k_proj.forward(x)?,
             self.v_proj.forward(x)?,
         );
+        if batch.len() > 1 && batch.iter().all(|(tokens, _)| tokens.len() == 1) {
+            return self.decode((&q, &k, &v), layer, batch, rope_tables);
+        }
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
         let mut outputs = Vec::with_capacity(batch.len());
         let mut row = 0;
@@ -204,6 +207,56 @@ impl Attention {
             row += t;
         }
         self.o_proj.forward(&Tensor::cat(&outputs, 0)?)
+    }
+}
+
+impl Attention {
+    /// The same attention for a batch of one new token per sequence, as a few
+    /// batched ops instead of a few per sequence: caches are zero-padded to
+    /// the longest and the padding masked out. Grouped-query attention is a
+    /// reshape of the queries, `(batch, kv_heads, heads / kv_heads, head_dim)`.
+    fn decode(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        rope_tables: (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let (h, kvh, d, b) = (self.heads, self.kv_heads, self.head_dim, batch.len());
+        let device = q.device();
+        let positions: Vec<u32> = batch.iter().map(|(_, cache)| cache.len() as u32).collect();
+        let positions = Tensor::new(positions.as_slice(), device)?;
+        let cos = rope_tables.0.index_select(&positions, 0)?.unsqueeze(1)?;
+        let sin = rope_tables.1.index_select(&positions, 0)?.unsqueeze(1)?;
+        let q = rope(&q.reshape((b, h, d))?, &cos, &sin)?;
+        let k = rope(&k.reshape((b, kvh, d))?, &cos, &sin)?;
+        let v = v.reshape((b, kvh, d))?;
+        let mut keys = Vec::with_capacity(b);
+        let mut values = Vec::with_capacity(b);
+        for (i, (_, cache)) in batch.iter_mut().enumerate() {
+            let new_k = k.get(i)?.unsqueeze(1)?;
+            let new_v = v.get(i)?.unsqueeze(1)?.contiguous()?;
+            let (k_all, v_all) = cache.append(layer, new_k, new_v)?;
+            keys.push(k_all);
+            values.push(v_all);
+        }
+        let lengths: Vec<usize> = keys.iter().map(|k| k.dim(1)).collect::<Result<_>>()?;
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let pad = |m: &Tensor| m.pad_with_zeros(1, 0, longest - m.dim(1)?);
+        let keys = Tensor::stack(&keys.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
+        let values = Tensor::stack(&values.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
+        let mask: Vec<f32> = lengths
+            .iter()
+            .flat_map(|&len| {
+                (0..longest).map(move |j| if j < len { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (b, 1, 1, longest), device)?;
+        let q = q.reshape((b, kvh, h / kvh, d))?;
+        let scores = (q.matmul(&keys.t()?)? / (d as f64).sqrt())?.broadcast_add(&mask)?;
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        self.o_proj
+            .forward(&weights.matmul(&values)?.reshape((b, h * d))?)
     }
 }
 
