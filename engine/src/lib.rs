@@ -257,3 +257,46 @@ pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// How the `forgelog` CLI embeds the arguments.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Engine(EngineArgs),
+    }
+
+    #[test]
+    fn arguments_parse_as_a_subcommand() {
+        let Command::Engine(args) = Cli::parse_from(["forgelog", "engine"]).command;
+        assert_eq!(
+            (args.model.as_str(), args.listen.to_string()),
+            ("smollm2", "127.0.0.1:8000".into())
+        );
+        assert_eq!((args.device, args.brokers), (DeviceKind::Cpu, None));
+        let Command::Engine(args) = Cli::parse_from([
+            "forgelog",
+            "engine",
+            "--model",
+            "/models/qwen",
+            "--listen",
+            "0.0.0.0:9000",
+            "--device",
+            "cuda",
+            "--brokers",
+            "kafka:9092",
+        ])
+        .command;
+        assert_eq!(args.device, DeviceKind::Cuda);
+        assert_eq!(args.brokers.as_deref(), Some("kafka:9092"));
+    }
+}
