@@ -91,6 +91,7 @@ impl Engine {
             tokenizer,
             chat_template,
             stop_token_ids,
+            weights: _,
         } = policy;
         let (config, device) = (model.config().clone(), model.device().clone());
         let tokenizer = Arc::new(tokenizer);
@@ -231,6 +232,22 @@ fn device(kind: DeviceKind) -> Result<Device, EngineError> {
     }
 }
 
+/// Ctrl-C, or SIGTERM (how Kubernetes stops a pod).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 /// `forgelog engine`: loads the model, serves until Ctrl-C, and follows the
 /// policy topic when `--brokers` is given.
 pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
@@ -251,9 +268,7 @@ pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(model = engine.model_name(), listen = %args.listen, "engine serving");
     axum::serve(listener, server::router(engine))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
     Ok(())
 }

@@ -126,8 +126,8 @@ struct Sequence {
     time_to_first_token: Duration,
     cache: KvCache,
     rng: Rng,
-    /// What the next step feeds: the prompt, then the last sampled token.
-    next_input: Vec<u32>,
+    /// Prompt tokens already in the cache.
+    prefilled: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     policy_version: u64,
@@ -177,7 +177,7 @@ impl Loop {
                     now.as_nanos() as u64 ^ self.seeds.rotate_left(32)
                 });
                 self.active.push(Sequence {
-                    next_input: request.prompt.clone(),
+                    prefilled: 0,
                     request,
                     reply,
                     submitted,
@@ -193,10 +193,17 @@ impl Loop {
     }
 
     fn step(&mut self) {
+        // A client that went away no longer needs its tokens.
+        self.active.retain(|s| !s.reply.is_closed());
         let mut batch: Vec<(&[u32], &mut KvCache)> = self
             .active
             .iter_mut()
-            .map(|s| (s.next_input.as_slice(), &mut s.cache))
+            .map(|s| {
+                (
+                    next_input(&s.request.prompt, s.prefilled, &s.tokens),
+                    &mut s.cache,
+                )
+            })
             .collect();
         let logits = match self.model.forward_batch(&mut batch, Logits::Last) {
             Ok(logits) => logits,
@@ -210,6 +217,14 @@ impl Loop {
         let context = self.model.config().max_position_embeddings;
         let mut still_active = Vec::with_capacity(self.active.len());
         for (mut sequence, logits) in self.active.drain(..).zip(logits) {
+            let prompt_len = sequence.request.prompt.len();
+            if sequence.prefilled < prompt_len {
+                sequence.prefilled = (sequence.prefilled + PREFILL_CHUNK).min(prompt_len);
+                if sequence.prefilled < prompt_len {
+                    still_active.push(sequence);
+                    continue;
+                }
+            }
             let row = match logits.flatten_all().and_then(|l| l.to_vec1::<f32>()) {
                 Ok(row) => row,
                 Err(e) => {
@@ -223,7 +238,6 @@ impl Loop {
             }
             sequence.tokens.push(sampled.token);
             sequence.logprobs.push(sampled.logprob);
-            sequence.next_input = vec![sampled.token];
             match finish(&sequence, &self.stop_token_ids, &self.tokenizer, context) {
                 None => still_active.push(sequence),
                 Some((finish_reason, text)) => {
@@ -240,6 +254,19 @@ impl Loop {
             }
         }
         self.active = still_active;
+    }
+}
+
+/// Prompt tokens fed per step: bounds the attention scores of a long prompt
+/// and keeps decoding sequences moving while it prefills.
+const PREFILL_CHUNK: usize = 512;
+
+/// What a sequence feeds next: its next prompt chunk, then its last sampled token.
+fn next_input<'a>(prompt: &'a [u32], prefilled: usize, sampled: &'a [u32]) -> &'a [u32] {
+    if prefilled < prompt.len() {
+        &prompt[prefilled..(prefilled + PREFILL_CHUNK).min(prompt.len())]
+    } else {
+        &sampled[sampled.len() - 1..]
     }
 }
 

@@ -3,23 +3,16 @@
 
 mod common;
 
-use common::{get, post, serve, Server};
-use forgelog_model::testing::{tiny_config, tiny_weights, write_tiny_llama};
+use common::{get, post, serve, tiny_long_context_llama, Server};
+use forgelog_model::testing::{tiny_config, tiny_weights};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A tiny llama with a long context, so that one request can outlast a reload.
 fn tiny_server(dir: &Path) -> Server {
-    write_tiny_llama(dir, 5).unwrap();
-    let config_path = dir.join("config.json");
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    config["max_position_embeddings"] = json!(1024);
-    std::fs::write(&config_path, config.to_string()).unwrap();
-    serve(forgelog_model::load_hf_dir(dir, &candle_core::Device::Cpu).unwrap())
+    serve(tiny_long_context_llama(dir, 5))
 }
-
 /// The same weights with the output matrix scaled: a checkpoint as the trainer writes it.
 fn write_checkpoint(dir: &Path, vocab: usize, scale: f64) -> String {
     let mut weights = tiny_weights(&tiny_config(vocab), 5);

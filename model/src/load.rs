@@ -42,6 +42,9 @@ pub struct Policy {
     pub chat_template: ChatTemplate,
     /// Tokens that end a completion (`<|im_end|>`, `<|endoftext|>`, …).
     pub stop_token_ids: Vec<u32>,
+    /// The f32 weights by checkpoint name (shared with `model`): what a
+    /// trainer copies into a `VarMap` and writes back under the same names.
+    pub weights: HashMap<String, Tensor>,
 }
 
 /// Where the default model lives: `FORGELOG_MODEL_GGUF`, else
@@ -156,7 +159,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         weights.insert(hf_name, tensor.to_device(device)?);
     }
     let model = Llama::load(
-        VarBuilder::from_tensors(weights, DType::F32, device),
+        VarBuilder::from_tensors(weights.clone(), DType::F32, device),
         &config,
     )?;
 
@@ -188,6 +191,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         chat_template: ChatTemplate::new(source, &bos, &eos),
         tokenizer,
         stop_token_ids,
+        weights,
     })
 }
 
@@ -328,7 +332,7 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         weights.extend(weights_from_safetensors(&bytes, device)?);
     }
     let model = Llama::load(
-        VarBuilder::from_tensors(weights, DType::F32, device),
+        VarBuilder::from_tensors(weights.clone(), DType::F32, device),
         &config,
     )?;
 
@@ -372,5 +376,6 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         tokenizer,
         chat_template: ChatTemplate::new(source, &bos, &eos),
         stop_token_ids,
+        weights,
     })
 }
