@@ -254,7 +254,7 @@ impl Attention {
         let mask = Tensor::from_vec(mask, (b, 1, 1, longest), device)?;
         let q = q.reshape((b, kvh, h / kvh, d))?;
         let scores = (q.matmul(&keys.t()?)? / (d as f64).sqrt())?.broadcast_add(&mask)?;
-        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         self.o_proj
             .forward(&weights.matmul(&values)?.reshape((b, h * d))?)
     }
