@@ -360,18 +360,30 @@ impl Llama {
             let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
             x = (&x + block.mlp.forward(&h)?)?;
         }
+        // One output matmul for the whole batch: the output matrix is the
+        // largest, and reading it once per sequence would dominate a step.
+        let mut counts = Vec::with_capacity(batch.len());
+        let mut last_rows = Vec::with_capacity(batch.len());
+        let mut rows = 0;
+        for (tokens, cache) in batch.iter_mut() {
+            cache.len += tokens.len();
+            rows += tokens.len();
+            last_rows.push(rows as u32 - 1);
+            counts.push(match logits {
+                Logits::All => tokens.len(),
+                Logits::Last => 1,
+            });
+        }
+        let x = match logits {
+            Logits::All => x,
+            Logits::Last => x.index_select(&Tensor::new(last_rows.as_slice(), x.device())?, 0)?,
+        };
+        let all = rms_norm(&x, &self.norm, eps)?.matmul(&self.lm_head.t()?)?;
         let mut outputs = Vec::with_capacity(batch.len());
         let mut row = 0;
-        for (tokens, cache) in batch.iter_mut() {
-            let t = tokens.len();
-            cache.len += t;
-            let rows = match logits {
-                Logits::All => x.narrow(0, row, t)?,
-                Logits::Last => x.narrow(0, row + t - 1, 1)?,
-            };
-            let h = rms_norm(&rows, &self.norm, eps)?;
-            outputs.push(h.matmul(&self.lm_head.t()?)?);
-            row += t;
+        for count in counts {
+            outputs.push(all.narrow(0, row, count)?);
+            row += count;
         }
         Ok(outputs)
     }
