@@ -7,9 +7,12 @@
 
 use forgelog_model::log_softmax;
 
+/// Temperatures below this are greedy (as in vLLM): dividing by them would overflow.
+pub const GREEDY_BELOW: f32 = 1e-5;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// `0` means greedy.
+    /// `0` (anything below [`GREEDY_BELOW`]) means greedy.
     pub temperature: f32,
     pub top_p: f32,
     /// `None` (or 0) means the whole vocabulary.
@@ -59,7 +62,7 @@ pub struct Sampled {
 
 /// The processed logprobs the engine reports for `logits` (see the module docs).
 pub fn processed_logprobs(logits: &[f32], temperature: f32) -> Vec<f32> {
-    if temperature <= 0.0 {
+    if temperature < GREEDY_BELOW {
         log_softmax(logits)
     } else {
         log_softmax(&logits.iter().map(|l| l / temperature).collect::<Vec<_>>())
@@ -68,7 +71,7 @@ pub fn processed_logprobs(logits: &[f32], temperature: f32) -> Vec<f32> {
 
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> Sampled {
     let logprobs = processed_logprobs(logits, params.temperature);
-    let token = if params.temperature <= 0.0 {
+    let token = if params.temperature < GREEDY_BELOW {
         argmax(&logprobs)
     } else {
         draw(&logprobs, params, rng.next_f64())
@@ -130,16 +133,15 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax_with_its_raw_logprob() {
         let logits = [1.0, 3.0, 2.0];
-        let s = sample(
-            &logits,
-            &SamplingParams {
-                temperature: 0.0,
+        for temperature in [0.0, 1e-30] {
+            let params = SamplingParams {
+                temperature,
                 ..Default::default()
-            },
-            &mut Rng::new(0),
-        );
-        assert_eq!(s.token, 1);
-        assert!((s.logprob - log_softmax(&logits)[1]).abs() < 1e-6);
+            };
+            let s = sample(&logits, &params, &mut Rng::new(0));
+            assert_eq!(s.token, 1);
+            assert!((s.logprob - log_softmax(&logits)[1]).abs() < 1e-6);
+        }
     }
 
     #[test]
