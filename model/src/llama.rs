@@ -3,8 +3,9 @@
 //! sequence brings its own new tokens and its own [`KvCache`]. Projections and
 //! the MLP run on all rows of the batch at once; attention runs per sequence.
 //!
-//! Every op is an ordinary differentiable candle op, so the trainer can take
-//! gradients through the same code the engine samples with.
+//! The trainer takes gradients through the same code the engine samples with:
+//! where candle has a fused kernel without a backward pass (softmax, RMS norm),
+//! it is used only when no gradient is being tracked.
 //!
 //! Tensor names (Hugging Face layout; a checkpoint uses exactly these):
 //! `model.embed_tokens.weight`,
@@ -111,11 +112,26 @@ fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) ->
     Ok(Linear::new(weight, bias))
 }
 
+// Serving uses candle's fused kernels; when a gradient is being tracked
+// (training), the same math as ordinary differentiable ops.
+
 /// `x / rms(x) * weight`, over the last dimension.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if !x.track_op() && !weight.track_op() {
+        return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
+    }
     let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
     x.broadcast_div(&(mean_square + eps)?.sqrt()?)?
         .broadcast_mul(weight)
+}
+
+/// Softmax over the last dimension.
+fn softmax(x: &Tensor) -> Result<Tensor> {
+    if x.track_op() {
+        candle_nn::ops::softmax(x, D::Minus1)
+    } else {
+        candle_nn::ops::softmax_last_dim(x)
+    }
 }
 
 /// Rotates the two halves of each head (the Hugging Face layout):
@@ -163,73 +179,82 @@ impl Attention {
         x: &Tensor,
         layer: usize,
         batch: &mut [(&[u32], &mut KvCache)],
-        rope_tables: (&Tensor, &Tensor),
+        plan: &StepPlan,
     ) -> Result<Tensor> {
         let (q, k, v) = (
             self.q_proj.forward(x)?,
             self.k_proj.forward(x)?,
             self.v_proj.forward(x)?,
         );
-        if batch.len() > 1 && batch.iter().all(|(tokens, _)| tokens.len() == 1) {
-            return self.decode((&q, &k, &v), layer, batch, rope_tables);
-        }
+        // Scaling the queries is cheaper than scaling the scores.
+        let q = (q * (1.0 / (self.head_dim as f64).sqrt()))?;
+        let out = match plan {
+            StepPlan::Decode { cos, sin, mask } => {
+                self.decode((&q, &k, &v), layer, batch, (cos, sin), mask)?
+            }
+            StepPlan::Ragged { rope, masks } => {
+                self.ragged((&q, &k, &v), layer, batch, rope, masks)?
+            }
+        };
+        self.o_proj.forward(&out)
+    }
+
+    /// Attention per sequence, whatever its number of new tokens. Grouped-query
+    /// attention is a reshape of the queries to `(kv_heads, heads / kv_heads * t,
+    /// head_dim)`: no copy of the keys and values per query head.
+    fn ragged(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        rope_tables: &[(Tensor, Tensor)],
+        masks: &[Option<Tensor>],
+    ) -> Result<Tensor> {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
         let mut outputs = Vec::with_capacity(batch.len());
         let mut row = 0;
-        for (tokens, cache) in batch.iter_mut() {
-            let (t, past) = (tokens.len(), cache.len());
+        for (i, (tokens, cache)) in batch.iter_mut().enumerate() {
+            let t = tokens.len();
             let heads_of = |m: &Tensor, n: usize| -> Result<Tensor> {
                 m.narrow(0, row, t)?
                     .reshape((t, n, d))?
                     .transpose(0, 1)?
                     .contiguous()
             };
-            let cos = rope_tables.0.narrow(0, past, t)?;
-            let sin = rope_tables.1.narrow(0, past, t)?;
-            let q = rope(&heads_of(&q, h)?, &cos, &sin)?;
-            let k = rope(&heads_of(&k, kvh)?, &cos, &sin)?;
-            let (k, v) = cache.append(layer, k, heads_of(&v, kvh)?)?;
-            // Grouped-query attention: each kv head serves `h / kvh` query heads.
-            let repeat = |m: &Tensor| -> Result<Tensor> {
-                let keys = m.dim(1)?;
-                m.unsqueeze(1)?
-                    .expand((kvh, h / kvh, keys, d))?
-                    .reshape((h, keys, d))
-            };
-            let (k, v) = (repeat(&k)?, repeat(&v)?);
-            let mut scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
-            if t > 1 {
-                scores = scores.broadcast_add(&causal_mask(t, past, x.device())?)?;
+            let (cos, sin) = &rope_tables[i];
+            let q = rope(&heads_of(q, h)?, cos, sin)?;
+            let k = rope(&heads_of(k, kvh)?, cos, sin)?;
+            let (k, v) = cache.append(layer, k, heads_of(v, kvh)?)?;
+            let keys = k.dim(1)?;
+            let q = q.reshape((kvh, h / kvh * t, d))?;
+            let mut scores = q.matmul(&k.t()?)?;
+            if let Some(mask) = &masks[i] {
+                scores = scores
+                    .reshape((kvh, h / kvh, t, keys))?
+                    .broadcast_add(mask)?
+                    .reshape((kvh, h / kvh * t, keys))?;
             }
-            let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            let out = weights.matmul(&v)?.transpose(0, 1)?.reshape((t, h * d))?;
-            outputs.push(out);
+            let out = softmax(&scores)?.matmul(&v)?.reshape((h, t, d))?;
+            outputs.push(out.transpose(0, 1)?.reshape((t, h * d))?);
             row += t;
         }
-        self.o_proj.forward(&Tensor::cat(&outputs, 0)?)
+        Tensor::cat(&outputs, 0)
     }
-}
 
-impl Attention {
     /// The same attention for a batch of one new token per sequence, as a few
     /// batched ops instead of a few per sequence: caches are zero-padded to
-    /// the longest and the padding masked out. Grouped-query attention is a
-    /// reshape of the queries, `(batch, kv_heads, heads / kv_heads, head_dim)`.
+    /// the longest and the padding masked out.
     fn decode(
         &self,
         (q, k, v): (&Tensor, &Tensor, &Tensor),
         layer: usize,
         batch: &mut [(&[u32], &mut KvCache)],
-        rope_tables: (&Tensor, &Tensor),
+        (cos, sin): (&Tensor, &Tensor),
+        mask: &Tensor,
     ) -> Result<Tensor> {
         let (h, kvh, d, b) = (self.heads, self.kv_heads, self.head_dim, batch.len());
-        let device = q.device();
-        let positions: Vec<u32> = batch.iter().map(|(_, cache)| cache.len() as u32).collect();
-        let positions = Tensor::new(positions.as_slice(), device)?;
-        let cos = rope_tables.0.index_select(&positions, 0)?.unsqueeze(1)?;
-        let sin = rope_tables.1.index_select(&positions, 0)?.unsqueeze(1)?;
-        let q = rope(&q.reshape((b, h, d))?, &cos, &sin)?;
-        let k = rope(&k.reshape((b, kvh, d))?, &cos, &sin)?;
+        let q = rope(&q.reshape((b, h, d))?, cos, sin)?;
+        let k = rope(&k.reshape((b, kvh, d))?, cos, sin)?;
         let v = v.reshape((b, kvh, d))?;
         let mut keys = Vec::with_capacity(b);
         let mut values = Vec::with_capacity(b);
@@ -240,23 +265,71 @@ impl Attention {
             keys.push(k_all);
             values.push(v_all);
         }
-        let lengths: Vec<usize> = keys.iter().map(|k| k.dim(1)).collect::<Result<_>>()?;
-        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let longest = mask.dim(D::Minus1)?;
         let pad = |m: &Tensor| m.pad_with_zeros(1, 0, longest - m.dim(1)?);
         let keys = Tensor::stack(&keys.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
         let values = Tensor::stack(&values.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
-        let mask: Vec<f32> = lengths
-            .iter()
-            .flat_map(|&len| {
-                (0..longest).map(move |j| if j < len { 0.0 } else { f32::NEG_INFINITY })
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (b, 1, 1, longest), device)?;
         let q = q.reshape((b, kvh, h / kvh, d))?;
-        let scores = (q.matmul(&keys.t()?)? / (d as f64).sqrt())?.broadcast_add(&mask)?;
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        self.o_proj
-            .forward(&weights.matmul(&values)?.reshape((b, h * d))?)
+        let scores = q.matmul(&keys.t()?)?.broadcast_add(mask)?;
+        softmax(&scores)?.matmul(&values)?.reshape((b, h * d))
+    }
+}
+
+/// What every layer of one step shares: rotary tables at each sequence's
+/// positions and the attention masks.
+enum StepPlan {
+    /// Every sequence feeds one token after a non-empty cache.
+    Decode {
+        /// `(batch, 1, head_dim / 2)`.
+        cos: Tensor,
+        sin: Tensor,
+        /// `(batch, 1, 1, longest)`: `-inf` over each cache's padding.
+        mask: Tensor,
+    },
+    Ragged {
+        /// `(t, head_dim / 2)` per sequence.
+        rope: Vec<(Tensor, Tensor)>,
+        /// The causal mask of each sequence feeding more than one token.
+        masks: Vec<Option<Tensor>>,
+    },
+}
+
+impl StepPlan {
+    fn new(batch: &[(&[u32], &mut KvCache)], cos: &Tensor, sin: &Tensor) -> Result<StepPlan> {
+        let device = cos.device();
+        let decode = batch.len() > 1
+            && batch
+                .iter()
+                .all(|(tokens, cache)| tokens.len() == 1 && !cache.is_empty());
+        if decode {
+            let positions: Vec<u32> = batch.iter().map(|(_, c)| c.len() as u32).collect();
+            let positions = Tensor::new(positions.as_slice(), device)?;
+            let longest = batch.iter().map(|(_, c)| c.len() + 1).max().unwrap_or(0);
+            let mask: Vec<f32> = batch
+                .iter()
+                .flat_map(|(_, c)| {
+                    let len = c.len() + 1;
+                    (0..longest).map(move |j| if j < len { 0.0 } else { f32::NEG_INFINITY })
+                })
+                .collect();
+            return Ok(StepPlan::Decode {
+                cos: cos.index_select(&positions, 0)?.unsqueeze(1)?,
+                sin: sin.index_select(&positions, 0)?.unsqueeze(1)?,
+                mask: Tensor::from_vec(mask, (batch.len(), 1, 1, longest), device)?,
+            });
+        }
+        let mut rope = Vec::with_capacity(batch.len());
+        let mut masks = Vec::with_capacity(batch.len());
+        for (tokens, cache) in batch {
+            let (t, past) = (tokens.len(), cache.len());
+            rope.push((cos.narrow(0, past, t)?, sin.narrow(0, past, t)?));
+            masks.push(if t > 1 {
+                Some(causal_mask(t, past, device)?)
+            } else {
+                None
+            });
+        }
+        Ok(StepPlan::Ragged { rope, masks })
     }
 }
 
@@ -352,11 +425,10 @@ impl Llama {
         }
         let ids = Tensor::new(ids.as_slice(), self.device())?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let plan = StepPlan::new(batch, &self.cos, &self.sin)?;
         for (i, block) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &block.input_layernorm, eps)?;
-            x = (x + block
-                .self_attn
-                .forward(&h, i, batch, (&self.cos, &self.sin))?)?;
+            x = (x + block.self_attn.forward(&h, i, batch, &plan)?)?;
             let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
             x = (&x + block.mlp.forward(&h)?)?;
         }

@@ -18,6 +18,9 @@ struct Args {
     tokens: usize,
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     batches: Vec<usize>,
+    /// Pad the chat prompt with filler text to about this many tokens (long-context decode).
+    #[arg(long)]
+    prompt_tokens: Option<usize>,
 }
 
 fn peak_rss_mb() -> f64 {
@@ -37,10 +40,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = forgelog_model::load_policy(&args.model, &candle_core::Device::Cpu)?;
     println!("model {} loaded in {:.2?}", policy.name, started.elapsed());
     let engine = Engine::start(policy);
-    let prompt = engine.chat_prompt(
-        &[json!({"role": "user", "content": "What is the capital of France?"})],
-        None,
-    )?;
+    let filler = "The quick brown fox jumps over the lazy dog. "
+        .repeat(args.prompt_tokens.unwrap_or(0) / 10);
+    let content = format!("{filler}What is the capital of France?");
+    let prompt = engine.chat_prompt(&[json!({"role": "user", "content": content})], None)?;
     let request = |seed: u64| GenerationRequest {
         prompt: prompt.clone(),
         max_tokens: args.tokens,
