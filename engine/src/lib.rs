@@ -1,1 +1,317 @@
-//! forgelog-engine: a candle inference server that returns sampled token ids and logprobs the way vLLM does.
+//! forgelog-engine: a candle inference server that returns sampled token ids
+//! and logprobs the way vLLM does (`--return-tokens-as-token-ids`,
+//! processed logprobs), batches concurrent requests, and swaps in new weights
+//! when the trainer publishes a policy.
+//!
+//! The pure core is [`sampling`], [`tool_calls`] and [`api`]; [`scheduler`]
+//! owns the model on its own thread; [`server`] and [`follow_policy`] are the
+//! thin HTTP and Kafka shells.
+
+pub mod api;
+pub mod sampling;
+pub mod scheduler;
+pub mod server;
+pub mod tool_calls;
+
+use candle_core::{DType, Device};
+use forgelog_model::{ChatTemplate, Llama, LlamaConfig, Policy};
+use object_store::ObjectStoreExt;
+use scheduler::{Generation, GenerationRequest, Scheduler, SchedulerError};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokenizers::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Load(#[from] forgelog_model::LoadError),
+    #[error(transparent)]
+    Template(#[from] forgelog_model::TemplateError),
+    #[error("tokenizer: {0}")]
+    Tokenize(String),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("device: {0}")]
+    Device(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("policy consumer: {0}")]
+    Consume(#[from] forgelog_stream::ConsumeError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+/// `forgelog engine`: serve a policy over the OpenAI/vLLM API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// `smollm2` (the default GGUF from scripts/fetch-model.sh), a .gguf file,
+    /// or a Hugging Face llama/qwen2 directory.
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// Follow `PolicyPublished` on `forgelog.policy` at these brokers and load each new policy.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Only follow policies of this run.
+    #[arg(long)]
+    pub run: Option<String>,
+}
+
+struct Shared {
+    name: String,
+    config: LlamaConfig,
+    device: Device,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: ChatTemplate,
+    scheduler: Scheduler,
+    /// Serializes reloads so versions are applied in the order asked.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// A running engine: the scheduler and what the HTTP layer needs. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine(Arc<Shared>);
+
+impl Engine {
+    /// Starts serving `policy` as policy version 0.
+    pub fn start(policy: Policy) -> Engine {
+        let Policy {
+            name,
+            model,
+            tokenizer,
+            chat_template,
+            stop_token_ids,
+            weights: _,
+        } = policy;
+        let (config, device) = (model.config().clone(), model.device().clone());
+        let tokenizer = Arc::new(tokenizer);
+        let scheduler = Scheduler::start(model, tokenizer.clone(), stop_token_ids, 0);
+        Engine(Arc::new(Shared {
+            name,
+            config,
+            device,
+            tokenizer,
+            chat_template,
+            scheduler,
+            reloading: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.0.config.max_position_embeddings
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.0.config.vocab_size
+    }
+
+    pub fn policy_version(&self) -> u64 {
+        self.0.scheduler.version()
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.0.tokenizer
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let encoding = self
+            .0
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenize(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The prompt tokens of a chat: the template rendered with the generation prompt.
+    pub fn chat_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+    ) -> Result<Vec<u32>, EngineError> {
+        let text = self.0.chat_template.render(messages, tools, true)?;
+        self.encode(&text)
+    }
+
+    pub async fn generate(&self, request: GenerationRequest) -> Result<Generation, EngineError> {
+        Ok(self.0.scheduler.generate(request).await?)
+    }
+
+    /// Loads `model.safetensors` at `checkpoint_uri` (any object_store URL:
+    /// `file:///…`, `s3://…`, …; a directory URL gets `model.safetensors`
+    /// appended) and swaps it in as policy `version` between two steps.
+    pub async fn reload(&self, checkpoint_uri: &str, version: u64) -> Result<(), EngineError> {
+        let _in_order = self.0.reloading.lock().await;
+        let bytes = fetch_checkpoint(checkpoint_uri).await?;
+        let (config, device) = (self.0.config.clone(), self.0.device.clone());
+        let model = tokio::task::spawn_blocking(move || -> Result<Llama, EngineError> {
+            let weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
+            let vb = candle_nn::VarBuilder::from_tensors(weights, DType::F32, &device);
+            Llama::load(vb, &config).map_err(|e| EngineError::Checkpoint(e.to_string()))
+        })
+        .await
+        .map_err(|e| EngineError::Checkpoint(e.to_string()))??;
+        self.0.scheduler.swap(model, version).await?;
+        tracing::info!(version, checkpoint_uri, "policy loaded");
+        Ok(())
+    }
+}
+
+async fn fetch_checkpoint(uri: &str) -> Result<bytes::Bytes, EngineError> {
+    let err = |e: &dyn std::fmt::Display| EngineError::Checkpoint(format!("{uri}: {e}"));
+    let mut url = url::Url::parse(uri).map_err(|e| err(&e))?;
+    if url.path().ends_with('/') {
+        url = url.join("model.safetensors").map_err(|e| err(&e))?;
+    }
+    let (store, path) = object_store::parse_url(&url).map_err(|e| err(&e))?;
+    let object = store.get(&path).await.map_err(|e| err(&e))?;
+    object.bytes().await.map_err(|e| err(&e))
+}
+
+/// Follows `forgelog.policy` and loads each `PolicyPublished` newer than what
+/// serves (of `run`, when given). Every engine reads every policy, so the
+/// consumer group is this process's own; it starts from the beginning of the
+/// topic and so ends on the newest policy.
+pub async fn follow_policy(
+    engine: Engine,
+    brokers: &str,
+    run: Option<&str>,
+) -> Result<(), EngineError> {
+    use forgelog_schemas::{Event, Topic};
+    let config = forgelog_stream::StreamConfig::new(brokers);
+    let group = format!(
+        "forgelog-engine-{}-{}",
+        std::process::id(),
+        engine.model_name()
+    );
+    let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
+    loop {
+        let received = consumer.recv().await?;
+        let published = match received.event {
+            Ok(Event::PolicyPublished(p)) if run.is_none_or(|r| r == p.run_id) => p,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(
+                    offset = received.offset,
+                    "undecodable message on forgelog.policy: {e}"
+                );
+                continue;
+            }
+        };
+        let version = published.version.max(0) as u64;
+        if version <= engine.policy_version() {
+            continue;
+        }
+        if let Err(e) = engine.reload(&published.checkpoint_uri, version).await {
+            tracing::error!(version, uri = %published.checkpoint_uri, "policy not loaded: {e}");
+        }
+    }
+}
+
+fn device(kind: DeviceKind) -> Result<Device, EngineError> {
+    match kind {
+        DeviceKind::Cpu => Ok(Device::Cpu),
+        DeviceKind::Cuda => Device::new_cuda(0).map_err(|e| {
+            EngineError::Device(format!(
+                "{e} (build with `--features cuda` for GPU support)"
+            ))
+        }),
+    }
+}
+
+/// Ctrl-C, or SIGTERM (how Kubernetes stops a pod).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `forgelog engine`: loads the model, serves until Ctrl-C, and follows the
+/// policy topic when `--brokers` is given.
+pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
+    let device = device(args.device)?;
+    let model = args.model.clone();
+    let policy = tokio::task::spawn_blocking(move || forgelog_model::load_policy(&model, &device))
+        .await
+        .map_err(|e| EngineError::Device(e.to_string()))??;
+    let engine = Engine::start(policy);
+    if let Some(brokers) = args.brokers.clone() {
+        let (engine, run) = (engine.clone(), args.run.clone());
+        tokio::spawn(async move {
+            if let Err(e) = follow_policy(engine, &brokers, run.as_deref()).await {
+                tracing::error!("policy consumer stopped: {e}");
+            }
+        });
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(model = engine.model_name(), listen = %args.listen, "engine serving");
+    axum::serve(listener, server::router(engine))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// How the `forgelog` CLI embeds the arguments.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Engine(EngineArgs),
+    }
+
+    #[test]
+    fn arguments_parse_as_a_subcommand() {
+        let Command::Engine(args) = Cli::parse_from(["forgelog", "engine"]).command;
+        assert_eq!(
+            (args.model.as_str(), args.listen.to_string()),
+            ("smollm2", "127.0.0.1:8000".into())
+        );
+        assert_eq!((args.device, args.brokers), (DeviceKind::Cpu, None));
+        let Command::Engine(args) = Cli::parse_from([
+            "forgelog",
+            "engine",
+            "--model",
+            "/models/qwen",
+            "--listen",
+            "0.0.0.0:9000",
+            "--device",
+            "cuda",
+            "--brokers",
+            "kafka:9092",
+        ])
+        .command;
+        assert_eq!(args.device, DeviceKind::Cuda);
+        assert_eq!(args.brokers.as_deref(), Some("kafka:9092"));
+    }
+}

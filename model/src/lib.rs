@@ -1,1 +1,31 @@
-//! forgelog-model: the policy model: llama/qwen2 code returning logits at every position, weight loading, tokenizer, chat template.
+//! forgelog-model: the policy itself. Llama-family model code whose forward
+//! returns logits at every position (teacher forcing) over ragged batches with
+//! a KV cache per sequence, loading from GGUF (dequantized to f32) or a
+//! Hugging Face directory, the tokenizer and the chat template.
+//!
+//! Weights are named as in Hugging Face checkpoints (see [`llama`]); a
+//! checkpoint the trainer writes is one `model.safetensors` with those names.
+
+pub mod chat;
+pub mod config;
+pub mod llama;
+pub mod load;
+pub mod testing;
+
+pub use chat::{ChatTemplate, TemplateError};
+pub use config::LlamaConfig;
+pub use llama::Logits;
+pub use llama::{KvCache, Llama};
+pub use load::{
+    default_gguf_path, load_gguf, load_hf_dir, load_policy, weights_from_safetensors, LoadError,
+    Policy,
+};
+
+/// Numerically stable `log_softmax` of one row of logits, in f64 for the sums
+/// so that the engine and a teacher-forced check compute the same numbers.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let log_sum = sum.ln() as f32 + max;
+    logits.iter().map(|&l| l - log_sum).collect()
+}

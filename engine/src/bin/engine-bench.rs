@@ -1,0 +1,87 @@
+//! Throughput and latency of the engine on a real model, without HTTP:
+//! `cargo run --release -p forgelog-engine --bin engine-bench [-- --model smollm2 --tokens 64]`.
+//! Prints decode tokens/s at batch 1 and 16, time to first token, and peak RSS.
+
+use clap::Parser;
+use forgelog_engine::sampling::SamplingParams;
+use forgelog_engine::scheduler::GenerationRequest;
+use forgelog_engine::Engine;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Tokens each request samples (stop tokens ignored).
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    batches: Vec<usize>,
+    /// Pad the chat prompt with filler text to about this many tokens (long-context decode).
+    #[arg(long)]
+    prompt_tokens: Option<usize>,
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let started = Instant::now();
+    let policy = forgelog_model::load_policy(&args.model, &candle_core::Device::Cpu)?;
+    println!("model {} loaded in {:.2?}", policy.name, started.elapsed());
+    let engine = Engine::start(policy);
+    let filler = "The quick brown fox jumps over the lazy dog. "
+        .repeat(args.prompt_tokens.unwrap_or(0) / 10);
+    let content = format!("{filler}What is the capital of France?");
+    let prompt = engine.chat_prompt(&[json!({"role": "user", "content": content})], None)?;
+    let request = |seed: u64| GenerationRequest {
+        prompt: prompt.clone(),
+        max_tokens: args.tokens,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..Default::default()
+        },
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    engine.generate(request(0)).await?; // warm-up
+    println!(
+        "prompt {} tokens, {} sampled per request",
+        prompt.len(),
+        args.tokens
+    );
+    for &batch in &args.batches {
+        let started = Instant::now();
+        let handles: Vec<_> = (0..batch as u64)
+            .map(|seed| {
+                let (engine, request) = (engine.clone(), request(seed));
+                tokio::spawn(async move { engine.generate(request).await })
+            })
+            .collect();
+        let mut first_token = Vec::new();
+        for handle in handles {
+            first_token.push(handle.await??.time_to_first_token);
+        }
+        let wall = started.elapsed();
+        let mean_ttft = first_token.iter().sum::<Duration>() / batch as u32;
+        let tokens = batch * args.tokens;
+        println!(
+            "batch {batch:>2}: {:>7.1} tokens/s ({tokens} tokens in {wall:.2?}), time to first token {mean_ttft:.2?} mean, {:.2?} max",
+            tokens as f64 / wall.as_secs_f64(),
+            first_token.iter().max().unwrap(),
+        );
+    }
+    println!("peak RSS {:.0} MB", peak_rss_mb());
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! Continuous batching: one thread owns the model and runs steps for every
+//! active sequence together. A step prefills the sequences admitted since the
+//! last step (whole prompts) and decodes one token for the others, as one
+//! ragged batch where each sequence keeps its own KV cache. New requests and
+//! weight swaps are taken between steps, so a swap is atomic with respect to
+//! steps and in-flight sequences simply continue on the new weights.
+
+use crate::sampling::{sample, Rng, SamplingParams};
+use forgelog_model::{KvCache, Llama, Logits};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokenizers::Tokenizer;
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Strings that end the completion; the text is cut before them.
+    pub stop: Vec<String>,
+    /// Keep sampling past stop tokens (vLLM's `ignore_eos`), e.g. for benchmarks.
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Every sampled token, the final stop token included.
+    pub tokens: Vec<u32>,
+    /// The processed logprob of each sampled token.
+    pub logprobs: Vec<f32>,
+    /// The decoded completion, special tokens and stop strings removed.
+    pub text: String,
+    pub finish_reason: FinishReason,
+    /// The weights that prefilled this request.
+    pub policy_version: u64,
+    pub time_to_first_token: Duration,
+}
+
+enum Command {
+    Generate(
+        GenerationRequest,
+        Instant,
+        oneshot::Sender<Result<Generation, String>>,
+    ),
+    Swap(Box<Llama>, u64, oneshot::Sender<()>),
+}
+
+/// A handle on the scheduler thread; cheap to clone.
+#[derive(Clone)]
+pub struct Scheduler {
+    commands: mpsc::UnboundedSender<Command>,
+    version: Arc<AtomicU64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("the scheduler has stopped")]
+    Stopped,
+    #[error("model step failed: {0}")]
+    Step(String),
+}
+
+impl Scheduler {
+    /// Starts the scheduler thread serving `model` as policy version `version`.
+    pub fn start(
+        model: Llama,
+        tokenizer: Arc<Tokenizer>,
+        stop_token_ids: Vec<u32>,
+        version: u64,
+    ) -> Scheduler {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let version = Arc::new(AtomicU64::new(version));
+        let state = Loop {
+            model,
+            tokenizer,
+            stop_token_ids,
+            version: version.clone(),
+            active: Vec::new(),
+            seeds: 0,
+        };
+        std::thread::Builder::new()
+            .name("forgelog-scheduler".into())
+            .spawn(move || state.run(receiver))
+            .expect("spawn the scheduler thread");
+        Scheduler { commands, version }
+    }
+
+    /// The policy version now serving.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    pub async fn generate(&self, request: GenerationRequest) -> Result<Generation, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Generate(request, Instant::now(), reply))
+            .map_err(|_| SchedulerError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| SchedulerError::Stopped)?
+            .map_err(SchedulerError::Step)
+    }
+
+    /// Replaces the weights between two steps; returns once they serve.
+    pub async fn swap(&self, model: Llama, version: u64) -> Result<(), SchedulerError> {
+        let (done, swapped) = oneshot::channel();
+        self.commands
+            .send(Command::Swap(Box::new(model), version, done))
+            .map_err(|_| SchedulerError::Stopped)?;
+        swapped.await.map_err(|_| SchedulerError::Stopped)
+    }
+}
+
+struct Sequence {
+    request: GenerationRequest,
+    reply: oneshot::Sender<Result<Generation, String>>,
+    submitted: Instant,
+    time_to_first_token: Duration,
+    cache: KvCache,
+    rng: Rng,
+    /// Prompt tokens already in the cache.
+    prefilled: usize,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    policy_version: u64,
+}
+
+struct Loop {
+    model: Llama,
+    tokenizer: Arc<Tokenizer>,
+    stop_token_ids: Vec<u32>,
+    version: Arc<AtomicU64>,
+    active: Vec<Sequence>,
+    /// Seeds for requests without one: distinct, so that unseeded requests differ.
+    seeds: u64,
+}
+
+impl Loop {
+    fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            if self.active.is_empty() {
+                match commands.blocking_recv() {
+                    Some(command) => self.apply(command),
+                    None => return,
+                }
+            }
+            while let Ok(command) = commands.try_recv() {
+                self.apply(command);
+            }
+            if !self.active.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Swap(model, version, done) => {
+                self.model = *model;
+                self.version.store(version, Ordering::SeqCst);
+                let _ = done.send(());
+            }
+            Command::Generate(request, submitted, reply) => {
+                let seed = request.sampling.seed.unwrap_or_else(|| {
+                    self.seeds += 1;
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    now.as_nanos() as u64 ^ self.seeds.rotate_left(32)
+                });
+                self.active.push(Sequence {
+                    prefilled: 0,
+                    request,
+                    reply,
+                    submitted,
+                    time_to_first_token: Duration::ZERO,
+                    cache: KvCache::new(),
+                    rng: Rng::new(seed),
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    policy_version: self.version.load(Ordering::SeqCst),
+                });
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        // A client that went away no longer needs its tokens.
+        self.active.retain(|s| !s.reply.is_closed());
+        let mut batch: Vec<(&[u32], &mut KvCache)> = self
+            .active
+            .iter_mut()
+            .map(|s| {
+                (
+                    next_input(&s.request.prompt, s.prefilled, &s.tokens),
+                    &mut s.cache,
+                )
+            })
+            .collect();
+        let logits = match self.model.forward_batch(&mut batch, Logits::Last) {
+            Ok(logits) => logits,
+            Err(e) => {
+                for sequence in self.active.drain(..) {
+                    let _ = sequence.reply.send(Err(e.to_string()));
+                }
+                return;
+            }
+        };
+        let context = self.model.config().max_position_embeddings;
+        let mut still_active = Vec::with_capacity(self.active.len());
+        for (mut sequence, logits) in self.active.drain(..).zip(logits) {
+            let prompt_len = sequence.request.prompt.len();
+            if sequence.prefilled < prompt_len {
+                sequence.prefilled = (sequence.prefilled + PREFILL_CHUNK).min(prompt_len);
+                if sequence.prefilled < prompt_len {
+                    still_active.push(sequence);
+                    continue;
+                }
+            }
+            let row = match logits.flatten_all().and_then(|l| l.to_vec1::<f32>()) {
+                Ok(row) => row,
+                Err(e) => {
+                    let _ = sequence.reply.send(Err(e.to_string()));
+                    continue;
+                }
+            };
+            let sampled = sample(&row, &sequence.request.sampling, &mut sequence.rng);
+            if sequence.tokens.is_empty() {
+                sequence.time_to_first_token = sequence.submitted.elapsed();
+            }
+            sequence.tokens.push(sampled.token);
+            sequence.logprobs.push(sampled.logprob);
+            match finish(&sequence, &self.stop_token_ids, &self.tokenizer, context) {
+                None => still_active.push(sequence),
+                Some((finish_reason, text)) => {
+                    let generation = Generation {
+                        tokens: sequence.tokens,
+                        logprobs: sequence.logprobs,
+                        text,
+                        finish_reason,
+                        policy_version: sequence.policy_version,
+                        time_to_first_token: sequence.time_to_first_token,
+                    };
+                    let _ = sequence.reply.send(Ok(generation));
+                }
+            }
+        }
+        self.active = still_active;
+    }
+}
+
+/// Prompt tokens fed per step: bounds the attention scores of a long prompt
+/// and keeps decoding sequences moving while it prefills.
+const PREFILL_CHUNK: usize = 512;
+
+/// What a sequence feeds next: its next prompt chunk, then its last sampled token.
+fn next_input<'a>(prompt: &'a [u32], prefilled: usize, sampled: &'a [u32]) -> &'a [u32] {
+    if prefilled < prompt.len() {
+        &prompt[prefilled..(prefilled + PREFILL_CHUNK).min(prompt.len())]
+    } else {
+        &sampled[sampled.len() - 1..]
+    }
+}
+
+fn decode(tokenizer: &Tokenizer, tokens: &[u32]) -> String {
+    tokenizer.decode(tokens, true).unwrap_or_default()
+}
+
+/// Whether `sequence` is done after its last token, and then why and its text.
+fn finish(
+    sequence: &Sequence,
+    stop_token_ids: &[u32],
+    tokenizer: &Tokenizer,
+    context: usize,
+) -> Option<(FinishReason, String)> {
+    let tokens = &sequence.tokens;
+    let last = *tokens.last()?;
+    if stop_token_ids.contains(&last) && !sequence.request.ignore_eos {
+        return Some((
+            FinishReason::Stop,
+            decode(tokenizer, &tokens[..tokens.len() - 1]),
+        ));
+    }
+    if !sequence.request.stop.is_empty() {
+        let text = decode(tokenizer, tokens);
+        let first_stop = sequence
+            .request
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(at) = first_stop {
+            return Some((FinishReason::Stop, text[..at].to_string()));
+        }
+    }
+    let at_context = sequence.request.prompt.len() + tokens.len() >= context;
+    if tokens.len() >= sequence.request.max_tokens || at_context {
+        return Some((FinishReason::Length, decode(tokenizer, tokens)));
+    }
+    None
+}

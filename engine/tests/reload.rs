@@ -1,0 +1,143 @@
+//! Weight reload on a tiny random llama: over HTTP (`/admin/reload`) while a
+//! request is in flight, and from `PolicyPublished` on the log.
+
+mod common;
+
+use common::{get, post, serve, tiny_long_context_llama, Server};
+use forgelog_model::testing::{tiny_config, tiny_weights};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A tiny llama with a long context, so that one request can outlast a reload.
+fn tiny_server(dir: &Path) -> Server {
+    serve(tiny_long_context_llama(dir, 5))
+}
+/// The same weights with the output matrix scaled: a checkpoint as the trainer writes it.
+fn write_checkpoint(dir: &Path, vocab: usize, scale: f64) -> String {
+    let mut weights = tiny_weights(&tiny_config(vocab), 5);
+    let lm_head = weights["lm_head.weight"].affine(scale, 0.0).unwrap();
+    weights.insert("lm_head.weight".into(), lm_head);
+    std::fs::create_dir_all(dir).unwrap();
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
+    format!("file://{}/model.safetensors", dir.display())
+}
+
+fn greedy(max_tokens: usize) -> Value {
+    json!({"prompt": "The capital of France is", "max_tokens": max_tokens, "temperature": 0,
+           "logprobs": 1, "return_token_ids": true, "ignore_eos": true})
+}
+
+fn logprobs(response: &Value) -> Vec<f64> {
+    let values = response["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    values.iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = tiny_server(&dir.path().join("model"));
+    let vocab = server.engine.vocab_size();
+    let (status, before) = post(&server.base, "/v1/completions", &greedy(4)).await;
+    assert_eq!(
+        (status, &before["policy_version"]),
+        (200, &json!(0)),
+        "{before}"
+    );
+    let uri = write_checkpoint(&dir.path().join("step-7"), vocab, 1.5);
+
+    // A long request, admitted before the reload and still decoding during it.
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move {
+        let response = post(&base, "/v1/completions", &greedy(900)).await;
+        (response, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, reloaded) = post(
+        &server.base,
+        "/admin/reload",
+        &json!({"checkpoint_uri": uri, "version": 7}),
+    )
+    .await;
+    let reloaded_at = Instant::now();
+    assert_eq!(
+        (status, &reloaded["policy_version"]),
+        (200, &json!(7)),
+        "{reloaded}"
+    );
+
+    let ((status, long), finished_at) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "{long}");
+    assert_eq!(long["policy_version"], 0, "admitted before the reload");
+    assert_eq!(
+        long["choices"][0]["token_ids"].as_array().unwrap().len(),
+        900
+    );
+    assert!(
+        finished_at > reloaded_at,
+        "the long request was still in flight during the reload"
+    );
+
+    let (_, after) = post(&server.base, "/v1/completions", &greedy(4)).await;
+    assert_eq!(after["policy_version"], 7);
+    let (old, new) = (logprobs(&before), logprobs(&after));
+    assert!(
+        old.iter().zip(&new).any(|(a, b)| (a - b).abs() > 1e-3),
+        "{old:?} vs {new:?}"
+    );
+    assert_eq!(
+        get(&server.base, "/v1/models").await["data"][0]["policy_version"],
+        7
+    );
+
+    // A checkpoint that is not there is a clean 400 and changes nothing.
+    let missing = json!({"checkpoint_uri": format!("file://{}/nope/model.safetensors", dir.path().display()), "version": 8});
+    let (status, error) = post(&server.base, "/admin/reload", &missing).await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(server.engine.policy_version(), 7);
+}
+
+#[tokio::test]
+async fn policy_published_on_the_log_is_loaded() {
+    use forgelog_schemas::{event_id, Event, PolicyPublished};
+    let broker = forgelog_stream::testing::shared_broker().await;
+    let run = forgelog_stream::testing::unique_run_id("engine-reload");
+    let dir = tempfile::tempdir().unwrap();
+    let server = tiny_server(&dir.path().join("model"));
+    let uri = write_checkpoint(&dir.path().join("step-3"), server.engine.vocab_size(), 0.5);
+
+    let (engine, brokers, follow_run) =
+        (server.engine.clone(), broker.brokers.clone(), run.clone());
+    tokio::spawn(async move {
+        forgelog_engine::follow_policy(engine, &brokers, Some(&follow_run)).await
+    });
+    let producer = forgelog_stream::EventProducer::start(
+        &broker,
+        dir.path().join("spool"),
+        Default::default(),
+    )
+    .unwrap();
+    let published = PolicyPublished {
+        run_id: run.clone(),
+        event_id: event_id("PolicyPublished", &[&run, "3"]),
+        version: 3,
+        step: 3,
+        checkpoint_uri: uri,
+        metrics: Default::default(),
+    };
+    producer.send(&Event::from(published)).unwrap();
+    producer.flush(Duration::from_secs(10)).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.engine.policy_version() != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "PolicyPublished was not loaded within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, response) = post(&server.base, "/v1/completions", &greedy(2)).await;
+    assert_eq!(response["policy_version"], 3);
+}

@@ -1,0 +1,50 @@
+//! `run`, as `forgelog engine` calls it: loads the model, serves, and fails
+//! with a clear error when the model is missing.
+
+use forgelog_engine::{run, DeviceKind, EngineArgs};
+use std::time::{Duration, Instant};
+
+fn args(model: String) -> EngineArgs {
+    EngineArgs {
+        model,
+        listen: forgelog_stream::testing::free_local_addr(),
+        device: DeviceKind::Cpu,
+        brokers: None,
+        run: None,
+    }
+}
+
+#[tokio::test]
+async fn run_serves_a_model_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama(dir.path(), 9).unwrap();
+    let args = args(dir.path().display().to_string());
+    let base = format!("http://{}", args.listen);
+    tokio::spawn(run(args));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = reqwest::get(format!("{base}/healthz")).await {
+            assert_eq!(response.status(), 200);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the engine did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body =
+        serde_json::json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3});
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_missing_model_is_a_clear_error() {
+    let err = run(args("/nonexistent/model".into())).await.unwrap_err();
+    assert!(err.to_string().contains("neither `smollm2`"), "{err}");
+    fn send_sync<E: std::error::Error + Send + Sync + 'static>(_: &E) {}
+    send_sync(&err);
+}

@@ -1,0 +1,135 @@
+//! The model's chat template (Jinja, as in Hugging Face `tokenizer_config.json`
+//! or GGUF `tokenizer.chat_template`), rendered with minijinja.
+
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::{json, Value};
+
+/// ChatML, for models that ship no template.
+pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[derive(Debug, thiserror::Error)]
+#[error("chat template: {0}")]
+pub struct TemplateError(String);
+
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    pub fn new(source: impl Into<String>, bos_token: &str, eos_token: &str) -> ChatTemplate {
+        ChatTemplate {
+            source: source.into(),
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        }
+    }
+
+    /// Renders OpenAI-style `messages` (and `tools`, which the template may
+    /// show the model) into the prompt text.
+    pub fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let mut env = Environment::new();
+        // Hugging Face renders with these Jinja options.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        let template = env
+            .template_from_str(&self.source)
+            .map_err(|e| TemplateError(e.to_string()))?;
+        let messages: Vec<Value> = messages.iter().map(normalize_message).collect();
+        let tools = tools.filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
+        template
+            .render(minijinja::context! {
+                messages => messages,
+                tools => tools,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| TemplateError(format!("{e:#}")))
+    }
+}
+
+/// What Hugging Face templates expect of a message: `content` a string (text
+/// parts joined; `null` as empty) and tool-call `arguments` as objects.
+fn normalize_message(message: &Value) -> Value {
+    let mut message = message.clone();
+    let Some(fields) = message.as_object_mut() else {
+        return message;
+    };
+    let content = match fields.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    };
+    fields.insert("content".into(), json!(content));
+    if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
+        for call in calls {
+            if let Some(arguments) = call.pointer_mut("/function/arguments") {
+                if let Some(parsed) = arguments
+                    .as_str()
+                    .and_then(|s| serde_json::from_str(s).ok())
+                {
+                    *arguments = parsed;
+                }
+            }
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_renders_messages_and_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>");
+        let text = t
+            .render(
+                &[
+                    json!({"role": "user", "content": [{"type": "text", "text": "Hi"}]}),
+                    json!({"role": "assistant", "content": null}),
+                ],
+                None,
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn tools_reach_the_template_and_errors_are_reported() {
+        let source = "{% for t in tools %}{{ t.function.name }}{{ t | tojson }}{% endfor %}{% if not messages %}{{ raise_exception('no messages') }}{% endif %}";
+        let t = ChatTemplate::new(source, "", "");
+        let tools = json!([{"type": "function", "function": {"name": "add"}}]);
+        let text = t
+            .render(
+                &[json!({"role": "user", "content": "x"})],
+                Some(&tools),
+                true,
+            )
+            .unwrap();
+        assert!(text.starts_with("add{"), "{text}");
+        let err = t.render(&[], Some(&tools), true).unwrap_err();
+        assert!(err.to_string().contains("no messages"), "{err}");
+    }
+}

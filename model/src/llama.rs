@@ -1,0 +1,508 @@
+//! The llama architecture (SmolLM2, Llama 2/3, and Qwen2, which adds q/k/v
+//! biases), written to return logits at every position of a ragged batch: each
+//! sequence brings its own new tokens and its own [`KvCache`]. Projections and
+//! the MLP run on all rows of the batch at once; attention runs per sequence.
+//!
+//! The trainer takes gradients through the same code the engine samples with:
+//! where candle has a fused kernel without a backward pass (softmax, RMS norm),
+//! it is used only when no gradient is being tracked.
+//!
+//! Tensor names (Hugging Face layout; a checkpoint uses exactly these):
+//! `model.embed_tokens.weight`,
+//! `model.layers.{i}.input_layernorm.weight`,
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` (+ `{q,k,v}_proj.bias` when `attention_bias`),
+//! `model.layers.{i}.post_attention_layernorm.weight`,
+//! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
+//! `model.norm.weight`, and `lm_head.weight` unless `tie_word_embeddings`.
+
+use crate::LlamaConfig;
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+
+/// Keys and values seen so far by one sequence, per layer, in buffers of
+/// shape `(kv_heads, capacity, head_dim)` whose first `len` positions are
+/// filled. Appending writes in place and doubles a full buffer, so a step
+/// costs the new tokens, not the whole history. (Not `Clone`: clones would
+/// share, and overwrite, the same buffers.)
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// Tokens already in the cache (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Adds `k`, `v` (`(kv_heads, t, head_dim)`) after the cached positions of
+    /// `layer` and returns all of them.
+    fn append(&mut self, layer: usize, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, None);
+        }
+        let (len, t) = (self.len, k.dim(1)?);
+        let (k, v) = match self.layers[layer].take() {
+            // The first tokens are kept as given, so a training forward keeps its graph.
+            None => (k, v),
+            // Gradients cannot flow through in-place writes: concatenate instead.
+            Some((k0, v0)) if k.track_op() || k0.track_op() => {
+                let k = Tensor::cat(&[&k0.narrow(1, 0, len)?, &k], 1)?;
+                let v = Tensor::cat(&[&v0.narrow(1, 0, len)?, &v], 1)?;
+                (k, v)
+            }
+            Some((k0, v0)) => {
+                let (k_buffer, v_buffer) = if len + t > k0.dim(1)? {
+                    let capacity = (len + t).max(2 * k0.dim(1)?);
+                    (grow(&k0, len, capacity)?, grow(&v0, len, capacity)?)
+                } else {
+                    (k0, v0)
+                };
+                k_buffer.slice_set(&k.contiguous()?, 1, len)?;
+                v_buffer.slice_set(&v.contiguous()?, 1, len)?;
+                (k_buffer, v_buffer)
+            }
+        };
+        let filled = (k.narrow(1, 0, len + t)?, v.narrow(1, 0, len + t)?);
+        self.layers[layer] = Some((k, v));
+        Ok(filled)
+    }
+}
+
+/// A buffer of `capacity` positions holding the first `len` of `buffer`.
+fn grow(buffer: &Tensor, len: usize, capacity: usize) -> Result<Tensor> {
+    let (heads, _, head_dim) = buffer.dims3()?;
+    let grown = Tensor::zeros((heads, capacity, head_dim), buffer.dtype(), buffer.device())?;
+    grown.slice_set(&buffer.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+    Ok(grown)
+}
+
+/// Which positions' logits a forward returns for each sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every new position (teacher forcing, training).
+    All,
+    /// Only the last new position (sampling: saves the `(tokens, vocab)` matrix of a long prefill).
+    Last,
+}
+
+#[derive(Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+#[derive(Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+#[derive(Clone)]
+struct Block {
+    input_layernorm: Tensor,
+    self_attn: Attention,
+    post_attention_layernorm: Tensor,
+    mlp: Mlp,
+}
+
+/// Cheap to clone: tensors are shared.
+#[derive(Clone)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Block>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// RoPE tables, `(max_position, head_dim / 2)`.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
+    let vb = vb.pp(name);
+    let weight = vb.get((d_out, d_in), "weight")?;
+    let bias = if bias {
+        Some(vb.get(d_out, "bias")?)
+    } else {
+        None
+    };
+    Ok(Linear::new(weight, bias))
+}
+
+// Serving uses candle's fused kernels; when a gradient is being tracked
+// (training), the same math as ordinary differentiable ops.
+
+/// `x / rms(x) * weight`, over the last dimension.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if !x.track_op() && !weight.track_op() {
+        return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
+    }
+    let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(mean_square + eps)?.sqrt()?)?
+        .broadcast_mul(weight)
+}
+
+/// Softmax over the last dimension.
+fn softmax(x: &Tensor) -> Result<Tensor> {
+    if x.track_op() {
+        candle_nn::ops::softmax(x, D::Minus1)
+    } else {
+        candle_nn::ops::softmax_last_dim(x)
+    }
+}
+
+/// Rotates the two halves of each head (the Hugging Face layout):
+/// `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`. `x`: `(heads, t, head_dim)`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated_1 = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let rotated_2 = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+    Tensor::cat(&[rotated_1, rotated_2], D::Minus1)
+}
+
+/// Additive mask for `t` new queries after `past` cached positions: query `i`
+/// sees keys `0..=past + i`.
+fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
+    let keys = past + t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..keys).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(mask, (t, keys), device)
+}
+
+impl Attention {
+    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Attention> {
+        let (hidden, head_dim) = (c.hidden_size, c.head_dim());
+        let (q_out, kv_out) = (
+            c.num_attention_heads * head_dim,
+            c.num_key_value_heads * head_dim,
+        );
+        Ok(Attention {
+            q_proj: linear(vb, "q_proj", hidden, q_out, c.attention_bias)?,
+            k_proj: linear(vb, "k_proj", hidden, kv_out, c.attention_bias)?,
+            v_proj: linear(vb, "v_proj", hidden, kv_out, c.attention_bias)?,
+            o_proj: linear(vb, "o_proj", q_out, hidden, false)?,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim,
+        })
+    }
+
+    /// `x`: `(rows, hidden)`, the rows of all sequences one after the other.
+    fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        plan: &StepPlan,
+    ) -> Result<Tensor> {
+        let (q, k, v) = (
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        );
+        // Scaling the queries is cheaper than scaling the scores.
+        let q = (q * (1.0 / (self.head_dim as f64).sqrt()))?;
+        let out = match plan {
+            StepPlan::Decode { cos, sin, mask } => {
+                self.decode((&q, &k, &v), layer, batch, (cos, sin), mask)?
+            }
+            StepPlan::Ragged { rope, masks } => {
+                self.ragged((&q, &k, &v), layer, batch, rope, masks)?
+            }
+        };
+        self.o_proj.forward(&out)
+    }
+
+    /// Attention per sequence, whatever its number of new tokens. Grouped-query
+    /// attention is a reshape of the queries to `(kv_heads, heads / kv_heads * t,
+    /// head_dim)`: no copy of the keys and values per query head.
+    fn ragged(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        rope_tables: &[(Tensor, Tensor)],
+        masks: &[Option<Tensor>],
+    ) -> Result<Tensor> {
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
+        let mut outputs = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for (i, (tokens, cache)) in batch.iter_mut().enumerate() {
+            let t = tokens.len();
+            let heads_of = |m: &Tensor, n: usize| -> Result<Tensor> {
+                m.narrow(0, row, t)?
+                    .reshape((t, n, d))?
+                    .transpose(0, 1)?
+                    .contiguous()
+            };
+            let (cos, sin) = &rope_tables[i];
+            let q = rope(&heads_of(q, h)?, cos, sin)?;
+            let k = rope(&heads_of(k, kvh)?, cos, sin)?;
+            let (k, v) = cache.append(layer, k, heads_of(v, kvh)?)?;
+            let keys = k.dim(1)?;
+            let q = q.reshape((kvh, h / kvh * t, d))?;
+            let mut scores = q.matmul(&k.t()?)?;
+            if let Some(mask) = &masks[i] {
+                scores = scores
+                    .reshape((kvh, h / kvh, t, keys))?
+                    .broadcast_add(mask)?
+                    .reshape((kvh, h / kvh * t, keys))?;
+            }
+            let out = softmax(&scores)?.matmul(&v)?.reshape((h, t, d))?;
+            outputs.push(out.transpose(0, 1)?.reshape((t, h * d))?);
+            row += t;
+        }
+        Tensor::cat(&outputs, 0)
+    }
+
+    /// The same attention for a batch of one new token per sequence, as a few
+    /// batched ops instead of a few per sequence: caches are zero-padded to
+    /// the longest and the padding masked out.
+    fn decode(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        layer: usize,
+        batch: &mut [(&[u32], &mut KvCache)],
+        (cos, sin): (&Tensor, &Tensor),
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (h, kvh, d, b) = (self.heads, self.kv_heads, self.head_dim, batch.len());
+        let q = rope(&q.reshape((b, h, d))?, cos, sin)?;
+        let k = rope(&k.reshape((b, kvh, d))?, cos, sin)?;
+        let v = v.reshape((b, kvh, d))?;
+        let mut keys = Vec::with_capacity(b);
+        let mut values = Vec::with_capacity(b);
+        for (i, (_, cache)) in batch.iter_mut().enumerate() {
+            let new_k = k.get(i)?.unsqueeze(1)?;
+            let new_v = v.get(i)?.unsqueeze(1)?.contiguous()?;
+            let (k_all, v_all) = cache.append(layer, new_k, new_v)?;
+            keys.push(k_all);
+            values.push(v_all);
+        }
+        let longest = mask.dim(D::Minus1)?;
+        let pad = |m: &Tensor| m.pad_with_zeros(1, 0, longest - m.dim(1)?);
+        let keys = Tensor::stack(&keys.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
+        let values = Tensor::stack(&values.iter().map(pad).collect::<Result<Vec<_>>>()?, 0)?;
+        let q = q.reshape((b, kvh, h / kvh, d))?;
+        let scores = q.matmul(&keys.t()?)?.broadcast_add(mask)?;
+        softmax(&scores)?.matmul(&values)?.reshape((b, h * d))
+    }
+}
+
+/// What every layer of one step shares: rotary tables at each sequence's
+/// positions and the attention masks.
+enum StepPlan {
+    /// Every sequence feeds one token after a non-empty cache.
+    Decode {
+        /// `(batch, 1, head_dim / 2)`.
+        cos: Tensor,
+        sin: Tensor,
+        /// `(batch, 1, 1, longest)`: `-inf` over each cache's padding.
+        mask: Tensor,
+    },
+    Ragged {
+        /// `(t, head_dim / 2)` per sequence.
+        rope: Vec<(Tensor, Tensor)>,
+        /// The causal mask of each sequence feeding more than one token.
+        masks: Vec<Option<Tensor>>,
+    },
+}
+
+impl StepPlan {
+    fn new(batch: &[(&[u32], &mut KvCache)], cos: &Tensor, sin: &Tensor) -> Result<StepPlan> {
+        let device = cos.device();
+        let decode = batch.len() > 1
+            && batch
+                .iter()
+                .all(|(tokens, cache)| tokens.len() == 1 && !cache.is_empty());
+        if decode {
+            let positions: Vec<u32> = batch.iter().map(|(_, c)| c.len() as u32).collect();
+            let positions = Tensor::new(positions.as_slice(), device)?;
+            let longest = batch.iter().map(|(_, c)| c.len() + 1).max().unwrap_or(0);
+            let mask: Vec<f32> = batch
+                .iter()
+                .flat_map(|(_, c)| {
+                    let len = c.len() + 1;
+                    (0..longest).map(move |j| if j < len { 0.0 } else { f32::NEG_INFINITY })
+                })
+                .collect();
+            return Ok(StepPlan::Decode {
+                cos: cos.index_select(&positions, 0)?.unsqueeze(1)?,
+                sin: sin.index_select(&positions, 0)?.unsqueeze(1)?,
+                mask: Tensor::from_vec(mask, (batch.len(), 1, 1, longest), device)?,
+            });
+        }
+        let mut rope = Vec::with_capacity(batch.len());
+        let mut masks = Vec::with_capacity(batch.len());
+        for (tokens, cache) in batch {
+            let (t, past) = (tokens.len(), cache.len());
+            rope.push((cos.narrow(0, past, t)?, sin.narrow(0, past, t)?));
+            masks.push(if t > 1 {
+                Some(causal_mask(t, past, device)?)
+            } else {
+                None
+            });
+        }
+        Ok(StepPlan::Ragged { rope, masks })
+    }
+}
+
+impl Mlp {
+    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Mlp> {
+        let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
+        Ok(Mlp {
+            gate_proj: linear(vb, "gate_proj", hidden, ffn, false)?,
+            up_proj: linear(vb, "up_proj", hidden, ffn, false)?,
+            down_proj: linear(vb, "down_proj", ffn, hidden, false)?,
+        })
+    }
+
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
+        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    }
+}
+
+impl Llama {
+    /// Builds the model from weights named as in the module docs. With
+    /// `VarBuilder::from_varmap` the weights are trainable variables.
+    pub fn load(vb: VarBuilder, config: &LlamaConfig) -> Result<Llama> {
+        let c = config;
+        let model = vb.pp("model");
+        let embed_tokens = model.get((c.vocab_size, c.hidden_size), "embed_tokens.weight")?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let vb = model.pp(format!("layers.{i}"));
+                Ok(Block {
+                    input_layernorm: vb.get(c.hidden_size, "input_layernorm.weight")?,
+                    self_attn: Attention::load(&vb.pp("self_attn"), c)?,
+                    post_attention_layernorm: vb
+                        .get(c.hidden_size, "post_attention_layernorm.weight")?,
+                    mlp: Mlp::load(&vb.pp("mlp"), c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = model.get(c.hidden_size, "norm.weight")?;
+        let lm_head = if c.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            vb.get((c.vocab_size, c.hidden_size), "lm_head.weight")?
+        };
+        let (cos, sin) = rope_tables(c, vb.device())?;
+        Ok(Llama {
+            config: c.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    /// Logits `(tokens.len(), vocab)` for every position of `tokens`, which
+    /// follow what `cache` holds; `cache` then holds them too.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        let mut batch = [(tokens, cache)];
+        Ok(self.forward_batch(&mut batch, Logits::All)?.remove(0))
+    }
+
+    /// One step for a ragged batch: each sequence's new tokens (a whole prompt
+    /// or one sampled token) after what its own cache holds. Returns, per
+    /// sequence, logits `(positions, vocab)` as `logits` asks.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        logits: Logits,
+    ) -> Result<Vec<Tensor>> {
+        let eps = self.config.rms_norm_eps;
+        let context = self.config.max_position_embeddings;
+        let mut ids = Vec::new();
+        for (tokens, cache) in batch.iter() {
+            if tokens.is_empty() || cache.len() + tokens.len() > context {
+                candle_core::bail!(
+                    "{} new tokens after {} cached do not fit the context of {context}",
+                    tokens.len(),
+                    cache.len()
+                );
+            }
+            ids.extend_from_slice(tokens);
+        }
+        let ids = Tensor::new(ids.as_slice(), self.device())?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let plan = StepPlan::new(batch, &self.cos, &self.sin)?;
+        for (i, block) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &block.input_layernorm, eps)?;
+            x = (x + block.self_attn.forward(&h, i, batch, &plan)?)?;
+            let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = (&x + block.mlp.forward(&h)?)?;
+        }
+        // One output matmul for the whole batch: the output matrix is the
+        // largest, and reading it once per sequence would dominate a step.
+        let mut counts = Vec::with_capacity(batch.len());
+        let mut last_rows = Vec::with_capacity(batch.len());
+        let mut rows = 0;
+        for (tokens, cache) in batch.iter_mut() {
+            cache.len += tokens.len();
+            rows += tokens.len();
+            last_rows.push(rows as u32 - 1);
+            counts.push(match logits {
+                Logits::All => tokens.len(),
+                Logits::Last => 1,
+            });
+        }
+        let x = match logits {
+            Logits::All => x,
+            Logits::Last => x.index_select(&Tensor::new(last_rows.as_slice(), x.device())?, 0)?,
+        };
+        let all = rms_norm(&x, &self.norm, eps)?.matmul(&self.lm_head.t()?)?;
+        let mut outputs = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for count in counts {
+            outputs.push(all.narrow(0, row, count)?);
+            row += count;
+        }
+        Ok(outputs)
+    }
+}
+
+fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim() / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim() as f64) as f32)
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let positions = Tensor::arange(0u32, c.max_position_embeddings as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((c.max_position_embeddings, 1))?;
+    let angles = positions.broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
