@@ -280,10 +280,17 @@ impl Dialect for OpenAiChatDialect {
     fn decode_request(body: &Value, _hints: &RouteHints) -> Result<ChatRequest, DialectError> {
         let o = obj(body, "request body")?;
         single_choice(o, "n")?;
-        let messages = opt_array(o, "messages")?
-            .iter()
-            .map(decode_message)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut messages: Vec<Message> = Vec::new();
+        for m in opt_array(o, "messages")? {
+            let m = decode_message(m)?;
+            // Consecutive tool messages answer one assistant turn: one canonical Tool turn.
+            match messages.last_mut() {
+                Some(last) if last.role == Role::Tool && m.role == Role::Tool => {
+                    last.parts.extend(m.parts)
+                }
+                _ => messages.push(m),
+            }
+        }
         if messages.is_empty() {
             return Err(DialectError::invalid("'messages' must not be empty"));
         }
