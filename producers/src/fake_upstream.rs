@@ -190,7 +190,7 @@ pub async fn spawn(
         options,
         answers: Mutex::default(),
     });
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let listener = crate::bind(listen)?;
     let addr = listener.local_addr()?;
     let app = router(up.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });

@@ -96,6 +96,31 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Binds with a deep accept backlog: thousands of harnesses may connect at once.
+pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(16384)
+}
+
+/// Raises this process's open-file limit to its hard limit (one fd per connection).
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur as u64
+}
+
 /// A proxy serving in this process (the CLI, tests, the load bench).
 pub struct RunningProxy {
     pub addr: SocketAddr,
@@ -132,9 +157,7 @@ impl RunningProxy {
             SpoolOptions::default(),
         )?);
         let state = Arc::new(ProxyState::new(config, producer, model, warning));
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|source| ProxyError::Listen {
+        let listener = bind(listen).map_err(|source| ProxyError::Listen {
                 addr: listen,
                 source,
             })?;
@@ -178,6 +201,7 @@ impl RunningProxy {
 /// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     let stream = StreamConfig::new(&args.brokers);
+    raise_fd_limit();
     let proxy =
         RunningProxy::start(args.config(), &stream, args.spool.clone(), args.listen).await?;
     if args.admin_token.is_none() {
