@@ -51,6 +51,9 @@ pub struct ProxyArgs {
     /// SSE keep-alive interval while the upstream works, in seconds
     #[arg(long, default_value_t = 5)]
     pub keep_alive_secs: u64,
+    /// Requests in flight to the upstream at most (more wait for a turn)
+    #[arg(long, default_value_t = 1024)]
+    pub max_upstream_requests: usize,
 }
 
 impl ProxyArgs {
@@ -63,6 +66,7 @@ impl ProxyArgs {
             max_calls_per_session: self.max_calls_per_session.max(1),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
+            max_upstream_requests: self.max_upstream_requests,
         }
     }
 }
@@ -110,7 +114,10 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 
 /// Raises this process's open-file limit to its hard limit (one fd per connection).
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
@@ -137,7 +144,7 @@ impl RunningProxy {
         spool: PathBuf,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
-        let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30));
+        let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
         let (model, warning) = match probe.probe().await {
             Ok((model, None)) => {
                 tracing::info!(%model, "upstream returns token ids and logprobs: calls are trainable");
@@ -158,9 +165,9 @@ impl RunningProxy {
         )?);
         let state = Arc::new(ProxyState::new(config, producer, model, warning));
         let listener = bind(listen).map_err(|source| ProxyError::Listen {
-                addr: listen,
-                source,
-            })?;
+            addr: listen,
+            source,
+        })?;
         let addr = listener.local_addr().map_err(ProxyError::Serve)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = server::router(state.clone());

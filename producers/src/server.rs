@@ -35,6 +35,8 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// SSE keep-alive comment interval while the upstream is working.
     pub keep_alive: Duration,
+    /// Upstream requests in flight at most (each holds a connection).
+    pub max_upstream_requests: usize,
 }
 
 pub struct ProxyState {
@@ -66,7 +68,11 @@ impl ProxyState {
         probe_warning: Option<String>,
     ) -> ProxyState {
         ProxyState {
-            upstream: UpstreamClient::new(&config.upstream, config.upstream_timeout),
+            upstream: UpstreamClient::new(
+                &config.upstream,
+                config.upstream_timeout,
+                config.max_upstream_requests,
+            ),
             config,
             sessions: Sessions::default(),
             producer,

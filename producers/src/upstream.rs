@@ -6,6 +6,7 @@ use crate::canonical::*;
 use crate::dialect::{Dialect, DialectError, ErrorKind, OpenAiChatDialect};
 use forgelog_schemas::SamplingParams;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the proxy sends upstream for `requested`: the harness's temperature,
@@ -237,10 +238,12 @@ pub struct UpstreamClient {
     http: reqwest::Client,
     base: String,
     timeout: Duration,
+    /// Bounds requests (so connections and fds) in flight to the upstream; calls beyond wait their turn.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl UpstreamClient {
-    pub fn new(base: &str, timeout: Duration) -> UpstreamClient {
+    pub fn new(base: &str, timeout: Duration, max_in_flight: usize) -> UpstreamClient {
         let http = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(usize::MAX)
@@ -251,10 +254,12 @@ impl UpstreamClient {
             http,
             base: base.trim_end_matches('/').to_string(),
             timeout,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
         }
     }
 
     pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
+        let _turn = self.in_flight.acquire().await.expect("never closed");
         let send = self
             .http
             .post(format!("{}/v1/chat/completions", self.base))

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_succeed_while_the_broker_is_down_and_land_exactly_once() {
     let mut broker = PrivateBroker::start().expect("tansu is installed (scripts/setup.sh)");
-    forgelog_stream::admin::create_topics(&broker.config(), &Default::default()).await.expect("topics");
+    forgelog_stream::admin::create_topics(&broker.config(), &Default::default())
+        .await
+        .expect("topics");
     let rig = Rig::start(broker.config(), Default::default(), "proxy-fault").await;
     let (session, key) = rig.session("r-fault").await;
     let chat = |i: usize| json!({"model": "m", "messages": [{"role": "user", "content": format!("call {i}")}]});
@@ -26,11 +28,18 @@ async fn calls_succeed_while_the_broker_is_down_and_land_exactly_once() {
         }
         let (status, body) = rig.post("/v1/chat/completions", Some(&key), &chat(i)).await;
         assert_eq!(status, 200, "call {i}: {body}");
-        assert_eq!(body["choices"][0]["message"]["content"], format!("Echo: call {i}"));
+        assert_eq!(
+            body["choices"][0]["message"]["content"],
+            format!("Echo: call {i}")
+        );
         answered += 1;
     }
     assert_eq!(answered, 30);
-    rig.finish(&session, json!({"ok": true, "reward": 0.5, "details": {"tests": 3}})).await;
+    rig.finish(
+        &session,
+        json!({"ok": true, "reward": 0.5, "details": {"tests": 3}}),
+    )
+    .await;
     rig.flush().await;
 
     let calls = rig.events(Topic::Calls).await;
@@ -39,12 +48,18 @@ async fn calls_succeed_while_the_broker_is_down_and_land_exactly_once() {
         *seen.entry(e.event_id().to_string()).or_default() += 1;
     }
     assert_eq!(calls.len(), 60, "30 CallStarted + 30 CallFinished");
-    assert!(seen.values().all(|n| *n == 1), "duplicates: {:?}", seen.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>());
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "duplicates: {:?}",
+        seen.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>()
+    );
     let (started, finished) = calls_of(&calls, &session);
     assert_eq!((started, finished.len()), (30, 30));
     assert_calls_match_upstream(&finished, &rig.upstream.answers.lock().unwrap());
     let rollouts = rig.events(Topic::Rollouts).await;
     assert_eq!(rollouts.len(), 2);
-    assert!(rollouts.iter().any(|e| matches!(e, Event::RolloutFinished(r) if r.model_calls == 30)));
+    assert!(rollouts
+        .iter()
+        .any(|e| matches!(e, Event::RolloutFinished(r) if r.model_calls == 30)));
     assert_eq!(rig.events(Topic::Rewards).await.len(), 1);
 }

@@ -53,21 +53,36 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     raise_fd_limit();
     let rt = tokio::runtime::Runtime::new()?;
     match Cli::parse().command {
-        Cmd::FakeUpstream { listen, delay_ms, without_ids } => rt.block_on(async {
-            let options = FakeOptions { delay: Duration::from_millis(delay_ms), without_ids, keep_answers: false };
+        Cmd::FakeUpstream {
+            listen,
+            delay_ms,
+            without_ids,
+        } => rt.block_on(async {
+            let options = FakeOptions {
+                delay: Duration::from_millis(delay_ms),
+                without_ids,
+                keep_answers: false,
+            };
             let (addr, _) = fake_upstream::spawn(listen, options).await?;
             eprintln!("fake upstream on http://{addr} ({delay_ms} ms per call)");
             std::future::pending::<()>().await;
             Ok(())
         }),
         Cmd::Proxy(args) => rt.block_on(async { Ok(forgelog_producers::run(args).await?) }),
-        Cmd::Run { sessions, calls, delay_ms, brokers } => rt.block_on(run(sessions, calls, delay_ms, brokers)),
+        Cmd::Run {
+            sessions,
+            calls,
+            delay_ms,
+            brokers,
+        } => rt.block_on(run(sessions, calls, delay_ms, brokers)),
     }
 }
 
@@ -89,7 +104,12 @@ fn free_addr() -> SocketAddr {
 
 async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
     for _ in 0..300 {
-        if http.get(url).send().await.is_ok_and(|r| r.status().is_success()) {
+        if http
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -100,12 +120,26 @@ async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
 /// (utime + stime) in ms, and peak RSS in MiB, of a process.
 fn proc_usage(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-    let ticks: f64 = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0) + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: f64 = fields
+        .get(11)
+        .and_then(|u| u.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm_kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
+    let hwm_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
     (ticks * 1000.0 / hz, hwm_kb / 1024.0)
 }
 
@@ -123,7 +157,9 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 /// N sessions at once, each `calls` calls whose prompts extend the previous turn.
-async fn round(http: &reqwest::Client, base: &str, n: usize, calls: usize, with_sessions: bool) -> Round {
+async fn round(base: &str, n: usize, calls: usize, with_sessions: bool) -> Round {
+    // A client per round: its connections close with it (fds are finite).
+    let http = &client();
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -163,7 +199,11 @@ async fn round(http: &reqwest::Client, base: &str, n: usize, calls: usize, with_
             })
         })
         .collect();
-    let mut out = Round { latencies_us: Vec::new(), errors: 0, wall: Duration::ZERO };
+    let mut out = Round {
+        latencies_us: Vec::new(),
+        errors: 0,
+        wall: Duration::ZERO,
+    };
     for t in tasks {
         let (l, e) = t.await.unwrap_or_default();
         out.latencies_us.extend(l);
@@ -174,8 +214,23 @@ async fn round(http: &reqwest::Client, base: &str, n: usize, calls: usize, with_
     out
 }
 
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(300))
+        .build()
+        .expect("client")
+}
+
 async fn post(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Option<Value> {
-    let r = http.post(url).header("authorization", format!("Bearer {key}")).header("content-type", "application/json").body(body.to_string()).send().await;
+    let r = http
+        .post(url)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
     match r {
         Ok(r) if r.status().is_success() => serde_json::from_slice(&r.bytes().await.ok()?).ok(),
         Ok(r) => {
@@ -189,31 +244,72 @@ async fn post(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Opt
     }
 }
 
-async fn run(sessions: Vec<usize>, calls: usize, delay_ms: u64, brokers: String) -> anyhow::Result<()> {
+async fn run(
+    sessions: Vec<usize>,
+    calls: usize,
+    delay_ms: u64,
+    brokers: String,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let (up_addr, proxy_addr) = (free_addr(), free_addr());
     let spool = tempfile::tempdir()?;
     let mut children = Children(Vec::new());
-    children.0.push(Command::new(&exe).args(["fake-upstream", "--listen", &up_addr.to_string(), "--delay-ms", &delay_ms.to_string()]).spawn()?);
+    children.0.push(
+        Command::new(&exe)
+            .args([
+                "fake-upstream",
+                "--listen",
+                &up_addr.to_string(),
+                "--delay-ms",
+                &delay_ms.to_string(),
+            ])
+            .spawn()?,
+    );
     let upstream = format!("http://{up_addr}");
-    let http = reqwest::Client::builder().pool_max_idle_per_host(usize::MAX).tcp_nodelay(true).timeout(Duration::from_secs(120)).build()?;
+    let http = client();
     wait_ready(&http, &format!("{upstream}/v1/models")).await?;
     let run_id = forgelog_stream::testing::unique_run_id("proxy-load");
     children.0.push(
         Command::new(&exe)
-            .args(["proxy", "--upstream", &upstream, "--listen", &proxy_addr.to_string(), "--brokers", &brokers, "--run-id", &run_id])
-            .args(["--spool", &spool.path().display().to_string(), "--max-calls-per-session", "4"])
+            .args([
+                "proxy",
+                "--upstream",
+                &upstream,
+                "--listen",
+                &proxy_addr.to_string(),
+                "--brokers",
+                &brokers,
+                "--run-id",
+                &run_id,
+            ])
+            .args([
+                "--spool",
+                &spool.path().display().to_string(),
+                "--max-calls-per-session",
+                "4",
+            ])
             .spawn()?,
     );
     let proxy_pid = children.0[1].id();
     let base = format!("http://{proxy_addr}");
     wait_ready(&http, &format!("{base}/healthz")).await?;
     println!("proxy pid {proxy_pid}, upstream delay {delay_ms} ms, {calls} calls per session, run {run_id}");
-    println!("{:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>7}", "N", "calls/s", "up p50", "up p99", "+p50 ms", "+p99 ms", "CPU ms/call", "peak MiB", "errors");
+    println!(
+        "{:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>7}",
+        "N",
+        "calls/s",
+        "up p50",
+        "up p99",
+        "+p50 ms",
+        "+p99 ms",
+        "CPU ms/call",
+        "peak MiB",
+        "errors"
+    );
     for n in sessions {
-        let direct = round(&http, &upstream, n, calls, false).await;
+        let direct = round(&upstream, n, calls, false).await;
         let (cpu0, _) = proc_usage(proxy_pid);
-        let proxied = round(&http, &base, n, calls, true).await;
+        let proxied = round(&base, n, calls, true).await;
         let (cpu1, rss) = proc_usage(proxy_pid);
         let done = proxied.latencies_us.len().max(1);
         println!(

@@ -32,31 +32,59 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         max_calls_per_session: 4,
         upstream_timeout: Duration::from_secs(20),
         keep_alive: Duration::from_millis(500),
+        max_upstream_requests: 64,
     }
 }
 
 impl Rig {
     pub async fn start(stream: StreamConfig, options: FakeOptions, run_prefix: &str) -> Rig {
-        let (up_addr, upstream) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), FakeOptions { keep_answers: true, ..options })
-            .await
-            .expect("fake upstream");
+        let (up_addr, upstream) = fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            FakeOptions {
+                keep_answers: true,
+                ..options
+            },
+        )
+        .await
+        .expect("fake upstream");
         let run_id = forgelog_stream::testing::unique_run_id(run_prefix);
         let spool = tempfile::tempdir().unwrap();
-        let proxy = RunningProxy::start(config(format!("http://{up_addr}"), &run_id), &stream, spool.path().to_path_buf(), "127.0.0.1:0".parse().unwrap())
-            .await
-            .expect("proxy starts");
-        Rig { proxy, upstream, run_id, stream, http: reqwest::Client::new(), started_ms: forgelog_producers::server::now_ms(), _spool: spool }
+        let proxy = RunningProxy::start(
+            config(format!("http://{up_addr}"), &run_id),
+            &stream,
+            spool.path().to_path_buf(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .expect("proxy starts");
+        Rig {
+            proxy,
+            upstream,
+            run_id,
+            stream,
+            http: reqwest::Client::new(),
+            started_ms: forgelog_producers::server::now_ms(),
+            _spool: spool,
+        }
     }
 
     pub async fn post(&self, path: &str, auth: Option<&str>, body: &Value) -> (u16, Value) {
-        let mut r = self.http.post(format!("{}{path}", self.proxy.url())).header("content-type", "application/json").body(body.to_string());
+        let mut r = self
+            .http
+            .post(format!("{}{path}", self.proxy.url()))
+            .header("content-type", "application/json")
+            .body(body.to_string());
         if let Some(a) = auth {
             r = r.header("authorization", format!("Bearer {a}"));
         }
         let resp = r.send().await.expect("proxy answers");
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned())))
+        (
+            status,
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned())),
+        )
     }
 
     /// Creates a session; returns (session_id, api_key).
@@ -65,18 +93,32 @@ impl Rig {
             .post("/sessions", Some(ADMIN), &json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2}))
             .await;
         assert_eq!(status, 200, "{v}");
-        (v["session_id"].as_str().unwrap().to_string(), v["api_key"].as_str().unwrap().to_string())
+        (
+            v["session_id"].as_str().unwrap().to_string(),
+            v["api_key"].as_str().unwrap().to_string(),
+        )
     }
 
     pub async fn finish(&self, session: &str, verifier: Value) -> Value {
-        let (status, v) = self.post(&format!("/sessions/{session}/finish"), Some(ADMIN), &json!({"exit_status": 0, "verifier": verifier})).await;
+        let (status, v) = self
+            .post(
+                &format!("/sessions/{session}/finish"),
+                Some(ADMIN),
+                &json!({"exit_status": 0, "verifier": verifier}),
+            )
+            .await;
         assert_eq!(status, 200, "{v}");
         v
     }
 
     /// Waits until the broker has every event sent so far.
     pub async fn flush(&self) {
-        self.proxy.state.producer.flush(Duration::from_secs(60)).await.expect("events reach the broker");
+        self.proxy
+            .state
+            .producer
+            .flush(Duration::from_secs(60))
+            .await
+            .expect("events reach the broker");
     }
 
     pub async fn events(&self, topic: Topic) -> Vec<Event> {
@@ -85,7 +127,12 @@ impl Rig {
 }
 
 /// The run's events on `topic`, reading from `since_ms` (the shared topics hold every past test run).
-pub async fn read_events(stream: &StreamConfig, topic: Topic, run_id: &str, since_ms: i64) -> Vec<Event> {
+pub async fn read_events(
+    stream: &StreamConfig,
+    topic: Topic,
+    run_id: &str,
+    since_ms: i64,
+) -> Vec<Event> {
     let (stream, run_id) = (stream.clone(), run_id.to_string());
     tokio::task::spawn_blocking(move || {
         let reader = ReplayReader::new(&stream).unwrap();
@@ -102,15 +149,36 @@ pub async fn read_events(stream: &StreamConfig, topic: Topic, run_id: &str, sinc
 
 /// Every ok CallFinished carries exactly the ids and logprobs some upstream answer had.
 pub fn assert_calls_match_upstream(calls: &[CallFinished], answers: &[Value]) {
-    for c in calls.iter().filter(|c| c.status == forgelog_schemas::CallStatus::Ok) {
+    for c in calls
+        .iter()
+        .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
+    {
         let found = answers.iter().find(|a| {
-            let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
-            ids(&a["prompt_token_ids"]) == c.prompt_token_ids && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
+            let ids = |v: &Value| {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect::<Vec<_>>()
+            };
+            ids(&a["prompt_token_ids"]) == c.prompt_token_ids
+                && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
         });
-        let a = found.unwrap_or_else(|| panic!("call {} has token ids no upstream answer had", c.call_index));
-        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|t| t["logprob"].as_f64().unwrap() as f32).collect();
+        let a = found.unwrap_or_else(|| {
+            panic!("call {} has token ids no upstream answer had", c.call_index)
+        });
+        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap() as f32)
+            .collect();
         assert_eq!(c.completion_logprobs, lps, "call {}", c.call_index);
-        assert!(c.trainable, "call {}: {:?}", c.call_index, c.untrainable_reason);
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
         assert_eq!(c.policy_version, Some(fake_upstream::POLICY_VERSION));
         assert_eq!(c.sampling_sent.top_p, Some(1.0));
         assert_eq!(c.sampling_sent.top_k, Some(-1));
@@ -119,7 +187,10 @@ pub fn assert_calls_match_upstream(calls: &[CallFinished], answers: &[Value]) {
 }
 
 pub fn calls_of(events: &[Event], session: &str) -> (usize, Vec<CallFinished>) {
-    let started = events.iter().filter(|e| matches!(e, Event::CallStarted(s) if s.session_id == session)).count();
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, Event::CallStarted(s) if s.session_id == session))
+        .count();
     let finished = events
         .iter()
         .filter_map(|e| match e {
