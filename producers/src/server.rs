@@ -425,8 +425,8 @@ async fn serve<D: Dialect>(
             return error_response::<D>(&err);
         }
     };
-    let stream =
-        req.stream || query.get("alt").is_some_and(|a| a == "sse") && hints.stream == Some(true);
+    // Gemini's streamGenerateContent is answered as SSE, with or without `alt=sse`.
+    let stream = req.stream;
     // Spawned: the call is recorded in full even if the harness hangs up.
     let mut work = tokio::spawn(async move {
         let out = call.complete::<D>(req.clone()).await;

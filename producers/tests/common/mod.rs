@@ -6,7 +6,7 @@ use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{CallFinished, Event, Topic};
-use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use forgelog_stream::{ReplayReader, StreamConfig};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,8 @@ pub struct Rig {
     pub run_id: String,
     pub stream: StreamConfig,
     pub http: reqwest::Client,
-    pub started_ms: i64,
+    /// Each topic partition's end when the rig started: the run's events are past it.
+    pub marks: Vec<(Topic, i32, i64)>,
     _spool: tempfile::TempDir,
 }
 
@@ -49,6 +50,7 @@ impl Rig {
         .expect("fake upstream");
         let run_id = forgelog_stream::testing::unique_run_id(run_prefix);
         let spool = tempfile::tempdir().unwrap();
+        let stream_for_marks = stream.clone();
         let proxy = RunningProxy::start(
             config(format!("http://{up_addr}"), &run_id),
             &stream,
@@ -122,26 +124,46 @@ impl Rig {
     }
 
     pub async fn events(&self, topic: Topic) -> Vec<Event> {
-        read_events(&self.stream, topic, &self.run_id, self.started_ms - 60_000).await
+        read_events(&self.stream, topic, &self.run_id, &self.marks).await
     }
 }
 
-/// The run's events on `topic`, reading from `since_ms` (the shared topics hold every past test run).
-pub async fn read_events(
-    stream: &StreamConfig,
-    topic: Topic,
-    run_id: &str,
-    since_ms: i64,
-) -> Vec<Event> {
-    let (stream, run_id) = (stream.clone(), run_id.to_string());
+/// The end offset of every partition of the proxy's topics.
+pub async fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
+    let stream = stream.clone();
     tokio::task::spawn_blocking(move || {
         let reader = ReplayReader::new(&stream).unwrap();
-        reader
-            .read(topic.name(), StartAt::Timestamp(since_ms), Some(&run_id))
-            .unwrap()
-            .into_iter()
-            .map(|r| r.event.expect("decodable event"))
-            .collect()
+        let mut marks = Vec::new();
+        for topic in [Topic::Calls, Topic::Rollouts, Topic::Rewards] {
+            for p in reader.partitions(topic.name()).unwrap() {
+                marks.push((topic, p, reader.end(topic.name(), p).unwrap()));
+            }
+        }
+        marks
+    })
+    .await
+    .unwrap()
+}
+
+/// The run's events on `topic` written after `marks` (the shared topics hold every past run).
+pub async fn read_events(stream: &StreamConfig, topic: Topic, run_id: &str, marks: &[(Topic, i32, i64)]) -> Vec<Event> {
+    let (stream, run_id) = (stream.clone(), run_id.to_string());
+    let marks: Vec<(i32, i64)> = marks.iter().filter(|m| m.0 == topic).map(|m| (m.1, m.2)).collect();
+    tokio::task::spawn_blocking(move || {
+        let reader = ReplayReader::new(&stream).unwrap();
+        let mut out = Vec::new();
+        for (p, from) in marks {
+            let to = reader.end(topic.name(), p).unwrap();
+            reader
+                .for_each_in(topic.name(), p, from, to, |r| {
+                    if r.in_run(Some(&run_id)) {
+                        out.push(r.event.expect("decodable event"));
+                    }
+                    std::ops::ControlFlow::Continue(())
+                })
+                .unwrap();
+        }
+        out
     })
     .await
     .unwrap()
