@@ -65,7 +65,7 @@ impl Rig {
             run_id,
             stream,
             http: reqwest::Client::new(),
-            started_ms: forgelog_producers::server::now_ms(),
+            marks: topic_ends(&stream_for_marks).await,
             _spool: spool,
         }
     }
@@ -146,9 +146,18 @@ pub async fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
 }
 
 /// The run's events on `topic` written after `marks` (the shared topics hold every past run).
-pub async fn read_events(stream: &StreamConfig, topic: Topic, run_id: &str, marks: &[(Topic, i32, i64)]) -> Vec<Event> {
+pub async fn read_events(
+    stream: &StreamConfig,
+    topic: Topic,
+    run_id: &str,
+    marks: &[(Topic, i32, i64)],
+) -> Vec<Event> {
     let (stream, run_id) = (stream.clone(), run_id.to_string());
-    let marks: Vec<(i32, i64)> = marks.iter().filter(|m| m.0 == topic).map(|m| (m.1, m.2)).collect();
+    let marks: Vec<(i32, i64)> = marks
+        .iter()
+        .filter(|m| m.0 == topic)
+        .map(|m| (m.1, m.2))
+        .collect();
     tokio::task::spawn_blocking(move || {
         let reader = ReplayReader::new(&stream).unwrap();
         let mut out = Vec::new();
