@@ -125,7 +125,7 @@ pub fn raise_fd_limit() -> u64 {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 /// A proxy serving in this process (the CLI, tests, the load bench).

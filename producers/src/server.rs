@@ -150,11 +150,7 @@ async fn call<D: Dialect>(
     req: Request,
 ) -> Response {
     let path = req.uri().path().to_string();
-    let query: HashMap<String, String> = req
-        .uri()
-        .query()
-        .map(|q| serde_urlencoded_pairs(q))
-        .unwrap_or_default();
+    let query: HashMap<String, String> = req.uri().query().map(query_pairs).unwrap_or_default();
     serve::<D>(
         st,
         headers,
@@ -173,11 +169,7 @@ async fn gemini(
     req: Request,
 ) -> Response {
     let path = req.uri().path().to_string();
-    let query: HashMap<String, String> = req
-        .uri()
-        .query()
-        .map(serde_urlencoded_pairs)
-        .unwrap_or_default();
+    let query: HashMap<String, String> = req.uri().query().map(query_pairs).unwrap_or_default();
     let (model, action) = model_action.split_once(':').unwrap_or((&model_action, ""));
     let stream = match action {
         "generateContent" => false,
@@ -197,7 +189,7 @@ async fn gemini(
 }
 
 /// `a=b&c=d` → map (values are simple here: `key`, `alt`; no percent-decoding needed).
-fn serde_urlencoded_pairs(q: &str) -> HashMap<String, String> {
+fn query_pairs(q: &str) -> HashMap<String, String> {
     q.split('&')
         .filter_map(|kv| {
             kv.split_once('=')

@@ -163,7 +163,7 @@ pub async fn read_events(
         let mut out = Vec::new();
         for (p, from) in marks {
             let to = reader.end(topic.name(), p).unwrap();
-            reader
+            let _all_read = reader
                 .for_each_in(topic.name(), p, from, to, |r| {
                     if r.in_run(Some(&run_id)) {
                         out.push(r.event.expect("decodable event"));
