@@ -1,1 +1,248 @@
-//! forgelog-producers: the capture proxy: dialect adapters, upstream adapters, SSE replay, session keys, the verifier reporter.
+//! forgelog-producers: the capture proxy between unmodified harnesses and the
+//! inference engine. [`canonical`] and [`dialect`] are the pure translation
+//! core; [`upstream`] reads and writes the vLLM-compatible engine API;
+//! [`server`] is the thin axum shell that records every call through the
+//! spool-backed [`forgelog_stream::EventProducer`].
+
+pub mod canonical;
+pub mod dialect;
+pub mod fake_upstream;
+pub mod server;
+pub mod sessions;
+pub mod upstream;
+
+use forgelog_stream::{EventProducer, SpoolOptions, StreamConfig};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use server::{ProxyConfig, ProxyState};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// `forgelog proxy`: the capture proxy.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Base URL of the vLLM-compatible inference engine, e.g. http://127.0.0.1:8000
+    #[arg(long, env = "FORGELOG_UPSTREAM")]
+    pub upstream: String,
+    #[arg(long, default_value = "127.0.0.1:8100")]
+    pub listen: SocketAddr,
+    /// Kafka bootstrap servers (comma-separated host:port)
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Local spool directory: events wait here while the broker is away
+    #[arg(long, default_value = ".forgelog/proxy-spool")]
+    pub spool: PathBuf,
+    /// Run id for sessions created without one
+    #[arg(long, env = "FORGELOG_RUN_ID")]
+    pub run_id: Option<String>,
+    /// Largest request body accepted, in MiB
+    #[arg(long, default_value_t = 32)]
+    pub body_limit_mib: usize,
+    /// Calls one session may have in flight at once (more get 429)
+    #[arg(long, default_value_t = 16)]
+    pub max_calls_per_session: u32,
+    /// Give up on the upstream after this many seconds
+    #[arg(long, default_value_t = 600)]
+    pub upstream_timeout_secs: u64,
+    /// SSE keep-alive interval while the upstream works, in seconds
+    #[arg(long, default_value_t = 5)]
+    pub keep_alive_secs: u64,
+    /// Requests in flight to the upstream at most (more wait for a turn)
+    #[arg(long, default_value_t = 1024)]
+    pub max_upstream_requests: usize,
+}
+
+impl ProxyArgs {
+    pub fn config(&self) -> ProxyConfig {
+        ProxyConfig {
+            upstream: self.upstream.clone(),
+            run_id: self.run_id.clone(),
+            admin_token: self.admin_token.clone(),
+            body_limit: self.body_limit_mib << 20,
+            max_calls_per_session: self.max_calls_per_session.max(1),
+            upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
+            keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
+            max_upstream_requests: self.max_upstream_requests,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("spool: {0}")]
+    Spool(#[from] forgelog_stream::SpoolError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+    #[error(transparent)]
+    Flush(#[from] forgelog_stream::FlushTimeout),
+}
+
+/// The process-wide Prometheus recorder (installed once; tests start many proxies).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may be installed already (an embedding program's): then ours only renders.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Binds with a deep accept backlog: thousands of harnesses may connect at once.
+pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(16384)
+}
+
+/// Raises this process's open-file limit to its hard limit (one fd per connection).
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+/// A proxy serving in this process (the CLI, tests, the load bench).
+pub struct RunningProxy {
+    pub addr: SocketAddr,
+    pub state: Arc<ProxyState>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningProxy {
+    /// Probes the upstream, opens the spool, binds `listen` and serves.
+    pub async fn start(
+        config: ProxyConfig,
+        stream: &StreamConfig,
+        spool: PathBuf,
+        listen: SocketAddr,
+    ) -> Result<RunningProxy, ProxyError> {
+        let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
+        let (model, warning) = match probe.probe().await {
+            Ok((model, None)) => {
+                tracing::info!(%model, "upstream returns token ids and logprobs: calls are trainable");
+                (model, None)
+            }
+            Ok((model, Some(reason))) => (model, Some(reason)),
+            Err(e) => (String::new(), Some(format!("probe failed: {e}"))),
+        };
+        if let Some(w) = &warning {
+            let line = "!".repeat(78);
+            eprintln!("{line}\nforgelog proxy: upstream {} is NOT TRAINABLE as probed: {w}\ncalls are served and recorded with trainable=false and the reason\n{line}", config.upstream);
+            tracing::warn!(upstream = %config.upstream, reason = %w, "upstream not trainable");
+        }
+        let producer = Arc::new(EventProducer::start(
+            stream,
+            spool,
+            SpoolOptions::default(),
+        )?);
+        let state = Arc::new(ProxyState::new(config, producer, model, warning));
+        let listener = bind(listen).map_err(|source| ProxyError::Listen {
+            addr: listen,
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(ProxyError::Serve)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = server::router(state.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(RunningProxy {
+            addr,
+            state,
+            stop,
+            server,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving, then flushes the spool to the broker for up to `flush`.
+    pub async fn shutdown(self, flush: Duration) -> Result<(), ProxyError> {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+        match Arc::try_unwrap(self.state) {
+            Ok(state) => match Arc::try_unwrap(state.producer) {
+                Ok(p) => p.close(flush).await?,
+                Err(p) => p.flush(flush).await?,
+            },
+            Err(state) => state.producer.flush(flush).await?,
+        }
+        Ok(())
+    }
+}
+
+/// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
+pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+    let stream = StreamConfig::new(&args.brokers);
+    raise_fd_limit();
+    let proxy =
+        RunningProxy::start(args.config(), &stream, args.spool.clone(), args.listen).await?;
+    if args.admin_token.is_none() {
+        eprintln!(
+            "forgelog proxy: no --admin-token: anyone who reaches {} can create sessions",
+            proxy.addr
+        );
+    }
+    eprintln!(
+        "forgelog proxy on {} -> {} (events to {}, spool {})",
+        proxy.url(),
+        args.upstream,
+        args.brokers,
+        args.spool.display()
+    );
+    shutdown_signal().await;
+    eprintln!("forgelog proxy: stopping; flushing events to the broker");
+    proxy.shutdown(Duration::from_secs(30)).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

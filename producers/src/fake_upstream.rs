@@ -1,0 +1,198 @@
+//! A small vLLM-compatible engine for tests and the load bench: deterministic
+//! byte-level "tokens", fixed logprobs, an optional fixed delay. It answers
+//! with token ids and logprobs the way vLLM does with `return_token_ids` and
+//! `--return-tokens-as-token-ids`, plus our engine's `policy_version`.
+//!
+//! Behaviour is steered by the last user message, so tests need no setup:
+//! with tools offered it calls the first tool (`[hermes]` in the message: as
+//! Hermes `<tool_call>` text instead of `tool_calls`); `[fail]` answers 500;
+//! `[slow]` waits 3 s.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const MODEL: &str = "fake-llm";
+pub const POLICY_VERSION: i64 = 7;
+
+#[derive(Debug, Clone, Default)]
+pub struct FakeOptions {
+    pub delay: Duration,
+    /// Answer like a backend without token ids or logprobs.
+    pub without_ids: bool,
+    /// Keep every answer (tests compare the log against them).
+    pub keep_answers: bool,
+}
+
+#[derive(Default)]
+pub struct FakeUpstream {
+    pub options: FakeOptions,
+    pub answers: Mutex<Vec<Value>>,
+}
+
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+/// The chat template: what the "engine" sees, one byte per token.
+pub fn render_prompt(messages: &[Value]) -> String {
+    let mut s = String::new();
+    for m in messages {
+        s.push_str("<|");
+        s.push_str(m["role"].as_str().unwrap_or("?"));
+        s.push_str("|>");
+        s.push_str(&text_of(&m["content"]));
+        if let Some(calls) = m["tool_calls"].as_array() {
+            for c in calls {
+                s.push_str(&c["function"].to_string());
+            }
+        }
+        s.push('\n');
+    }
+    s.push_str("<|assistant|>");
+    s
+}
+
+/// The sampled logprob of the `i`-th completion token: exact in f32.
+pub fn logprob(i: usize) -> f32 {
+    -((i % 8) as f32 + 1.0) / 16.0
+}
+
+impl FakeUpstream {
+    pub fn answer(&self, req: &Value) -> Result<Value, (StatusCode, String)> {
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let last_user = messages
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(|m| text_of(&m["content"]))
+            .unwrap_or_default();
+        if last_user.contains("[fail]") {
+            return Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "fake upstream failure".into(),
+            ));
+        }
+        let last_is_tool = messages.last().is_some_and(|m| m["role"] == "tool");
+        let first_tool = req["tools"][0]["function"]["name"].as_str();
+        let mut tool_calls = Value::Null;
+        let mut text = match (first_tool, last_is_tool) {
+            (Some(name), false) if last_user.contains("[hermes]") => {
+                format!("Let me check.<tool_call>{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"Paris\"}}}}</tool_call>")
+            }
+            (Some(name), false) => {
+                tool_calls = json!([{"id": "chatcmpl-tool-1", "type": "function",
+                    "function": {"name": name, "arguments": "{\"city\": \"Paris\"}"}}]);
+                "Calling the tool.".to_string()
+            }
+            _ => {
+                let words: String = last_user
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == ' ')
+                    .take(24)
+                    .collect();
+                format!("Echo: {words}")
+            }
+        };
+        let mut finish = if tool_calls.is_null() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+        if let Some(max) = req["max_tokens"].as_u64() {
+            if (text.len() as u64) > max {
+                text.truncate(max as usize);
+                finish = "length";
+                tool_calls = Value::Null;
+            }
+        }
+        let prompt = render_prompt(&messages);
+        let prompt_ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
+        let completion_ids: Vec<u32> = text.bytes().map(u32::from).collect();
+        let mut message = json!({"role": "assistant", "content": text});
+        if !tool_calls.is_null() {
+            message["tool_calls"] = tool_calls;
+        }
+        let mut answer = json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 1_700_000_000, "model": MODEL,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_ids.len(), "completion_tokens": completion_ids.len(),
+                      "total_tokens": prompt_ids.len() + completion_ids.len()},
+        });
+        if !self.options.without_ids {
+            let content: Vec<Value> = completion_ids.iter().enumerate()
+                .map(|(i, id)| json!({"token": format!("token_id:{id}"), "logprob": logprob(i), "bytes": [id], "top_logprobs": []}))
+                .collect();
+            answer["prompt_token_ids"] = json!(prompt_ids);
+            answer["choices"][0]["token_ids"] = json!(completion_ids);
+            answer["choices"][0]["logprobs"] = json!({"content": content});
+            answer["policy_version"] = json!(POLICY_VERSION);
+        }
+        Ok(answer)
+    }
+}
+
+async fn chat(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Response {
+    if req["stream"] == true {
+        return (StatusCode::BAD_REQUEST, "the fake upstream does not stream").into_response();
+    }
+    let slow = req["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| text_of(&m["content"]).contains("[slow]"));
+    let delay = if slow {
+        Duration::from_secs(3)
+    } else {
+        up.options.delay
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match up.answer(&req) {
+        Ok(a) => {
+            if up.options.keep_answers {
+                up.answers.lock().expect("answers lock").push(a.clone());
+            }
+            Json(a).into_response()
+        }
+        Err((status, msg)) => (status, Json(json!({"error": {"message": msg}}))).into_response(),
+    }
+}
+
+pub fn router(up: Arc<FakeUpstream>) -> Router {
+    Router::new()
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
+            }),
+        )
+        .route("/v1/chat/completions", post(chat))
+        .with_state(up)
+}
+
+/// Serves a fake upstream on `listen` in this runtime; returns its address.
+pub async fn spawn(
+    listen: SocketAddr,
+    options: FakeOptions,
+) -> std::io::Result<(SocketAddr, Arc<FakeUpstream>)> {
+    let up = Arc::new(FakeUpstream {
+        options,
+        answers: Mutex::default(),
+    });
+    let listener = crate::bind(listen)?;
+    let addr = listener.local_addr()?;
+    let app = router(up.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((addr, up))
+}

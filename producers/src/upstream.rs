@@ -1,0 +1,337 @@
+//! The upstream: a vLLM-compatible `POST /v1/chat/completions`, always
+//! non-streaming, asked for token ids and logprobs. Request building and
+//! response reading are pure; [`UpstreamClient`] is the thin HTTP part.
+
+use crate::canonical::*;
+use crate::dialect::{Dialect, DialectError, ErrorKind, OpenAiChatDialect};
+use forgelog_schemas::SamplingParams;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the proxy sends upstream for `requested`: the harness's temperature,
+/// length, seed and stops, everything else neutral, so the recorded logprobs
+/// are those of the plain tempered distribution (what GRPO's ratio assumes).
+pub fn rl_sampling(requested: &SamplingParams) -> SamplingParams {
+    SamplingParams {
+        temperature: Some(requested.temperature.unwrap_or(1.0)),
+        top_p: Some(1.0),
+        top_k: Some(-1),
+        min_p: Some(0.0),
+        max_tokens: requested.max_tokens,
+        seed: requested.seed,
+        presence_penalty: Some(0.0),
+        frequency_penalty: Some(0.0),
+        stop: requested.stop.clone(),
+    }
+}
+
+/// The upstream request body for `req` with `sent` sampling.
+pub fn upstream_body(req: &ChatRequest, sent: &SamplingParams, model: &str) -> Value {
+    let mut up = req.clone();
+    up.sampling = sent.clone();
+    up.stream = false;
+    up.stream_usage = false;
+    if up.model.is_empty() || !model.is_empty() {
+        up.model = model.to_string();
+    }
+    let mut body = OpenAiChatDialect::encode_request(&up);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(0);
+    body["return_token_ids"] = json!(true);
+    body["stream"] = json!(false);
+    body
+}
+
+/// The training data of one upstream answer.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Sampled {
+    pub prompt_token_ids: Vec<u32>,
+    pub completion_token_ids: Vec<u32>,
+    pub completion_logprobs: Vec<f32>,
+    pub finish_reason: Option<String>,
+    pub policy_version: Option<i64>,
+    /// `None` when the answer is usable for training.
+    pub untrainable_reason: Option<String>,
+    /// Hermes tool-call text the proxy could not parse (left as text).
+    pub unparsed_tool_calls: usize,
+}
+
+fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
+    v?.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// Reads a vLLM (or forgelog engine) chat completion. `call_id_prefix` names
+/// the tool calls the proxy itself parses from Hermes text.
+pub fn read_response(
+    body: &Value,
+    call_id_prefix: &str,
+) -> Result<(ChatResponse, Sampled), DialectError> {
+    let bad = |m: &str| DialectError::new(ErrorKind::Upstream, format!("upstream answer: {m}"));
+    let mut resp = OpenAiChatDialect::decode_response(body).map_err(|e| bad(&e.message))?;
+    let choice = &body["choices"][0];
+    let mut sampled = Sampled {
+        prompt_token_ids: ids(body.get("prompt_token_ids"))
+            .or_else(|| ids(choice.get("prompt_token_ids")))
+            .unwrap_or_default(),
+        completion_token_ids: ids(choice.get("token_ids")).unwrap_or_default(),
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        policy_version: body["policy_version"].as_i64(),
+        ..Default::default()
+    };
+    let content = choice["logprobs"]["content"].as_array();
+    if let Some(content) = content {
+        sampled.completion_logprobs = content
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap_or(f64::NAN) as f32)
+            .collect();
+        // Without return_token_ids, `--return-tokens-as-token-ids` still names each token.
+        if sampled.completion_token_ids.is_empty() {
+            sampled.completion_token_ids = content
+                .iter()
+                .filter_map(|t| t["token"].as_str()?.strip_prefix("token_id:")?.parse().ok())
+                .collect();
+        }
+    }
+    sampled.untrainable_reason = if sampled.prompt_token_ids.is_empty() {
+        Some("upstream returned no prompt token ids".into())
+    } else if sampled.completion_token_ids.is_empty() && resp.usage.output > 0 {
+        Some("upstream returned no completion token ids".into())
+    } else if content.is_none() {
+        Some("upstream returned no logprobs".into())
+    } else if sampled.completion_logprobs.len() != sampled.completion_token_ids.len() {
+        Some(format!(
+            "{} logprobs for {} completion tokens",
+            sampled.completion_logprobs.len(),
+            sampled.completion_token_ids.len()
+        ))
+    } else if sampled.completion_logprobs.iter().any(|l| !l.is_finite()) {
+        Some("upstream returned a non-finite logprob".into())
+    } else {
+        None
+    };
+    if resp.usage.input == 0 {
+        resp.usage.input = sampled.prompt_token_ids.len() as u64;
+    }
+    if resp.usage.output == 0 {
+        resp.usage.output = sampled.completion_token_ids.len() as u64;
+    }
+    if !resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_))) {
+        let (parts, unparsed) = parse_hermes(std::mem::take(&mut resp.parts), call_id_prefix);
+        resp.parts = parts;
+        sampled.unparsed_tool_calls = unparsed;
+    }
+    if resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_)))
+        && resp.finish == FinishReason::Stop
+    {
+        resp.finish = FinishReason::ToolCalls;
+    }
+    Ok((resp, sampled))
+}
+
+/// Splits Hermes `<tool_call>{"name": .., "arguments": {..}}</tool_call>` out of
+/// text parts. A block that does not parse stays text; returns how many did not.
+pub fn parse_hermes(parts: Vec<Part>, call_id_prefix: &str) -> (Vec<Part>, usize) {
+    const OPEN: &str = "<tool_call>";
+    const CLOSE: &str = "</tool_call>";
+    let mut out = Vec::new();
+    let (mut calls, mut unparsed) = (0usize, 0usize);
+    let push_text = |out: &mut Vec<Part>, t: &str| {
+        let t = t.trim();
+        if !t.is_empty() {
+            out.push(Part::Text(t.to_string()));
+        }
+    };
+    for p in parts {
+        let Part::Text(text) = p else {
+            out.push(p);
+            continue;
+        };
+        if !text.contains(OPEN) {
+            out.push(Part::Text(text));
+            continue;
+        }
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find(OPEN) {
+            let after = &rest[start + OPEN.len()..];
+            let (inner, next) = match after.find(CLOSE) {
+                Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
+                None => (after, ""), // cut off by max_tokens or a stop string
+            };
+            let parsed = serde_json::from_str::<Value>(inner.trim())
+                .ok()
+                .and_then(|v| {
+                    let name = v["name"].as_str()?.to_string();
+                    let args = match &v["arguments"] {
+                        Value::String(s) => s.clone(),
+                        Value::Null => "{}".into(),
+                        a => a.to_string(),
+                    };
+                    Some((name, args))
+                });
+            match parsed {
+                Some((name, arguments)) => {
+                    push_text(&mut out, &rest[..start]);
+                    out.push(Part::ToolCall(ToolCall {
+                        id: format!("{call_id_prefix}{calls}"),
+                        name,
+                        arguments,
+                    }));
+                    calls += 1;
+                }
+                None => {
+                    unparsed += 1;
+                    let consumed = rest.len() - next.len();
+                    push_text(&mut out, &rest[..consumed]);
+                }
+            }
+            rest = next;
+        }
+        push_text(&mut out, rest);
+    }
+    // Merge adjacent text parts left by unparsed blocks.
+    let mut merged: Vec<Part> = Vec::with_capacity(out.len());
+    for p in out {
+        match (merged.last_mut(), p) {
+            (Some(Part::Text(a)), Part::Text(b)) => {
+                a.push('\n');
+                a.push_str(&b);
+            }
+            (_, p) => merged.push(p),
+        }
+    }
+    (merged, unparsed)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("upstream unreachable: {0}")]
+    Connect(String),
+    #[error("upstream answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("upstream answer is not JSON: {0}")]
+    NotJson(String),
+}
+
+impl UpstreamError {
+    /// 4xx from the upstream is the harness's request being bad (context too long...).
+    pub fn dialect_error(&self) -> DialectError {
+        let kind = match self {
+            UpstreamError::Timeout(_) => ErrorKind::Timeout,
+            UpstreamError::Status { status, .. } if (400..500).contains(status) => {
+                ErrorKind::InvalidRequest
+            }
+            _ => ErrorKind::Upstream,
+        };
+        DialectError::new(kind, self.to_string())
+    }
+}
+
+/// The HTTP client for one upstream base URL.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    base: String,
+    timeout: Duration,
+    /// Bounds requests (so connections and fds) in flight to the upstream; calls beyond wait their turn.
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl UpstreamClient {
+    pub fn new(base: &str, timeout: Duration, max_in_flight: usize) -> UpstreamClient {
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(usize::MAX)
+            .tcp_nodelay(true)
+            .build()
+            .expect("a plain HTTP client builds");
+        UpstreamClient {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            timeout,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+
+    pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
+        let _turn = self.in_flight.acquire().await.expect("never closed");
+        let send = self
+            .http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).expect("JSON"))
+            .send();
+        let answer = async {
+            let r = send
+                .await
+                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            let status = r.status().as_u16();
+            let bytes = r
+                .bytes()
+                .await
+                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            if status >= 300 {
+                return Err(UpstreamError::Status {
+                    status,
+                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned(),
+                });
+            }
+            serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+        };
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| UpstreamError::Timeout(self.timeout))?
+    }
+
+    pub async fn models(&self) -> Result<Value, UpstreamError> {
+        let r = self
+            .http
+            .get(format!("{}/v1/models", self.base))
+            .timeout(self.timeout)
+            .send()
+            .await
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let status = r.status().as_u16();
+        let bytes = r
+            .bytes()
+            .await
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        if status >= 300 {
+            return Err(UpstreamError::Status {
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+    }
+
+    /// `GET /v1/models` and a 1-token request: the model name to use, and why
+    /// calls would not be trainable (`None`: they would be).
+    pub async fn probe(&self) -> Result<(String, Option<String>), UpstreamError> {
+        let models = self.models().await?;
+        let model = models["data"][0]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let req = ChatRequest {
+            model: model.clone(),
+            messages: vec![Message::text(Role::User, "Hi")],
+            ..Default::default()
+        };
+        let sent = SamplingParams {
+            max_tokens: Some(1),
+            ..rl_sampling(&req.sampling)
+        };
+        let answer = self.chat(&upstream_body(&req, &sent, &model)).await?;
+        let reason = match read_response(&answer, "probe_") {
+            Ok((_, s)) => s.untrainable_reason,
+            Err(e) => Some(e.message),
+        };
+        Ok((model, reason))
+    }
+}

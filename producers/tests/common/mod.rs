@@ -1,0 +1,233 @@
+//! Shared by the integration tests: a fake upstream, a proxy in this process,
+//! sessions, and reading what reached the log.
+#![allow(dead_code)]
+
+use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
+use forgelog_producers::server::ProxyConfig;
+use forgelog_producers::RunningProxy;
+use forgelog_schemas::{CallFinished, Event, Topic};
+use forgelog_stream::{ReplayReader, StreamConfig};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Rig {
+    pub proxy: RunningProxy,
+    pub upstream: Arc<FakeUpstream>,
+    pub run_id: String,
+    pub stream: StreamConfig,
+    pub http: reqwest::Client,
+    /// Each topic partition's end when the rig started: the run's events are past it.
+    pub marks: Vec<(Topic, i32, i64)>,
+    _spool: tempfile::TempDir,
+}
+
+pub const ADMIN: &str = "test-admin-token";
+
+pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
+    ProxyConfig {
+        upstream,
+        run_id: Some(run_id.to_string()),
+        admin_token: Some(ADMIN.to_string()),
+        body_limit: 1 << 20,
+        max_calls_per_session: 4,
+        upstream_timeout: Duration::from_secs(20),
+        keep_alive: Duration::from_millis(500),
+        max_upstream_requests: 64,
+    }
+}
+
+impl Rig {
+    pub async fn start(stream: StreamConfig, options: FakeOptions, run_prefix: &str) -> Rig {
+        let (up_addr, upstream) = fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            FakeOptions {
+                keep_answers: true,
+                ..options
+            },
+        )
+        .await
+        .expect("fake upstream");
+        let run_id = forgelog_stream::testing::unique_run_id(run_prefix);
+        let spool = tempfile::tempdir().unwrap();
+        let stream_for_marks = stream.clone();
+        let proxy = RunningProxy::start(
+            config(format!("http://{up_addr}"), &run_id),
+            &stream,
+            spool.path().to_path_buf(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .expect("proxy starts");
+        Rig {
+            proxy,
+            upstream,
+            run_id,
+            stream,
+            http: reqwest::Client::new(),
+            marks: topic_ends(&stream_for_marks).await,
+            _spool: spool,
+        }
+    }
+
+    pub async fn post(&self, path: &str, auth: Option<&str>, body: &Value) -> (u16, Value) {
+        let mut r = self
+            .http
+            .post(format!("{}{path}", self.proxy.url()))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(a) = auth {
+            r = r.header("authorization", format!("Bearer {a}"));
+        }
+        let resp = r.send().await.expect("proxy answers");
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned())),
+        )
+    }
+
+    /// Creates a session; returns (session_id, api_key).
+    pub async fn session(&self, rollout: &str) -> (String, String) {
+        let (status, v) = self
+            .post("/sessions", Some(ADMIN), &json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        (
+            v["session_id"].as_str().unwrap().to_string(),
+            v["api_key"].as_str().unwrap().to_string(),
+        )
+    }
+
+    pub async fn finish(&self, session: &str, verifier: Value) -> Value {
+        let (status, v) = self
+            .post(
+                &format!("/sessions/{session}/finish"),
+                Some(ADMIN),
+                &json!({"exit_status": 0, "verifier": verifier}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// Waits until the broker has every event sent so far.
+    pub async fn flush(&self) {
+        self.proxy
+            .state
+            .producer
+            .flush(Duration::from_secs(60))
+            .await
+            .expect("events reach the broker");
+    }
+
+    pub async fn events(&self, topic: Topic) -> Vec<Event> {
+        read_events(&self.stream, topic, &self.run_id, &self.marks).await
+    }
+}
+
+/// The end offset of every partition of the proxy's topics.
+pub async fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
+    let stream = stream.clone();
+    tokio::task::spawn_blocking(move || {
+        let reader = ReplayReader::new(&stream).unwrap();
+        let mut marks = Vec::new();
+        for topic in [Topic::Calls, Topic::Rollouts, Topic::Rewards] {
+            for p in reader.partitions(topic.name()).unwrap() {
+                marks.push((topic, p, reader.end(topic.name(), p).unwrap()));
+            }
+        }
+        marks
+    })
+    .await
+    .unwrap()
+}
+
+/// The run's events on `topic` written after `marks` (the shared topics hold every past run).
+pub async fn read_events(
+    stream: &StreamConfig,
+    topic: Topic,
+    run_id: &str,
+    marks: &[(Topic, i32, i64)],
+) -> Vec<Event> {
+    let (stream, run_id) = (stream.clone(), run_id.to_string());
+    let marks: Vec<(i32, i64)> = marks
+        .iter()
+        .filter(|m| m.0 == topic)
+        .map(|m| (m.1, m.2))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let reader = ReplayReader::new(&stream).unwrap();
+        let mut out = Vec::new();
+        for (p, from) in marks {
+            let to = reader.end(topic.name(), p).unwrap();
+            let _all_read = reader
+                .for_each_in(topic.name(), p, from, to, |r| {
+                    if r.in_run(Some(&run_id)) {
+                        out.push(r.event.expect("decodable event"));
+                    }
+                    std::ops::ControlFlow::Continue(())
+                })
+                .unwrap();
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// Every ok CallFinished carries exactly the ids and logprobs some upstream answer had.
+pub fn assert_calls_match_upstream(calls: &[CallFinished], answers: &[Value]) {
+    for c in calls
+        .iter()
+        .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
+    {
+        let found = answers.iter().find(|a| {
+            let ids = |v: &Value| {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect::<Vec<_>>()
+            };
+            ids(&a["prompt_token_ids"]) == c.prompt_token_ids
+                && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
+        });
+        let a = found.unwrap_or_else(|| {
+            panic!("call {} has token ids no upstream answer had", c.call_index)
+        });
+        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(c.completion_logprobs, lps, "call {}", c.call_index);
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
+        assert_eq!(c.policy_version, Some(fake_upstream::POLICY_VERSION));
+        assert_eq!(c.sampling_sent.top_p, Some(1.0));
+        assert_eq!(c.sampling_sent.top_k, Some(-1));
+        assert!(!c.response_body.is_empty());
+    }
+}
+
+pub fn calls_of(events: &[Event], session: &str) -> (usize, Vec<CallFinished>) {
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, Event::CallStarted(s) if s.session_id == session))
+        .count();
+    let finished = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(f) if f.session_id == session => Some(f.clone()),
+            _ => None,
+        })
+        .collect();
+    (started, finished)
+}

@@ -1,0 +1,165 @@
+//! Bad input, limits, upstream failures and an untrainable backend: each gets
+//! the dialect's error shape (or a served call) and is recorded, nothing crashes.
+
+mod common;
+
+use common::*;
+use forgelog_producers::fake_upstream::FakeOptions;
+use forgelog_schemas::{CallStatus, Topic};
+use serde_json::json;
+
+fn chat(text: &str) -> serde_json::Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_answered_in_dialect_and_recorded() {
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-limits",
+    )
+    .await;
+    let (session, key) = rig.session("r-limits").await;
+
+    // Upstream failure: 502 in Anthropic's shape, recorded as upstream_error.
+    let body = json!({"model": "c", "max_tokens": 10, "messages": [{"role": "user", "content": "[fail] please"}]});
+    let (status, v) = rig.post("/v1/messages", Some(&key), &body).await;
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+
+    // Malformed JSON: 400 in OpenAI's shape.
+    let r = rig
+        .http
+        .post(format!("{}/v1/chat/completions", rig.proxy.url()))
+        .bearer_auth(&key)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed JSON"),
+        "{v}"
+    );
+
+    // Too large: 413.
+    let big = "x".repeat(2 << 20);
+    let (status, v) = rig
+        .post("/v1/chat/completions", Some(&key), &chat(&big))
+        .await;
+    assert_eq!(status, 413, "{v}");
+
+    // A slow upstream: the stream carries keep-alives, then the answer.
+    let mut slow = chat("[slow]");
+    slow["stream"] = json!(true);
+    let r = rig
+        .http
+        .post(format!("{}/v1/chat/completions", rig.proxy.url()))
+        .bearer_auth(&key)
+        .body(slow.to_string())
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.starts_with(": keep-alive\n\n"), "{text}");
+    assert!(
+        text.contains("Echo: slow") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+
+    // More calls in flight than the session allows (4): the fifth is refused with 429, not recorded.
+    let slow = chat("[slow]");
+    let posts: Vec<_> = (0..5)
+        .map(|_| rig.post("/v1/chat/completions", Some(&key), &slow))
+        .collect();
+    let statuses: Vec<u16> = futures::future::join_all(posts)
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        4,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        1,
+        "{statuses:?}"
+    );
+
+    let finished = rig.finish(&session, json!(null)).await;
+    assert_eq!(finished["model_calls"], 8);
+    // An ended session's key is refused, in Gemini's shape here.
+    let r = rig
+        .http
+        .post(format!(
+            "{}/v1beta/models/g:generateContent",
+            rig.proxy.url()
+        ))
+        .header("x-goog-api-key", &key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    rig.flush().await;
+    let (started, done) = calls_of(&rig.events(Topic::Calls).await, &session);
+    assert_eq!((started, done.len()), (8, 8));
+    let status = |i: usize| {
+        done.iter()
+            .find(|c| c.call_index == i as i64)
+            .unwrap()
+            .status
+    };
+    assert_eq!(status(0), CallStatus::UpstreamError);
+    assert_eq!(status(1), CallStatus::ClientError);
+    assert_eq!(status(2), CallStatus::ClientError);
+    assert_eq!(status(3), CallStatus::Ok);
+    assert!(done[0].error.as_deref().unwrap().contains("500"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_without_ids_serves_untrainable_calls() {
+    let options = FakeOptions {
+        without_ids: true,
+        ..Default::default()
+    };
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        options,
+        "proxy-noids",
+    )
+    .await;
+    assert!(rig
+        .proxy
+        .state
+        .probe_warning
+        .as_deref()
+        .unwrap()
+        .contains("no prompt token ids"));
+    let (session, key) = rig.session("r-noids").await;
+    let (status, v) = rig
+        .post("/v1/chat/completions", Some(&key), &chat("hello"))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["choices"][0]["message"]["content"], "Echo: hello");
+    rig.finish(&session, json!({"ok": true, "reward": 0.0}))
+        .await;
+    rig.flush().await;
+    let (_, done) = calls_of(&rig.events(Topic::Calls).await, &session);
+    assert_eq!(done.len(), 1);
+    assert!(!done[0].trainable);
+    assert_eq!(
+        done[0].untrainable_reason.as_deref(),
+        Some("upstream returned no prompt token ids")
+    );
+    assert_eq!(done[0].status, CallStatus::Ok);
+}
