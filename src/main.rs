@@ -101,6 +101,8 @@ enum Command {
     },
     /// The candle inference server: sampled token ids and logprobs the way vLLM returns them
     Engine(forgelog_engine::EngineArgs),
+    /// The capture proxy: harness dialects in, engine out, every call recorded
+    Proxy(forgelog_producers::ProxyArgs),
     /// Re-derive a run from the log and compare, or show its trajectory trees
     Replay {
         #[command(subcommand)]
@@ -367,6 +369,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
+        Command::Proxy(args) => Ok(rt.block_on(forgelog_producers::run(args))?),
         Command::Consume {
             which,
             state,

@@ -230,6 +230,8 @@ impl Call {
             trainable: false,
             untrainable_reason: None,
             response_body: Vec::new(),
+            chat_request: String::new(),
+            chat_response: String::new(),
             latency_ms: self.received.elapsed().as_millis() as i64,
             finished_at_ms: now_ms(),
         }
@@ -340,6 +342,10 @@ impl Call {
             completion_tokens: resp.usage.output as i64,
         };
         e.response_body = response_body.to_vec();
+        // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
+        // the upstream request is already that form, and so is its answer.
+        e.chat_request = serde_json::json!({ "messages": body["messages"], "tools": body.get("tools").cloned().unwrap_or_default() }).to_string();
+        e.chat_response = answer["choices"][0]["message"].to_string();
         self.record(e);
         Ok((resp, response_body))
     }
