@@ -10,6 +10,8 @@ use forgelog_schemas::{Event, GroupMember, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
 use forgelog_stream::{EventProducer, ReplayReader, SpoolOptions, StartAt, StreamConfig};
+mod up;
+
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -41,15 +43,8 @@ impl BrokerArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start forgelog on the embedded default: a local broker and the topics, with a status line until Ctrl-C
-    Up {
-        /// Broker data directory, when the local broker is used
-        #[arg(long, default_value = ".forgelog/broker")]
-        data: PathBuf,
-        /// Use these Kafka brokers instead of starting the local one
-        #[arg(long, env = "FORGELOG_BROKERS")]
-        brokers: Option<String>,
-    },
+    /// Start forgelog on the embedded default: local broker, engine (SmolLM2), capture proxy and consumers, with a session key per dialect and a status line until Ctrl-C
+    Up(up::UpArgs),
     /// Run the local Kafka-protocol broker (tansu) in the foreground, installing it if missing
     Broker {
         /// Data directory (SQLite database and log)
@@ -219,7 +214,7 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     match cli.command {
         Command::Broker { data, listen } => run_broker(&rt, &data, listen),
-        Command::Up { data, brokers } => up(&rt, &data, brokers),
+        Command::Up(args) => up::up(&rt, args),
         Command::Topics {
             action:
                 TopicsAction::Create {
@@ -493,55 +488,6 @@ fn run_broker(
             .map_err(anyhow::Error::from)
     })?;
     eprintln!("forgelog broker: stopped ({status})");
-    Ok(())
-}
-
-/// The embedded default: a local broker (unless --brokers names one), the topics,
-/// and a status line until Ctrl-C.
-fn up(rt: &tokio::runtime::Runtime, data: &std::path::Path, brokers: Option<String>) -> Result<()> {
-    let (config, local) = match brokers {
-        Some(b) => (StreamConfig::new(b), None),
-        None => {
-            let listen: std::net::SocketAddr = "127.0.0.1:9092".parse()?;
-            let b = start_local_broker(data, listen)?;
-            eprintln!("broker: tansu on {listen}, data in {}", data.display());
-            (StreamConfig::new(listen.to_string()), Some(b))
-        }
-    };
-    rt.block_on(async {
-        let stop = shutdown_signal()?;
-        let created = admin::create_topics(&config, &TopicLayout::default()).await?;
-        eprintln!(
-            "topics: {} created, {} already there",
-            created.len(),
-            Topic::ALL.len() - created.len()
-        );
-        print_topics(&config)?;
-        eprintln!("forgelog is up on {} (Ctrl-C to stop)", config.brokers);
-        let status = async {
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if let Ok(topics) = admin::list_topics(&config) {
-                    let line: Vec<String> = topics
-                        .iter()
-                        .filter(|t| Topic::from_name(&t.name).is_some())
-                        .map(|t| format!("{}={}", &t.name["forgelog.".len()..], t.messages))
-                        .collect();
-                    eprint!("\r{}   ", line.join("  "));
-                }
-            }
-        };
-        tokio::select! {
-            _ = stop => {}
-            _ = status => {}
-        }
-        eprintln!();
-        anyhow::Ok(())
-    })?;
-    if let Some(b) = local {
-        b.stop();
-        eprintln!("broker stopped");
-    }
     Ok(())
 }
 

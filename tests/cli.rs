@@ -133,29 +133,99 @@ fn broker_command_runs_tansu_and_stops_it_on_sigterm() {
     );
 }
 
+/// `forgelog up` end to end: the real engine (SmolLM2) behind the proxy; one
+/// OpenAI-dialect call lands in the log with the tokens the engine sampled.
 #[test]
-fn up_creates_the_topics_shows_them_and_stops_on_sigterm() {
+fn up_serves_a_recorded_call_through_engine_and_proxy() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let config = rt.block_on(shared_broker());
+    let home = tempfile::tempdir().unwrap();
+    let run = unique_run_id("up");
+    let (engine, proxy) = (free_local_addr(), free_local_addr());
     let mut child = forgelog()
-        .args(["up", "--brokers", &config.brokers])
+        .args([
+            "up",
+            "--brokers",
+            &config.brokers,
+            "--run",
+            &run,
+            "--engine-listen",
+            &engine.to_string(),
+            "--proxy-listen",
+            &proxy.to_string(),
+            "--home",
+        ])
+        .arg(home.path())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("forgelog is up") {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "up exited early");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    while !printed.contains("(Ctrl-C to stop)") {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "up exited early: {printed}"
+        );
+        printed.push_str(&line);
     }
+    let key = printed
+        .lines()
+        .find(|l| l.contains("OPENAI_API_KEY="))
+        .and_then(|l| l.split("OPENAI_API_KEY=").nth(1))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(
+        printed.matches(&format!("http://{proxy}")).count(),
+        4,
+        "{printed}"
+    );
+
+    let answer: serde_json::Value = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("http://{proxy}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8, "temperature": 0}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(text.contains("Paris"), "{answer}");
     sigterm(&child);
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let table = String::from_utf8(out.stdout).unwrap();
-    for t in forgelog_schemas::Topic::ALL {
-        assert!(table.contains(t.name()), "{table}");
-    }
+    assert!(child.wait().unwrap().success());
+
+    let calls = forgelog_stream::ReplayReader::new(&config)
+        .unwrap()
+        .read(
+            "forgelog.calls",
+            forgelog_stream::StartAt::Beginning,
+            Some(&run),
+        )
+        .unwrap();
+    let finished: Vec<_> = calls
+        .into_iter()
+        .filter_map(|r| match r.event {
+            Ok(Event::CallFinished(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished.len(), 1);
+    let c = &finished[0];
+    assert!(c.trainable, "{:?}", c.untrainable_reason);
+    assert!(!c.prompt_token_ids.is_empty() && !c.completion_token_ids.is_empty());
+    assert_eq!(c.completion_token_ids.len(), c.completion_logprobs.len());
+    assert!(c.completion_logprobs.iter().all(|&l| l <= 0.0));
+    assert_eq!(c.policy_version, Some(0));
+    assert!(c.chat_response.contains("Paris"), "{}", c.chat_response);
 }
 
 fn sigterm(child: &std::process::Child) {

@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,9 +56,11 @@ pub struct ShellOptions {
     pub state_dir: PathBuf,
     /// Input events between checkpoints.
     pub checkpoint_every: usize,
-    /// Stop after a sweep that found nothing new (batch use, tests); otherwise run forever.
+    /// Stop after a sweep that found nothing new (batch use, tests); otherwise run until `stop`.
     pub exit_when_idle: bool,
     pub idle_wait: Duration,
+    /// Set it to end the run after the current sweep, with a final checkpoint.
+    pub stop: Arc<AtomicBool>,
 }
 
 impl ShellOptions {
@@ -216,11 +220,11 @@ pub fn run<P: Processor>(
             checkpoint(&rt, &producer, &reader, &mut state, &state_path)?;
             since_checkpoint = 0;
         }
+        if (!progressed && options.exit_when_idle) || options.stop.load(Ordering::Relaxed) {
+            rt.block_on(producer.close(Duration::from_secs(600)))?;
+            return Ok(stats);
+        }
         if !progressed {
-            if options.exit_when_idle {
-                rt.block_on(producer.close(Duration::from_secs(600)))?;
-                return Ok(stats);
-            }
             std::thread::sleep(options.idle_wait);
         }
     }

@@ -1,0 +1,244 @@
+//! `forgelog up`: the whole loop on one machine — broker, engine, capture proxy
+//! and consumers — with a session key per dialect and a live status line.
+
+use crate::{reward_config, shutdown_signal, start_local_broker};
+use anyhow::{Context, Result};
+use clap::Parser;
+use forgelog_consumers::{shell, RewardJoin, ShellOptions, TrajectoryBuilder};
+use forgelog_producers::{ProxyArgs, RunningProxy};
+use forgelog_schemas::Topic;
+use forgelog_stream::admin::{self, TopicLayout};
+use forgelog_stream::StreamConfig;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Where forgelog keeps its local state (broker data, spools, consumer checkpoints)
+    #[arg(long, default_value = ".forgelog")]
+    pub home: PathBuf,
+    /// Use these Kafka brokers instead of starting the local one
+    #[arg(long, env = "FORGELOG_BROKERS")]
+    pub brokers: Option<String>,
+    /// Use this vLLM-compatible engine instead of starting `forgelog engine`
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// The model the local engine serves
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub engine_listen: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:8100")]
+    pub proxy_listen: SocketAddr,
+    /// Run id of the sessions `up` creates
+    #[arg(long, default_value = "interactive")]
+    pub run: String,
+    /// Score correct answers with the efficiency bonus in the reward join
+    #[arg(long)]
+    pub efficiency_bonus: bool,
+}
+
+/// Parses a component's own CLI arguments, so `up` uses the same defaults as the subcommands.
+fn component_args<A: clap::Args>(args: &[&str]) -> Result<A> {
+    #[derive(Parser)]
+    struct Wrap<A: clap::Args> {
+        #[command(flatten)]
+        inner: A,
+    }
+    Ok(Wrap::<A>::try_parse_from(std::iter::once("forgelog").chain(args.iter().copied()))?.inner)
+}
+
+async fn wait_healthy(url: &str, what: &str) -> Result<()> {
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("{what} did not become healthy at {url} within 2 minutes")
+}
+
+const DIALECTS: [(&str, &str); 4] = [
+    (
+        "openai-chat",
+        "OpenAI Chat Completions: OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={key}",
+    ),
+    (
+        "openai-responses",
+        "OpenAI Responses (Codex): base_url={base}/v1, key {key}",
+    ),
+    (
+        "anthropic",
+        "Anthropic Messages (Claude Code): ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={key}",
+    ),
+    (
+        "gemini",
+        "Gemini: GOOGLE_GEMINI_BASE_URL={base} GEMINI_API_KEY={key}",
+    ),
+];
+
+pub fn up(rt: &tokio::runtime::Runtime, args: UpArgs) -> Result<()> {
+    let (config, local) = match &args.brokers {
+        Some(b) => (StreamConfig::new(b), None),
+        None => {
+            let listen: SocketAddr = "127.0.0.1:9092".parse()?;
+            let data = args.home.join("broker");
+            let b = start_local_broker(&data, listen)?;
+            eprintln!("broker    tansu on {listen}, data in {}", data.display());
+            (StreamConfig::new(listen.to_string()), Some(b))
+        }
+    };
+    let result = rt.block_on(run(&config, &args));
+    if let Some(b) = local {
+        b.stop();
+        eprintln!("broker stopped");
+    }
+    result
+}
+
+async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
+    let stop = shutdown_signal()?;
+    admin::create_topics(config, &TopicLayout::default()).await?;
+
+    let upstream = match &args.upstream {
+        Some(u) => u.clone(),
+        None => {
+            let listen = args.engine_listen.to_string();
+            let engine: forgelog_engine::EngineArgs = component_args(&[
+                "--model",
+                &args.model,
+                "--listen",
+                &listen,
+                "--brokers",
+                &config.brokers,
+            ])?;
+            tokio::spawn(async move {
+                if let Err(e) = forgelog_engine::run(engine).await {
+                    eprintln!("engine stopped: {e}");
+                }
+            });
+            let url = format!("http://{listen}");
+            wait_healthy(&format!("{url}/healthz"), "the engine").await?;
+            eprintln!("engine    {} on {url}", args.model);
+            url
+        }
+    };
+
+    let spool = args.home.join("proxy-spool").display().to_string();
+    let listen = args.proxy_listen.to_string();
+    let proxy_args: ProxyArgs = component_args(&[
+        "--upstream",
+        &upstream,
+        "--listen",
+        &listen,
+        "--brokers",
+        &config.brokers,
+        "--spool",
+        &spool,
+        "--run-id",
+        &args.run,
+    ])?;
+    let proxy = RunningProxy::start(
+        proxy_args.config(),
+        config,
+        proxy_args.spool.clone(),
+        proxy_args.listen,
+    )
+    .await?;
+    let base = format!("http://{}", proxy.addr);
+    eprintln!("proxy     {base} → {upstream}");
+
+    let stop_consumers = Arc::new(AtomicBool::new(false));
+    let mut consumers = Vec::new();
+    for (name, processor) in [("trajectories", 0), ("rewards", 1)] {
+        let options = ShellOptions {
+            stop: stop_consumers.clone(),
+            ..ShellOptions::new(args.home.join("consumers").join(name))
+        };
+        let (config, rewards) = (config.clone(), reward_config(args.efficiency_bonus));
+        consumers.push(tokio::task::spawn_blocking(move || {
+            let result = match processor {
+                0 => shell::run(&config, TrajectoryBuilder::default(), &options),
+                _ => shell::run(&config, RewardJoin::new(rewards), &options),
+            };
+            if let Err(e) = result {
+                eprintln!("consumer {name} stopped: {e}");
+            }
+        }));
+    }
+
+    eprintln!(
+        "consumers trajectories, rewards (state in {})",
+        args.home.join("consumers").display()
+    );
+
+    println!(
+        "\nforgelog is up. Point a harness at the proxy with one of these session keys (run {}):",
+        args.run
+    );
+    let client = reqwest::Client::new();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    for (dialect, how) in DIALECTS {
+        let body = serde_json::json!({
+            "run_id": args.run, "rollout_id": format!("{dialect}-{stamp}"), "task_id": "interactive",
+            "harness": dialect, "group_id": format!("interactive-{dialect}-{stamp}"), "group_size": 1,
+        });
+        let session: serde_json::Value = client
+            .post(format!("{base}/sessions"))
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+            .context("creating a session")?;
+        let key = session["api_key"].as_str().unwrap_or_default();
+        println!("  {}", how.replace("{base}", &base).replace("{key}", key));
+    }
+    println!("(Ctrl-C to stop)\n");
+
+    let status = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let Ok(topics) = admin::list_topics(config) else {
+                continue;
+            };
+            let count = |t: Topic| {
+                topics
+                    .iter()
+                    .find(|i| i.name == t.name())
+                    .map_or(0, |i| i.messages)
+            };
+            eprint!(
+                "\rcalls {}  rollouts {}  trajectories {}  groups {}  policies {}   ",
+                count(Topic::Calls) / 2,
+                count(Topic::Rollouts) / 2,
+                count(Topic::Trajectories),
+                count(Topic::Batches),
+                count(Topic::Policy)
+            );
+        }
+    };
+    tokio::select! {
+        _ = stop => {}
+        _ = status => {}
+    }
+    eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
+    proxy.shutdown(Duration::from_secs(10)).await?;
+    stop_consumers.store(true, Ordering::Relaxed);
+    for c in consumers {
+        let _ = c.await;
+    }
+    Ok(())
+}
