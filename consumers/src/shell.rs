@@ -70,6 +70,7 @@ impl ShellOptions {
             checkpoint_every: 1000,
             exit_when_idle: false,
             idle_wait: Duration::from_millis(500),
+            stop: Arc::default(),
         }
     }
 }
