@@ -2,7 +2,11 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use forgelog_schemas::Topic;
+use forgelog_consumers::{
+    export, rebuild, shell, show, Processor, RewardConfig, RewardJoin, RewardTransform, RunStats,
+    ShellOptions, TrajectoryBuilder,
+};
+use forgelog_schemas::{Event, GroupMember, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
 use forgelog_stream::{EventProducer, ReplayReader, SpoolOptions, StartAt, StreamConfig};
@@ -75,10 +79,91 @@ enum Command {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Run the stream consumers: trajectory trees, and the reward join into GRPO groups
+    Consume {
+        /// Which consumer: trajectories, rewards, or all (both)
+        #[arg(value_enum)]
+        which: Consumers,
+        /// State directory (checkpoints and output spool), one subdirectory per consumer
+        #[arg(long, default_value = ".forgelog/consumers")]
+        state: PathBuf,
+        /// Exit after a sweep that finds nothing new (batch processing of a recorded run)
+        #[arg(long)]
+        exit_when_idle: bool,
+        /// Input events between checkpoints
+        #[arg(long, default_value_t = 1000)]
+        checkpoint_every: usize,
+        /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
+        #[arg(long)]
+        efficiency_bonus: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Re-derive a run from the log and compare, or show its trajectory trees
+    Replay {
+        #[command(subcommand)]
+        action: ReplayAction,
+    },
+    /// Export a run as a supervised fine-tuning dataset
+    Export {
+        #[command(subcommand)]
+        action: ExportAction,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
         action: SpoolAction,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Consumers {
+    Trajectories,
+    Rewards,
+    All,
+}
+
+#[derive(Subcommand)]
+enum ReplayAction {
+    /// Re-derive trajectories and batches from calls, rollouts and rewards; compare with the output topics
+    Rebuild {
+        #[arg(long)]
+        run: String,
+        /// The reward join ran with --efficiency-bonus
+        #[arg(long)]
+        efficiency_bonus: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
+    Show {
+        #[arg(long)]
+        run: String,
+        /// Only this rollout
+        #[arg(long)]
+        rollout: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum ExportAction {
+    /// JSONL (OpenAI Chat `messages`) and Parquet (`input_ids`, `loss_mask`, `labels`) per harness, plus a manifest
+    Sft {
+        #[arg(long)]
+        run: String,
+        /// Destination URL: file:///abs/dir, s3://bucket/prefix (AWS_* variables configure S3)
+        #[arg(long)]
+        to: String,
+        /// Only rollouts whose verifier ran and gave a reward above 0
+        #[arg(long)]
+        only_successful: bool,
+        /// Only rollouts with at least this reward
+        #[arg(long)]
+        min_reward: Option<f64>,
+        #[command(flatten)]
+        broker: BrokerArgs,
     },
 }
 
@@ -187,6 +272,147 @@ fn main() -> Result<()> {
             eprintln!("spool {} is empty", dir.display());
             Ok(())
         }),
+        Command::Replay {
+            action:
+                ReplayAction::Rebuild {
+                    run,
+                    efficiency_bonus,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let (rebuilt, diff) =
+                rebuild::rebuild_and_compare(&reader, &run, reward_config(efficiency_bonus))?;
+            match diff {
+                None => {
+                    println!(
+                        "identical: {} trajectories, {} batches of run {run}",
+                        rebuilt.trajectories.len(),
+                        rebuilt.batches.len()
+                    );
+                    Ok(())
+                }
+                Some(d) => bail!("differs: {d}"),
+            }
+        }
+        Command::Replay {
+            action:
+                ReplayAction::Show {
+                    run,
+                    rollout,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let members: Vec<GroupMember> = rebuild::read_run(&reader, Topic::Batches, &run)?
+                .into_iter()
+                .filter_map(|r| match r.event {
+                    Ok(Event::TrainingBatch(b)) => Some(b.members),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            let mut shown = 0;
+            for r in rebuild::read_run(&reader, Topic::Trajectories, &run)? {
+                let Ok(Event::TrajectoryBuilt(t)) = r.event else {
+                    continue;
+                };
+                if rollout.as_ref().is_some_and(|x| *x != t.rollout_id) {
+                    continue;
+                }
+                print!(
+                    "{}",
+                    show::render(&t, members.iter().find(|m| m.rollout_id == t.rollout_id))
+                );
+                shown += 1;
+            }
+            if shown == 0 {
+                bail!(
+                    "no trajectories for run {run}{}",
+                    rollout
+                        .map(|r| format!(", rollout {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        Command::Export {
+            action:
+                ExportAction::Sft {
+                    run,
+                    to,
+                    only_successful,
+                    min_reward,
+                    broker,
+                },
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let filter = export::ExportFilter {
+                only_successful,
+                min_reward,
+            };
+            let (manifest, written) = rt
+                .block_on(export::export_run(&reader, &run, &to, filter))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            for path in written {
+                println!("{path}");
+            }
+            eprintln!(
+                "exported {} rows ({} filtered out)",
+                manifest.rows.values().sum::<usize>(),
+                manifest.filtered_out
+            );
+            Ok(())
+        }
+        Command::Consume {
+            which,
+            state,
+            exit_when_idle,
+            checkpoint_every,
+            efficiency_bonus,
+            broker,
+        } => {
+            let config = broker.config();
+            let options = |name: &str| ShellOptions {
+                checkpoint_every,
+                exit_when_idle,
+                ..ShellOptions::new(state.join(name))
+            };
+            let rewards = reward_config(efficiency_bonus);
+            rt.block_on(async move {
+                let (c1, c2) = (config.clone(), config.clone());
+                let (o1, o2) = (options(TrajectoryBuilder::NAME), options(RewardJoin::NAME));
+                let trajectories = move || shell::run(&c1, TrajectoryBuilder::default(), &o1);
+                let join = move || shell::run(&c2, RewardJoin::new(rewards), &o2);
+                let report = |name: &str, stats: RunStats| eprintln!("{name}: {stats:?}");
+                match which {
+                    Consumers::Trajectories => report(
+                        "trajectories",
+                        tokio::task::spawn_blocking(trajectories).await??,
+                    ),
+                    Consumers::Rewards => {
+                        report("rewards", tokio::task::spawn_blocking(join).await??)
+                    }
+                    // In batch mode the join runs after the trees are done, so each sees its whole input.
+                    Consumers::All if exit_when_idle => {
+                        report(
+                            "trajectories",
+                            tokio::task::spawn_blocking(trajectories).await??,
+                        );
+                        report("rewards", tokio::task::spawn_blocking(join).await??);
+                    }
+                    Consumers::All => {
+                        let (a, b) = tokio::join!(
+                            tokio::task::spawn_blocking(trajectories),
+                            tokio::task::spawn_blocking(join)
+                        );
+                        report("trajectories", a??);
+                        report("rewards", b??);
+                    }
+                }
+                anyhow::Ok(())
+            })
+        }
         Command::Spool {
             action: SpoolAction::Status { dir },
         } => {
@@ -199,6 +425,18 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+fn reward_config(efficiency_bonus: bool) -> RewardConfig {
+    let transforms = if efficiency_bonus {
+        vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }]
+    } else {
+        Vec::new()
+    };
+    RewardConfig {
+        transforms,
+        ..Default::default()
     }
 }
 

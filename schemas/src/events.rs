@@ -94,6 +94,13 @@ pub struct CallFinished {
     /// The body the harness received (before any SSE framing).
     #[serde(with = "crate::packed")]
     pub response_body: Vec<u8>,
+    /// The request in OpenAI Chat form, whatever the dialect: `{"messages": [...], "tools": [...]}`
+    /// (empty when unknown). What SFT export writes.
+    #[serde(default)]
+    pub chat_request: String,
+    /// The assistant message in OpenAI Chat form (empty when unknown).
+    #[serde(default)]
+    pub chat_response: String,
     pub latency_ms: i64,
     pub finished_at_ms: i64,
 }
@@ -107,6 +114,8 @@ pub struct RolloutStarted {
     pub task_id: String,
     pub harness: String,
     pub group_id: String,
+    /// How many rollouts the group will have: the reward join waits for all of them.
+    pub group_size: i64,
     pub policy_version: Option<i64>,
     pub started_at_ms: i64,
 }
@@ -193,6 +202,9 @@ pub struct TrajectoryBuilt {
     pub group_id: String,
     pub harness: String,
     pub calls: i64,
+    /// Calls outside discarded branches that ended in tool calls.
+    #[serde(default)]
+    pub tool_calls: i64,
     pub sequences: Vec<Sequence>,
     #[serde(default)]
     pub findings: Vec<Finding>,

@@ -47,7 +47,118 @@ pub fn call_finished(
         trainable: true,
         untrainable_reason: None,
         response_body: Vec::new(),
+        chat_request: String::new(),
+        chat_response: String::new(),
         latency_ms: 50,
         finished_at_ms: 1_790_000_000_000 + call_index,
     }
+}
+
+/// A complete recorded run: `groups` GRPO groups of `group_size` rollouts, each a
+/// multi-turn session of `turns` calls (every fifth session retries a turn, every
+/// seventh has one untrainable call), with rollout events and verifier results
+/// (every ninth rollout's verifier did not run). Events come in the order a proxy
+/// would write them; everything depends only on the arguments.
+pub fn recorded_run(
+    run_id: &str,
+    groups: usize,
+    group_size: usize,
+    turns: usize,
+    tokens_per_turn: usize,
+) -> Vec<crate::Event> {
+    use crate::{Event, RolloutFinished, RolloutStarted, VerifierResult};
+    let mut events: Vec<Event> = Vec::new();
+    let mut n = 0usize;
+    for g in 0..groups {
+        for m in 0..group_size {
+            let rollout = format!("{run_id}-g{g}-r{m}");
+            let session = format!("session-{rollout}");
+            events.push(
+                RolloutStarted {
+                    run_id: run_id.into(),
+                    event_id: event_id("RolloutStarted", &[run_id, &rollout]),
+                    rollout_id: rollout.clone(),
+                    session_id: session.clone(),
+                    task_id: format!("task-{g}"),
+                    harness: if m % 2 == 0 {
+                        "opencode"
+                    } else {
+                        "claude-code"
+                    }
+                    .into(),
+                    group_id: format!("group-{g}"),
+                    group_size: group_size as i64,
+                    policy_version: Some(0),
+                    started_at_ms: 1_790_000_000_000 + n as i64,
+                }
+                .into(),
+            );
+            let mut context: Vec<u32> = (0..tokens_per_turn as u32)
+                .map(|t| (t * 31 + g as u32) % 49_152)
+                .collect();
+            let mut index = 0i64;
+            for turn in 0..turns {
+                let attempts = if n % 5 == 0 && turn == 1 { 2 } else { 1 };
+                for attempt in 0..attempts {
+                    let mut c = call_finished(run_id, &session, index, 0, 0);
+                    c.event_id = event_id("CallFinished", &[run_id, &session, &index.to_string()]);
+                    c.rollout_id = rollout.clone();
+                    c.prompt_token_ids = context.clone();
+                    c.completion_token_ids = (0..tokens_per_turn as u32 / 4 + 1)
+                        .map(|t| (t * 17 + (n * 7 + turn * 3 + attempt) as u32) % 49_152)
+                        .collect();
+                    c.completion_logprobs = c
+                        .completion_token_ids
+                        .iter()
+                        .map(|&t| -((t % 97) as f32) / 40.0)
+                        .collect();
+                    c.finish_reason = Some(
+                        if turn + 1 < turns {
+                            "tool_calls"
+                        } else {
+                            "stop"
+                        }
+                        .into(),
+                    );
+                    c.trainable = !(n % 7 == 3 && turn == 0);
+                    if attempt + 1 == attempts {
+                        context.extend_from_slice(&c.completion_token_ids);
+                        context.extend(
+                            (0..tokens_per_turn as u32)
+                                .map(|t| (t * 13 + turn as u32 * 5 + 1) % 49_152),
+                        );
+                    }
+                    events.push(c.into());
+                    index += 1;
+                }
+            }
+            events.push(
+                RolloutFinished {
+                    run_id: run_id.into(),
+                    event_id: event_id("RolloutFinished", &[run_id, &rollout]),
+                    rollout_id: rollout.clone(),
+                    session_id: session,
+                    exit_status: Some(0),
+                    model_calls: index,
+                    started_at_ms: 1_790_000_000_000 + n as i64,
+                    finished_at_ms: 1_790_000_001_000 + n as i64,
+                }
+                .into(),
+            );
+            let ran = n % 9 != 4;
+            events.push(
+                VerifierResult {
+                    run_id: run_id.into(),
+                    event_id: event_id("VerifierResult", &[run_id, &rollout]),
+                    rollout_id: rollout,
+                    ok: ran,
+                    reward: ran.then_some(((n * 7 + m) % 3) as f64 / 2.0),
+                    details: String::new(),
+                }
+                .into(),
+            );
+            n += 1;
+        }
+    }
+    events
 }

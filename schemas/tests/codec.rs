@@ -305,6 +305,8 @@ fn event() -> impl Strategy<Value = Event> {
                         trainable,
                         untrainable_reason,
                         response_body: b"{}".to_vec(),
+                        chat_request: String::new(),
+                        chat_response: "{}".into(),
                         latency_ms,
                         finished_at_ms,
                     }
@@ -327,6 +329,7 @@ fn event() -> impl Strategy<Value = Event> {
                     task_id,
                     harness: "h".into(),
                     group_id,
+                    group_size: 8,
                     policy_version,
                     started_at_ms,
                 }
@@ -390,6 +393,7 @@ fn event() -> impl Strategy<Value = Event> {
                         group_id: "g".into(),
                         harness: "h".into(),
                         calls,
+                        tool_calls: calls / 2,
                         sequences,
                         findings,
                     }

@@ -105,21 +105,27 @@ pub enum StartAt {
 /// input always gives the same sequence.
 pub struct ReplayReader {
     consumer: BaseConsumer,
+    /// Metadata and watermark queries on a connection of their own: on the
+    /// reading one they would queue behind its fetch long-polls.
+    meta: BaseConsumer,
     timeout: Duration,
 }
 
 impl ReplayReader {
     pub fn new(config: &StreamConfig) -> Result<ReplayReader, ConsumeError> {
-        let consumer: BaseConsumer = config.consumer("forgelog-replay").create()?;
+        let mut reading = config.consumer("forgelog-replay");
+        // Bounded reads want what is there now, not to wait for more.
+        reading.set("fetch.wait.max.ms", "10");
         Ok(ReplayReader {
-            consumer,
+            consumer: reading.create()?,
+            meta: config.consumer("forgelog-replay-meta").create()?,
             timeout: Duration::from_secs(10),
         })
     }
 
     /// Partition ids of `topic`, sorted.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
-        let md = self.consumer.fetch_metadata(Some(topic), self.timeout)?;
+        let md = self.meta.fetch_metadata(Some(topic), self.timeout)?;
         let t = md
             .topics()
             .first()
@@ -143,53 +149,85 @@ impl ReplayReader {
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<(), ConsumeError> {
         for partition in self.partitions(topic)? {
-            let (lo, hi) = self
-                .consumer
-                .fetch_watermarks(topic, partition, self.timeout)?;
+            let (lo, hi) = self.meta.fetch_watermarks(topic, partition, self.timeout)?;
             let from = match start {
                 StartAt::Beginning => lo,
                 StartAt::Offset(o) => o.clamp(lo, hi),
                 StartAt::Timestamp(ms) => {
                     let mut q = TopicPartitionList::new();
                     q.add_partition_offset(topic, partition, Offset::Offset(ms))?;
-                    let found = self.consumer.offsets_for_times(q, self.timeout)?;
+                    let found = self.meta.offsets_for_times(q, self.timeout)?;
                     match found.find_partition(topic, partition).map(|e| e.offset()) {
                         Some(Offset::Offset(o)) => o,
                         _ => hi,
                     }
                 }
             };
-            if from >= hi {
-                continue;
-            }
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
-            self.consumer.assign(&tpl)?;
-            let mut next = from;
-            let mut idle_since = Instant::now();
-            while next < hi {
-                match self.consumer.poll(Duration::from_millis(200)) {
-                    Some(msg) => {
-                        let msg = msg?;
-                        idle_since = Instant::now();
-                        next = msg.offset() + 1;
-                        let rec = Received::from_message(&msg);
-                        if rec.in_run(run) && f(rec).is_break() {
-                            self.consumer.unassign()?;
-                            return Ok(());
-                        }
-                    }
-                    None if idle_since.elapsed() > self.timeout * 3 => {
-                        return Err(ConsumeError::Broker(format!(
-                            "replay of {topic}/{partition} stalled at offset {next} of {hi}"
-                        )));
-                    }
-                    None => {}
+            let flow = self.for_each_in(topic, partition, from, hi, |rec| {
+                if rec.in_run(run) {
+                    f(rec)
+                } else {
+                    ControlFlow::Continue(())
                 }
+            })?;
+            if flow.is_break() {
+                break;
             }
         }
         self.consumer.unassign()?;
         Ok(())
+    }
+
+    /// High watermark (the offset the next message will get) of one partition.
+    pub fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
+        Ok(self
+            .meta
+            .fetch_watermarks(topic, partition, self.timeout)?
+            .1)
+    }
+
+    /// Calls `f` with the messages of one partition in `[from, to)`, in offset
+    /// order, until `f` breaks (which this returns).
+    pub fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
+        if from >= to {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        self.consumer.assign(&tpl)?;
+        let mut next = from;
+        let mut idle_since = Instant::now();
+        while next < to {
+            match self.consumer.poll(Duration::from_millis(200)) {
+                Some(msg) => {
+                    let msg = msg?;
+                    idle_since = Instant::now();
+                    next = msg.offset() + 1;
+                    if msg.offset() >= to {
+                        break;
+                    }
+                    if f(Received::from_message(&msg)).is_break() {
+                        self.consumer.unassign()?;
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                None if idle_since.elapsed() > self.timeout * 3 => {
+                    return Err(ConsumeError::Broker(format!(
+                        "read of {topic}/{partition} stalled at offset {next} of {to}"
+                    )));
+                }
+                None => {}
+            }
+        }
+        self.consumer.unassign()?;
+        Ok(ControlFlow::Continue(()))
     }
 
     /// All of `topic` (or one run of it) from `start`, in partition then offset order.

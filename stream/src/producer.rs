@@ -152,7 +152,12 @@ impl Drainer {
         let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
         Ok(Drainer {
             config: config.producer(),
-            recovery: config.consumer("forgelog-spool-recovery"),
+            recovery: {
+                // Bounded reads of what is there: no long-polling for more.
+                let mut c = config.consumer("forgelog-spool-recovery");
+                c.set("fetch.wait.max.ms", "10");
+                c
+            },
             spool,
             checkpoint,
         })

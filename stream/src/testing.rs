@@ -86,3 +86,20 @@ impl PrivateBroker {
         Ok(())
     }
 }
+
+/// Creates the topics and writes `events` through a throwaway spool, waiting
+/// until the broker has them all.
+pub async fn produce(config: &StreamConfig, events: &[forgelog_schemas::Event]) {
+    admin::create_topics(config, &Default::default())
+        .await
+        .expect("create topics");
+    let spool = tempfile::tempdir().expect("temp dir");
+    let p =
+        crate::EventProducer::start(config, spool.path(), Default::default()).expect("producer");
+    for e in events {
+        p.send(e).expect("send");
+    }
+    p.close(std::time::Duration::from_secs(120))
+        .await
+        .expect("broker took the events");
+}

@@ -74,6 +74,8 @@ pub fn all() -> Vec<Event> {
             trainable: true,
             untrainable_reason: None,
             response_body: br#"{"id":"x"}"#.to_vec(),
+            chat_request: r#"{"messages":[{"role":"user","content":"2+2?"}]}"#.into(),
+            chat_response: r#"{"role":"assistant","content":"4"}"#.into(),
             latency_ms: 12,
             finished_at_ms: 1_790_000_000_012,
         }
@@ -86,6 +88,7 @@ pub fn all() -> Vec<Event> {
             task_id: "t-1".into(),
             harness: "claude-code".into(),
             group_id: "g-1".into(),
+            group_size: 8,
             policy_version: Some(3),
             started_at_ms: 1_790_000_000_000,
         }
@@ -119,6 +122,7 @@ pub fn all() -> Vec<Event> {
             group_id: "g-1".into(),
             harness: "claude-code".into(),
             calls: 2,
+            tool_calls: 1,
             sequences: vec![sequence()],
             findings: vec![Finding {
                 kind: FindingKind::Drift,

@@ -1,0 +1,129 @@
+use super::*;
+use crate::TrajectoryBuilder;
+use forgelog_schemas::testing::recorded_run;
+
+/// The recorded run's events through both cores, rewards in the given position.
+fn batches(config: RewardConfig, events: Vec<Event>) -> Vec<TrainingBatch> {
+    let mut trajectories = Vec::new();
+    let mut builder = TrajectoryBuilder::default();
+    for e in events.iter().cloned() {
+        builder.process(e, &mut trajectories);
+    }
+    let mut join = RewardJoin::new(config);
+    let mut out = Vec::new();
+    let inputs = events
+        .into_iter()
+        .filter(|e| !matches!(e, Event::CallFinished(_)));
+    for e in inputs.chain(trajectories) {
+        join.process(e, &mut out);
+    }
+    out.into_iter()
+        .map(|e| match e {
+            Event::TrainingBatch(b) => b,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+fn verdicts_first(events: Vec<Event>) -> Vec<Event> {
+    let (v, rest): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| matches!(e, Event::VerifierResult(_)));
+    v.into_iter().chain(rest).collect()
+}
+
+#[test]
+fn groups_are_emitted_once_complete_in_either_arrival_order() {
+    let events = recorded_run("run", 3, 4, 3, 12);
+    let after = batches(RewardConfig::default(), events.clone());
+    let before = batches(RewardConfig::default(), verdicts_first(events));
+    assert_eq!(after.len(), 3);
+    assert_eq!(after, before);
+    for b in &after {
+        assert_eq!(b.members.len(), 4);
+        assert!(b
+            .members
+            .windows(2)
+            .all(|w| w[0].rollout_id < w[1].rollout_id));
+        assert!(b
+            .members
+            .iter()
+            .flat_map(|m| &m.sequences)
+            .all(|s| !s.discarded));
+    }
+}
+
+#[test]
+fn a_group_waits_for_its_last_member() {
+    let events = recorded_run("run", 1, 3, 2, 8);
+    let last_verdict = events
+        .iter()
+        .rposition(|e| matches!(e, Event::VerifierResult(_)))
+        .unwrap();
+    let mut missing = events.clone();
+    missing.remove(last_verdict);
+    assert!(batches(RewardConfig::default(), missing).is_empty());
+    assert_eq!(batches(RewardConfig::default(), events).len(), 1);
+}
+
+#[test]
+fn a_verifier_that_did_not_run_is_left_out_never_scored_zero() {
+    let rewards = [Some(1.0), None, Some(0.0), Some(0.5)];
+    let (adv, flat) = advantages(&rewards, 1e-6);
+    assert!(!flat);
+    assert_eq!(adv[1], None);
+    // Baseline over the three scored: mean 0.5.
+    assert!(adv[3].unwrap().abs() < 1e-9);
+    let std = (((0.5f64).powi(2) * 2.0) / 3.0).sqrt();
+    assert!((adv[0].unwrap() - 0.5 / (std + 1e-6)).abs() < 1e-9);
+    // In a real group: the recorded run's ninth-rollout verifier did not run.
+    let all = batches(RewardConfig::default(), recorded_run("run", 2, 4, 2, 8));
+    let unscored: Vec<&GroupMember> = all
+        .iter()
+        .flat_map(|b| &b.members)
+        .filter(|m| m.reward.is_none())
+        .collect();
+    assert!(!unscored.is_empty());
+    assert!(unscored.iter().all(|m| m.advantage.is_none()));
+}
+
+#[test]
+fn equal_rewards_are_flagged_with_zero_advantages() {
+    let (adv, flat) = advantages(&[Some(1.0), Some(1.0), None], 1e-6);
+    assert!(flat);
+    assert_eq!(adv, vec![Some(0.0), Some(0.0), None]);
+    assert!(advantages(&[None, None], 1e-6).1);
+    assert!(advantages(&[Some(0.3)], 1e-6).1);
+}
+
+#[test]
+fn efficiency_bonus_rewards_fewer_tool_calls_among_correct_answers() {
+    let bonus = RewardTransform::EfficiencyBonus { correct_at: 1.0 };
+    assert_eq!(bonus.apply(1.0, 0), 1.1);
+    assert!((bonus.apply(1.0, 15) - 1.05).abs() < 1e-12);
+    assert_eq!(bonus.apply(0.5, 0), 0.5, "wrong answers are not boosted");
+    assert_eq!(
+        RewardTransform::Clip { min: 0.0, max: 1.0 }.apply(1.7, 0),
+        1.0
+    );
+
+    let config = RewardConfig {
+        transforms: vec![bonus],
+        ..Default::default()
+    };
+    let out = batches(config, recorded_run("run", 3, 4, 3, 8));
+    let boosted: Vec<f64> = out
+        .iter()
+        .flat_map(|b| &b.members)
+        .filter_map(|m| m.reward)
+        .filter(|&r| r > 1.0)
+        .collect();
+    assert!(!boosted.is_empty());
+    // Two tool calls per 3-turn session: 1 + 1.5 / 17.
+    assert!(
+        boosted
+            .iter()
+            .all(|&r| (r - (1.0 + 1.5 / 17.0)).abs() < 1e-12),
+        "{boosted:?}"
+    );
+}

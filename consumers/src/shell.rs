@@ -1,0 +1,261 @@
+//! The thin Kafka shell around a [`Processor`]: deterministic input order,
+//! checkpointed state, exactly-once output without Kafka transactions.
+//!
+//! **Input order.** The shell works in sweeps: each sweep reads every input
+//! partition, in a fixed order (topics as the processor lists them, partitions
+//! ascending), from its position to the end the partition had when the sweep
+//! reached it. Over a recorded run the order of events fed to the core, and so
+//! the order of everything it emits, is a function of the log alone.
+//!
+//! **Exactly once.** Every `checkpoint_every` input events the shell flushes its
+//! outputs, then atomically writes `state.json`: the core's state, the input
+//! positions it reflects, and the output partitions' ends. After a crash it
+//! first drains what its spool still holds, reads the outputs written since the
+//! checkpoint (their deterministic event ids), restores the checkpoint and
+//! replays the input from there: re-derived outputs already in the log are
+//! skipped, the rest are sent, in the same order a clean run sends them.
+
+use crate::Processor;
+use forgelog_schemas::Event;
+use forgelog_stream::{
+    ConsumeError, EventProducer, ReplayReader, SendError, SpoolError, SpoolOptions, StreamConfig,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("reading the log: {0}")]
+    Consume(#[from] ConsumeError),
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
+    #[error("sending output: {0}")]
+    Send(#[from] SendError),
+    #[error("flushing output: {0}")]
+    Flush(#[from] forgelog_stream::FlushTimeout),
+    #[error("state {path}: {source}")]
+    State {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
+    Settings {
+        path: PathBuf,
+        saved: String,
+        current: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ShellOptions {
+    pub state_dir: PathBuf,
+    /// Input events between checkpoints.
+    pub checkpoint_every: usize,
+    /// Stop after a sweep that found nothing new (batch use, tests); otherwise run forever.
+    pub exit_when_idle: bool,
+    pub idle_wait: Duration,
+}
+
+impl ShellOptions {
+    pub fn new(state_dir: impl Into<PathBuf>) -> ShellOptions {
+        ShellOptions {
+            state_dir: state_dir.into(),
+            checkpoint_every: 1000,
+            exit_when_idle: false,
+            idle_wait: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What one run of the shell did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub consumed: u64,
+    pub emitted: u64,
+    /// Re-derived after a restart and already in the log: not sent again.
+    pub skipped: u64,
+    /// Input messages that are not forgelog events (recorded in the log's
+    /// metrics and logs, then passed over).
+    pub undecodable: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Checkpoint<P> {
+    settings: String,
+    /// topic → partition → next offset to read.
+    inputs: BTreeMap<String, BTreeMap<i32, i64>>,
+    /// Output partition → its end when this checkpoint was taken.
+    outputs: BTreeMap<i32, i64>,
+    processor: P,
+}
+
+/// Runs `fresh` (or its checkpointed state) over its input topics until idle or
+/// forever. Blocking: call it from a blocking thread inside a tokio runtime.
+pub fn run<P: Processor>(
+    config: &StreamConfig,
+    fresh: P,
+    options: &ShellOptions,
+) -> Result<RunStats, ShellError> {
+    let rt = tokio::runtime::Handle::current();
+    let state_path = options.state_dir.join("state.json");
+    let state_err = |source| ShellError::State {
+        path: state_path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&options.state_dir).map_err(state_err)?;
+
+    // 1. Whatever a crashed run left in the spool goes out first.
+    let producer = EventProducer::start(
+        config,
+        options.state_dir.join("spool"),
+        SpoolOptions::default(),
+    )?;
+    rt.block_on(producer.flush(Duration::from_secs(600)))?;
+
+    // 2. The checkpoint, or a fresh start from the beginning of the inputs.
+    let reader = ReplayReader::new(config)?;
+    let output = P::OUTPUT.name();
+    let mut state = match std::fs::read(&state_path) {
+        Ok(bytes) => serde_json::from_slice::<Checkpoint<P>>(&bytes)
+            .map_err(|e| state_err(std::io::Error::other(e)))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint {
+            settings: fresh.settings(),
+            inputs: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            processor: fresh,
+        },
+        Err(e) => return Err(state_err(e)),
+    };
+    let current = P::settings(&state.processor);
+    if state.settings != current {
+        return Err(ShellError::Settings {
+            path: state_path,
+            saved: state.settings,
+            current,
+        });
+    }
+
+    // 3. Outputs written after the checkpoint: re-derived ones are not sent again.
+    let mut written: HashMap<String, u32> = HashMap::new();
+    for partition in reader.partitions(output)? {
+        let from = state.outputs.get(&partition).copied().unwrap_or(0);
+        let end = reader.end(output, partition)?;
+        let _ = reader.for_each_in(output, partition, from, end, |rec| {
+            if let Ok(e) = rec.event {
+                *written.entry(e.event_id().to_string()).or_default() += 1;
+            }
+            ControlFlow::Continue(())
+        })?;
+    }
+
+    // 4. Sweeps.
+    let mut stats = RunStats::default();
+    let mut out: Vec<Event> = Vec::new();
+    let mut since_checkpoint = 0usize;
+    loop {
+        let mut progressed = false;
+        for topic in P::INPUTS {
+            let topic = topic.name();
+            for partition in reader.partitions(topic)? {
+                let from = state
+                    .inputs
+                    .get(topic)
+                    .and_then(|p| p.get(&partition))
+                    .copied()
+                    .unwrap_or(0);
+                let end = reader.end(topic, partition)?;
+                let t = std::time::Instant::now();
+                let mut failure: Option<ShellError> = None;
+                let _ = reader.for_each_in(topic, partition, from, end, |rec| {
+                    progressed = true;
+                    stats.consumed += 1;
+                    match rec.event {
+                        Ok(event) => state.processor.process(event, &mut out),
+                        Err(why) => {
+                            stats.undecodable += 1;
+                            metrics::counter!("forgelog_consumer_undecodable_total", "topic" => topic.to_string()).increment(1);
+                            tracing::warn!(topic, partition = rec.partition, offset = rec.offset, %why, "skipping a message that is not a forgelog event");
+                        }
+                    }
+                    for e in out.drain(..) {
+                        match written.get_mut(e.event_id()) {
+                            Some(n) if *n > 0 => {
+                                *n -= 1;
+                                stats.skipped += 1;
+                            }
+                            _ => {
+                                if let Err(err) = producer.send(&e) {
+                                    failure = Some(err.into());
+                                    return ControlFlow::Break(());
+                                }
+                                stats.emitted += 1;
+                            }
+                        }
+                    }
+                    state.inputs.entry(topic.to_string()).or_default().insert(partition, rec.offset + 1);
+                    since_checkpoint += 1;
+                    if since_checkpoint >= options.checkpoint_every {
+                        if let Err(e) = checkpoint(&rt, &producer, &reader, &mut state, &state_path) {
+                            failure = Some(e);
+                            return ControlFlow::Break(());
+                        }
+                        since_checkpoint = 0;
+                    }
+                    ControlFlow::Continue(())
+                })?;
+                if let Some(err) = failure {
+                    return Err(err);
+                }
+                tracing::debug!(consumer = P::NAME, topic, partition, from, end, elapsed = ?t.elapsed(), "swept");
+            }
+        }
+        if since_checkpoint > 0 {
+            checkpoint(&rt, &producer, &reader, &mut state, &state_path)?;
+            since_checkpoint = 0;
+        }
+        if !progressed {
+            if options.exit_when_idle {
+                rt.block_on(producer.close(Duration::from_secs(600)))?;
+                return Ok(stats);
+            }
+            std::thread::sleep(options.idle_wait);
+        }
+    }
+}
+
+/// Outputs acknowledged, then state + positions + output ends, atomically.
+fn checkpoint<P: Processor>(
+    rt: &tokio::runtime::Handle,
+    producer: &EventProducer,
+    reader: &ReplayReader,
+    state: &mut Checkpoint<P>,
+    path: &Path,
+) -> Result<(), ShellError> {
+    let t = std::time::Instant::now();
+    rt.block_on(producer.flush(Duration::from_secs(600)))?;
+    let flushed = t.elapsed();
+    let output = P::OUTPUT.name();
+    for partition in reader.partitions(output)? {
+        state
+            .outputs
+            .insert(partition, reader.end(output, partition)?);
+    }
+    let state_err = |source| ShellError::State {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec(state).map_err(|e| state_err(std::io::Error::other(e)))?;
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(state_err)?;
+        f.write_all(&bytes).map_err(state_err)?;
+        f.sync_data().map_err(state_err)?;
+    }
+    std::fs::rename(&tmp, path).map_err(state_err)?;
+    tracing::debug!(consumer = P::NAME, ?flushed, total = ?t.elapsed(), bytes = bytes.len(), "checkpoint");
+    Ok(())
+}
