@@ -327,6 +327,11 @@ impl Learner {
         Ok(eval)
     }
 
+    /// One AdamW update with `grads` (from [`Learner::evaluate`]); returns the gradient norm.
+    pub fn apply_gradients(&mut self, grads: &[Option<Tensor>]) -> Result<f64> {
+        self.optimizer.step(&self.vars, grads)
+    }
+
     /// One optimizer step on `batches` (each with its staleness), which the
     /// caller has already admitted.
     pub fn train_step(&mut self, batches: &[(TrainingBatch, u64)]) -> Result<StepMetrics> {
@@ -351,7 +356,7 @@ impl Learner {
             return Ok(metrics);
         }
         let eval = self.evaluate(&seqs)?;
-        metrics.grad_norm = self.optimizer.step(&self.vars, &eval.grads)?;
+        metrics.grad_norm = self.apply_gradients(&eval.grads)?;
         let n = eval.ratios.len();
         metrics.tokens = n;
         metrics.loss = eval.loss;
