@@ -313,3 +313,28 @@ fn batches_older_than_the_staleness_bound_are_dropped_and_counted() {
     assert_eq!((m.groups, m.tokens, m.staleness_max), (2, 8, 4));
     assert_eq!(m.staleness_mean, 2.0);
 }
+
+#[test]
+fn a_bf16_learner_trains_through_the_same_model_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    let mut learner = Learner::new(
+        &policy.weights,
+        policy.model.config(),
+        &Device::Cpu,
+        DType::BF16,
+        LearnerConfig::default(),
+    )
+    .unwrap();
+    let group = batch(
+        "g",
+        vec![
+            sequence(&[5, 6, 7], &[8, 9], &[-6.0, -6.0], 0),
+            sequence(&[5, 6, 7], &[10, 11], &[-6.0, -6.0], 0),
+        ],
+        &[1.0, 0.0],
+    );
+    let m = learner.train_step(&[(group, 0)]).unwrap();
+    assert!(m.loss.is_finite() && m.grad_norm > 0.0, "{m:?}");
+    assert_eq!(learner.weights()["lm_head.weight"].dtype(), DType::BF16);
+}
