@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)}
 [ -f "${FORGELOG_MODEL_GGUF:-$HOME/.cache/forgelog/models/SmolLM2-135M-Instruct.Q4_1.gguf}" ] || scripts/fetch-model.sh
 # The correctness checks (gradient check, on-policy ratios, staleness) with the CUDA build.
-cargo test --release -p forgelog-trainer --features cuda --lib --test learner
+FORGELOG_TRAINER_TEST_DEVICE=cuda cargo test --release -p forgelog-trainer --features cuda --lib --test learner -- --nocapture
 # Throughput on the GPU, f32 and bf16, at the default batch and a larger one.
 for dtype in f32 bf16; do
   cargo run --release -p forgelog-trainer --features cuda --bin trainer-bench -- --device cuda --dtype "$dtype"

@@ -17,11 +17,20 @@ fn tiny_policy(dir: &std::path::Path) -> Policy {
     forgelog_model::load_hf_dir(dir, &Device::Cpu).unwrap()
 }
 
+/// The learner's device: `FORGELOG_TRAINER_TEST_DEVICE=cuda` (gpu-check.sh) runs
+/// these checks on the GPU, against the engine on the CPU.
+fn device() -> Device {
+    match std::env::var("FORGELOG_TRAINER_TEST_DEVICE").as_deref() {
+        Ok("cuda") => Device::new_cuda(0).expect("a CUDA device (build with --features cuda)"),
+        _ => Device::Cpu,
+    }
+}
+
 fn learner(policy: &Policy, config: LearnerConfig) -> Learner {
     Learner::new(
         &policy.weights,
         policy.model.config(),
-        &Device::Cpu,
+        &device(),
         DType::F32,
         config,
     )
@@ -260,7 +269,7 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         assert_eq!(engine.policy_version(), learner.version);
     }
     // What a restarted learner reads back is what was saved.
-    let (weights, moments, state) = store.load(2, &Device::Cpu).await.unwrap();
+    let (weights, moments, state) = store.load(2, &device()).await.unwrap();
     assert_eq!(
         (state.version, state.step, state.optimizer_steps),
         (2, 2, 2)
@@ -321,7 +330,7 @@ fn a_bf16_learner_trains_through_the_same_model_code() {
     let mut learner = Learner::new(
         &policy.weights,
         policy.model.config(),
-        &Device::Cpu,
+        &device(),
         DType::BF16,
         LearnerConfig::default(),
     )
