@@ -335,3 +335,56 @@ pub fn describe(step: u64, m: &StepMetrics) -> String {
     let fields: Vec<String> = map.iter().map(|(k, v)| format!("{k}={v:.4}")).collect();
     format!("step {step}: {}", fields.join(" "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// How the `forgelog` CLI embeds the arguments.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Train(TrainArgs),
+    }
+
+    #[test]
+    fn arguments_parse_as_a_subcommand() {
+        let Command::Train(args) = Cli::parse_from(["forgelog", "train"]).command;
+        assert_eq!(
+            (args.model.as_str(), args.device, args.max_staleness),
+            ("smollm2", DeviceKind::Cpu, 4)
+        );
+        assert_eq!(args.learner_config().loss, LossConfig::default());
+        let Command::Train(args) = Cli::parse_from([
+            "forgelog",
+            "train",
+            "--model",
+            "/models/qwen",
+            "--device",
+            "cuda",
+            "--checkpoints",
+            "s3://bucket/ckpt",
+            "--max-staleness",
+            "2",
+            "--run",
+            "r1",
+            "--normalisation",
+            "per-sequence",
+            "--kl",
+            "0.01",
+        ])
+        .command;
+        assert_eq!(args.device, DeviceKind::Cuda);
+        assert_eq!(args.checkpoints.as_deref(), Some("s3://bucket/ckpt"));
+        assert_eq!((args.max_staleness, args.run.as_str()), (2, "r1"));
+        let config = args.learner_config();
+        assert_eq!(config.loss.normalisation, Normalisation::PerSequence);
+        assert_eq!(config.loss.kl_coefficient, Some(0.01));
+    }
+}
