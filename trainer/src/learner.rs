@@ -58,6 +58,15 @@ pub fn sampled_sequences(batch: &TrainingBatch) -> Vec<SampledSequence> {
             continue;
         };
         for s in &member.sequences {
+            let n = s.token_ids.len();
+            if s.loss_mask.len() != n || s.sampling_logprobs.len() != n {
+                // Malformed: trained on by nobody, crashing nothing.
+                tracing::warn!(
+                    group = batch.group_id,
+                    "sequence arrays disagree in length; skipped"
+                );
+                continue;
+            }
             // The first token has no prefix to predict it from.
             let positions: Vec<usize> = (1..s.token_ids.len())
                 .filter(|&j| s.loss_mask.get(j) == Some(&1))
