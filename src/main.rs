@@ -98,6 +98,8 @@ enum Command {
     Engine(forgelog_engine::EngineArgs),
     /// The capture proxy: harness dialects in, engine out, every call recorded
     Proxy(forgelog_producers::ProxyArgs),
+    /// The GRPO learner: trains on forgelog.batches, publishes policies the engine reloads
+    Train(forgelog_trainer::TrainArgs),
     /// Re-derive a run from the log and compare, or show its trajectory trees
     Replay {
         #[command(subcommand)]
@@ -365,6 +367,7 @@ fn main() -> Result<()> {
         }
         Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
         Command::Proxy(args) => Ok(rt.block_on(forgelog_producers::run(args))?),
+        Command::Train(args) => Ok(rt.block_on(forgelog_trainer::run(args))?),
         Command::Consume {
             which,
             state,

@@ -348,7 +348,8 @@ impl StepPlan {
             return Ok(StepPlan::Decode {
                 cos: cos.index_select(&positions, 0)?.unsqueeze(1)?,
                 sin: sin.index_select(&positions, 0)?.unsqueeze(1)?,
-                mask: Tensor::from_vec(mask, (batch.len(), 1, 1, longest), device)?,
+                mask: Tensor::from_vec(mask, (batch.len(), 1, 1, longest), device)?
+                    .to_dtype(cos.dtype())?,
             });
         }
         let mut rope = Vec::with_capacity(batch.len());
@@ -357,7 +358,7 @@ impl StepPlan {
             let (t, past) = (tokens.len(), cache.len());
             rope.push((cos.narrow(0, past, t)?, sin.narrow(0, past, t)?));
             masks.push(if t > 1 {
-                Some(causal_mask(t, past, device)?)
+                Some(causal_mask(t, past, device)?.to_dtype(cos.dtype())?)
             } else {
                 None
             });
@@ -408,7 +409,9 @@ impl Llama {
         } else {
             vb.get((c.vocab_size, c.hidden_size), "lm_head.weight")?
         };
+        // Tables and masks in the weights' dtype (bf16 training on CUDA).
         let (cos, sin) = rope_tables(c, vb.device())?;
+        let (cos, sin) = (cos.to_dtype(vb.dtype())?, sin.to_dtype(vb.dtype())?);
         Ok(Llama {
             config: c.clone(),
             embed_tokens,

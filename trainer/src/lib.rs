@@ -1,1 +1,390 @@
-//! forgelog-trainer: the candle GRPO learner: loss, optimizer, checkpoints, PolicyPublished.
+//! forgelog-trainer: the candle GRPO learner.
+//!
+//! [`loss`] is the objective as pure tensor math, [`optim`] AdamW with
+//! gradient clipping, [`learner`] the weights, teacher-forced logprobs and
+//! steps (no I/O), [`checkpoint`] the object_store layout. [`run`] is the thin
+//! Kafka shell: `forgelog.batches` in, checkpoints and `PolicyPublished` on
+//! `forgelog.policy` out, offsets committed only after both are written.
+
+pub mod checkpoint;
+pub mod learner;
+pub mod loss;
+pub mod optim;
+
+use candle_core::{DType, Device};
+use checkpoint::{CheckpointError, CheckpointStore, TrainerState};
+use forgelog_schemas::{event_id, Event, PolicyPublished, Topic};
+use forgelog_stream::{EventConsumer, EventProducer, ReplayReader, StartAt, StreamConfig};
+pub use learner::{Learner, LearnerConfig, StepMetrics};
+pub use loss::{LossConfig, Normalisation};
+pub use optim::AdamWConfig;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Load(#[from] forgelog_model::LoadError),
+    #[error("model: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("reading the log: {0}")]
+    Consume(#[from] forgelog_stream::ConsumeError),
+    #[error("spool: {0}")]
+    Spool(#[from] forgelog_stream::SpoolError),
+    #[error("publishing: {0}")]
+    Send(#[from] forgelog_stream::SendError),
+    #[error("publishing: {0}")]
+    Flush(#[from] forgelog_stream::FlushTimeout),
+    #[error("device: {0}")]
+    Device(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+/// `forgelog train`: GRPO on `forgelog.batches`, publishing policies.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    /// `smollm2`, a .gguf file, or a Hugging Face llama/qwen2 directory: the
+    /// initial policy (version 0), the one the engine starts with.
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// Where checkpoints go (object_store URL); default `file://$PWD/.forgelog/checkpoints`.
+    #[arg(long)]
+    pub checkpoints: Option<String>,
+    /// Batches sampled more than this many versions ago are dropped.
+    #[arg(long, default_value_t = 4)]
+    pub max_staleness: u64,
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// The run whose batches are trained and whose policies are published.
+    #[arg(long, env = "FORGELOG_RUN", default_value = "default")]
+    pub run: String,
+    /// Sampled tokens per optimizer step (batches are gathered until there are this many).
+    #[arg(long, default_value_t = 4096)]
+    pub tokens_per_step: usize,
+    /// Rows per forward/backward pass (gradients accumulate over them).
+    #[arg(long, default_value_t = 1024)]
+    pub micro_batch_tokens: usize,
+    /// Publish a policy every this many steps.
+    #[arg(long, default_value_t = 1)]
+    pub publish_every: u64,
+    #[arg(long, default_value_t = 1e-6)]
+    pub learning_rate: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_low: f64,
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_high: f64,
+    /// Truncation of the importance ratio (engine/learner mismatch, staleness).
+    #[arg(long, default_value_t = 2.0)]
+    pub is_cap: f64,
+    #[arg(long, value_enum, default_value_t = Normalisation::PerToken)]
+    pub normalisation: Normalisation,
+    /// β of a KL penalty to the initial policy (off when absent).
+    #[arg(long)]
+    pub kl: Option<f64>,
+    /// The engine's sampling temperature (recorded logprobs are after it).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// `f32` or `bf16` (CUDA only).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Train with what has arrived once no batch came for this long (seconds).
+    #[arg(long, default_value_t = 30.0)]
+    pub idle_flush: f64,
+    /// Stop after this many steps (tests, experiments).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// The producer spool; default `.forgelog/trainer-spool/RUN`.
+    #[arg(long)]
+    pub spool: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    pub fn learner_config(&self) -> LearnerConfig {
+        LearnerConfig {
+            loss: LossConfig {
+                clip_low: self.clip_low,
+                clip_high: self.clip_high,
+                is_cap: self.is_cap,
+                normalisation: self.normalisation,
+                kl_coefficient: self.kl,
+            },
+            adamw: AdamWConfig {
+                learning_rate: self.learning_rate,
+                weight_decay: self.weight_decay,
+                max_grad_norm: self.max_grad_norm,
+                ..Default::default()
+            },
+            temperature: self.temperature,
+            max_staleness: self.max_staleness,
+            micro_batch_tokens: self.micro_batch_tokens,
+        }
+    }
+}
+
+fn device_and_dtype(args: &TrainArgs) -> Result<(Device, DType), TrainError> {
+    let device = match args.device {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => Device::new_cuda(0).map_err(|e| {
+            TrainError::Device(format!(
+                "{e} (build with `--features cuda` for GPU support)"
+            ))
+        })?,
+    };
+    let dtype = match (args.dtype.as_str(), args.device) {
+        ("f32", _) => DType::F32,
+        ("bf16", DeviceKind::Cuda) => DType::BF16,
+        (other, _) => {
+            return Err(TrainError::Invalid(format!(
+                "dtype {other:?} is not supported on {:?} (f32 everywhere, bf16 on cuda)",
+                args.device
+            )))
+        }
+    };
+    Ok((device, dtype))
+}
+
+/// The newest `PolicyPublished` of `run` on `forgelog.policy`, if any.
+fn last_published(config: &StreamConfig, run: &str) -> Result<Option<PolicyPublished>, TrainError> {
+    let reader = ReplayReader::new(config)?;
+    let mut last: Option<PolicyPublished> = None;
+    for rec in reader.read(Topic::Policy.name(), StartAt::Beginning, Some(run))? {
+        if let Ok(Event::PolicyPublished(p)) = rec.event {
+            if last.as_ref().is_none_or(|l| p.version > l.version) {
+                last = Some(p);
+            }
+        }
+    }
+    Ok(last)
+}
+
+/// `forgelog train`: resumes from the run's last published checkpoint (or
+/// starts from `--model` as version 0), then trains on `forgelog.batches`
+/// until stopped (or `--max-steps`).
+pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
+    let (device, dtype) = device_and_dtype(&args)?;
+    let stream = StreamConfig::new(&args.brokers);
+    forgelog_stream::admin::create_topics(&stream, &Default::default())
+        .await
+        .map_err(|e| TrainError::Invalid(format!("topics: {e}")))?;
+    let base = match &args.checkpoints {
+        Some(url) => url.clone(),
+        None => format!(
+            "file://{}/.forgelog/checkpoints",
+            std::env::current_dir()
+                .map_err(|e| TrainError::Invalid(e.to_string()))?
+                .display()
+        ),
+    };
+    let store = CheckpointStore::new(&base, &args.run)?;
+
+    let spec = args.model.clone();
+    let load_device = device.clone();
+    let policy =
+        tokio::task::spawn_blocking(move || forgelog_model::load_policy(&spec, &load_device))
+            .await
+            .map_err(|e| TrainError::Invalid(e.to_string()))??;
+    let model_config = policy.model.config().clone();
+
+    let (stream_r, run_r) = (stream.clone(), args.run.clone());
+    let resume = tokio::task::spawn_blocking(move || last_published(&stream_r, &run_r))
+        .await
+        .map_err(|e| TrainError::Invalid(e.to_string()))??;
+    let (weights, moments, mut state) = match &resume {
+        Some(p) => {
+            let (weights, moments, state) = store.load(p.version as u64, &device).await?;
+            tracing::info!(
+                version = p.version,
+                step = state.step,
+                "resuming from the last published policy"
+            );
+            (weights, moments, state)
+        }
+        None => (policy.weights, Default::default(), TrainerState::default()),
+    };
+    drop(policy.model);
+    let mut learner = Learner::new(
+        &weights,
+        &model_config,
+        &device,
+        dtype,
+        args.learner_config(),
+    )?;
+    drop(weights);
+    learner.version = state.version;
+    learner.step = state.step;
+    learner.optimizer.steps = state.optimizer_steps;
+    learner.optimizer.moments = moments;
+
+    let consumer = EventConsumer::new(
+        &stream,
+        &format!("forgelog-trainer-{}", args.run),
+        &[Topic::Batches],
+    )?;
+    let spool = args
+        .spool
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".forgelog/trainer-spool").join(&args.run));
+    let producer = EventProducer::start(&stream, spool, Default::default())?;
+    // The first offsets this learner has not trained on: a crash between a
+    // checkpoint and the commit leaves the group behind the checkpoint.
+    let mut positions = state.offsets.clone();
+    let mut assembler = learner::StepAssembler::new(args.tokens_per_step);
+    assembler.dropped_stale = state.dropped_stale;
+    let idle = Duration::from_secs_f64(args.idle_flush);
+    let mut steps_here = 0u64;
+    loop {
+        if args.max_steps.is_some_and(|m| steps_here >= m) {
+            break;
+        }
+        let received = tokio::time::timeout(idle, consumer.recv()).await;
+        let ready = match received {
+            Ok(rec) => {
+                let rec = rec?;
+                let seen = positions
+                    .get(&rec.partition)
+                    .is_some_and(|&next| rec.offset < next);
+                if !seen {
+                    positions.insert(rec.partition, rec.offset + 1);
+                    match rec.event {
+                        Ok(Event::TrainingBatch(batch)) if batch.run_id == args.run => {
+                            assembler.offer(&learner, batch);
+                        }
+                        Ok(_) => {}
+                        Err(why) => {
+                            tracing::warn!(offset = rec.offset, %why, "not a forgelog event on forgelog.batches")
+                        }
+                    }
+                }
+                assembler.full()
+            }
+            Err(_idle) => !assembler.is_empty(),
+        };
+        if !ready {
+            continue;
+        }
+        let batches = assembler.take();
+        let (mut moved, metrics) = tokio::task::spawn_blocking(move || {
+            let metrics = learner.train_step(&batches);
+            (learner, metrics)
+        })
+        .await
+        .map_err(|e| TrainError::Invalid(e.to_string()))?;
+        let metrics = metrics?;
+        steps_here += 1;
+        tracing::info!(
+            step = moved.step,
+            loss = metrics.loss,
+            tokens = metrics.tokens,
+            "step"
+        );
+        if moved.step % args.publish_every == 0 {
+            moved.version += 1;
+            state = TrainerState {
+                version: moved.version,
+                step: moved.step,
+                optimizer_steps: moved.optimizer.steps,
+                offsets: positions.clone(),
+                dropped_stale: assembler.dropped_stale,
+            };
+            let uri = store
+                .save(&moved.weights(), &moved.optimizer.moments, &state)
+                .await?;
+            let mut values = metrics.to_map();
+            values.insert("dropped_stale".into(), state.dropped_stale as f64);
+            let version = moved.version.to_string();
+            producer.send(&Event::PolicyPublished(PolicyPublished {
+                event_id: event_id("PolicyPublished", &[&args.run, &version]),
+                run_id: args.run.clone(),
+                version: moved.version as i64,
+                step: moved.step as i64,
+                checkpoint_uri: uri,
+                metrics: values,
+            }))?;
+            producer.flush(Duration::from_secs(600)).await?;
+            let committed: Vec<(&str, i32, i64)> = positions
+                .iter()
+                .map(|(&p, &next)| (Topic::Batches.name(), p, next - 1))
+                .collect();
+            consumer.commit(&committed)?;
+        }
+        learner = moved;
+    }
+    producer.close(Duration::from_secs(600)).await?;
+    Ok(())
+}
+
+/// The metrics line `forgelog train` and the examples print.
+pub fn describe(step: u64, m: &StepMetrics) -> String {
+    let map: BTreeMap<String, f64> = m.to_map();
+    let fields: Vec<String> = map.iter().map(|(k, v)| format!("{k}={v:.4}")).collect();
+    format!("step {step}: {}", fields.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// How the `forgelog` CLI embeds the arguments.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Train(TrainArgs),
+    }
+
+    #[test]
+    fn arguments_parse_as_a_subcommand() {
+        let Command::Train(args) = Cli::parse_from(["forgelog", "train"]).command;
+        assert_eq!(
+            (args.model.as_str(), args.device, args.max_staleness),
+            ("smollm2", DeviceKind::Cpu, 4)
+        );
+        assert_eq!(args.learner_config().loss, LossConfig::default());
+        let Command::Train(args) = Cli::parse_from([
+            "forgelog",
+            "train",
+            "--model",
+            "/models/qwen",
+            "--device",
+            "cuda",
+            "--checkpoints",
+            "s3://bucket/ckpt",
+            "--max-staleness",
+            "2",
+            "--run",
+            "r1",
+            "--normalisation",
+            "per-sequence",
+            "--kl",
+            "0.01",
+        ])
+        .command;
+        assert_eq!(args.device, DeviceKind::Cuda);
+        assert_eq!(args.checkpoints.as_deref(), Some("s3://bucket/ckpt"));
+        assert_eq!((args.max_staleness, args.run.as_str()), (2, "r1"));
+        let config = args.learner_config();
+        assert_eq!(config.loss.normalisation, Normalisation::PerSequence);
+        assert_eq!(config.loss.kl_coefficient, Some(0.01));
+    }
+}

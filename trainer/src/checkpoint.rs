@@ -1,0 +1,178 @@
+//! Checkpoints through object_store: `{base}/{run}/v{version:06}/` holds
+//! `model.safetensors` (exactly what the engine reloads: checkpoint tensor
+//! names), `optimizer.safetensors` (AdamW moments, `m.NAME` / `v.NAME`) and
+//! `trainer.json` (step, optimizer steps, the batch offsets it reflects).
+
+use candle_core::{Device, Tensor};
+use object_store::{path::Path as StorePath, ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint location {url}: {why}")]
+    Location { url: String, why: String },
+    #[error("object store {path}: {source}")]
+    Store {
+        path: String,
+        source: object_store::Error,
+    },
+    #[error("safetensors: {0}")]
+    Tensors(#[from] candle_core::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("trainer.json: {0}")]
+    State(#[from] serde_json::Error),
+}
+
+/// What a learner needs besides its weights to continue exactly.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub version: u64,
+    pub step: u64,
+    pub optimizer_steps: u64,
+    /// `forgelog.batches` partition → next offset to read.
+    pub offsets: BTreeMap<i32, i64>,
+    pub dropped_stale: u64,
+}
+
+pub struct CheckpointStore {
+    store: Box<dyn ObjectStore>,
+    /// The URL of the run's folder, without a trailing `/`.
+    url: String,
+    prefix: String,
+}
+
+impl CheckpointStore {
+    /// `base` is any object_store URL (`file:///abs/dir`, `s3://bucket/p`, …).
+    pub fn new(base: &str, run: &str) -> Result<CheckpointStore, CheckpointError> {
+        let url = format!("{}/{run}", base.trim_end_matches('/'));
+        let location = |why: String| CheckpointError::Location {
+            url: url.clone(),
+            why,
+        };
+        let parsed = url::Url::parse(&url).map_err(|e| location(e.to_string()))?;
+        if parsed.scheme() == "file" {
+            std::fs::create_dir_all(parsed.path())?;
+        }
+        let (store, prefix) = object_store::parse_url_opts(
+            &parsed,
+            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")),
+        )
+        .map_err(|e| location(e.to_string()))?;
+        Ok(CheckpointStore {
+            store,
+            prefix: prefix.as_ref().trim_end_matches('/').to_string(),
+            url,
+        })
+    }
+
+    fn path(&self, version: u64, file: &str) -> StorePath {
+        StorePath::from(format!("{}/v{version:06}/{file}", self.prefix).trim_start_matches('/'))
+    }
+
+    /// The URI of a version's weights, as `PolicyPublished.checkpoint_uri`.
+    pub fn model_uri(&self, version: u64) -> String {
+        format!("{}/v{version:06}/model.safetensors", self.url)
+    }
+
+    async fn put(&self, version: u64, file: &str, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        let path = self.path(version, file);
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|source| CheckpointError::Store {
+                path: path.to_string(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    async fn get(&self, version: u64, file: &str) -> Result<Vec<u8>, CheckpointError> {
+        let path = self.path(version, file);
+        let err = |source| CheckpointError::Store {
+            path: path.to_string(),
+            source,
+        };
+        let object = self.store.get(&path).await.map_err(err)?;
+        Ok(object.bytes().await.map_err(err)?.to_vec())
+    }
+
+    /// Writes optimizer state and `trainer.json` first, the weights last: a
+    /// version whose weights exist is complete. Returns the weights' URI.
+    pub async fn save(
+        &self,
+        weights: &HashMap<String, Tensor>,
+        moments: &HashMap<String, (Tensor, Tensor)>,
+        state: &TrainerState,
+    ) -> Result<String, CheckpointError> {
+        let optimizer: HashMap<String, Tensor> = moments
+            .iter()
+            .flat_map(|(n, (m, v))| [(format!("m.{n}"), m.clone()), (format!("v.{n}"), v.clone())])
+            .collect();
+        self.put(
+            state.version,
+            "optimizer.safetensors",
+            safetensors_bytes(&optimizer)?,
+        )
+        .await?;
+        self.put(
+            state.version,
+            "trainer.json",
+            serde_json::to_vec_pretty(state)?,
+        )
+        .await?;
+        self.put(
+            state.version,
+            "model.safetensors",
+            safetensors_bytes(weights)?,
+        )
+        .await?;
+        Ok(self.model_uri(state.version))
+    }
+
+    /// Weights, optimizer moments and state of `version`.
+    #[allow(clippy::type_complexity)]
+    pub async fn load(
+        &self,
+        version: u64,
+        device: &Device,
+    ) -> Result<
+        (
+            HashMap<String, Tensor>,
+            HashMap<String, (Tensor, Tensor)>,
+            TrainerState,
+        ),
+        CheckpointError,
+    > {
+        let weights = candle_core::safetensors::load_buffer(
+            &self.get(version, "model.safetensors").await?,
+            device,
+        )?;
+        let mut flat = candle_core::safetensors::load_buffer(
+            &self.get(version, "optimizer.safetensors").await?,
+            device,
+        )?;
+        let mut moments = HashMap::new();
+        let names: Vec<String> = flat
+            .keys()
+            .filter_map(|k| k.strip_prefix("m.").map(String::from))
+            .collect();
+        for name in names {
+            if let (Some(m), Some(v)) = (
+                flat.remove(&format!("m.{name}")),
+                flat.remove(&format!("v.{name}")),
+            ) {
+                moments.insert(name, (m, v));
+            }
+        }
+        let state = serde_json::from_slice(&self.get(version, "trainer.json").await?)?;
+        Ok((weights, moments, state))
+    }
+}
+
+fn safetensors_bytes(tensors: &HashMap<String, Tensor>) -> Result<Vec<u8>, CheckpointError> {
+    let file = tempfile::NamedTempFile::new()?;
+    candle_core::safetensors::save(tensors, file.path())?;
+    Ok(std::fs::read(file.path())?)
+}

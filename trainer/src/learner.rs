@@ -1,0 +1,464 @@
+//! The learner: trainable weights, teacher-forced logprobs of the sampled
+//! tokens, the GRPO loss, accumulation over micro-batches, AdamW. No Kafka,
+//! no storage: batches in, updated weights and metrics out.
+
+use crate::loss::{grpo_loss, token_stats, LossConfig, Normalisation, TokenInputs};
+use crate::optim::{AdamW, AdamWConfig};
+use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_nn::{VarBuilder, VarMap};
+use forgelog_model::{KvCache, Llama, LlamaConfig, Logits};
+use forgelog_schemas::{TrainingBatch, UNKNOWN_POLICY_VERSION};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnerConfig {
+    pub loss: LossConfig,
+    pub adamw: AdamWConfig,
+    /// The sampling temperature the engine used: recorded logprobs are
+    /// `log_softmax(logits / T)`, so the learner's must be too.
+    pub temperature: f64,
+    /// Batches sampled at version `v` train the learner at `v + k` only for `k ≤` this.
+    pub max_staleness: u64,
+    /// Rows per forward/backward; a step sums the gradients of its micro-batches.
+    pub micro_batch_tokens: usize,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> LearnerConfig {
+        LearnerConfig {
+            loss: LossConfig::default(),
+            adamw: AdamWConfig::default(),
+            temperature: 1.0,
+            max_staleness: 4,
+            micro_batch_tokens: 1024,
+        }
+    }
+}
+
+/// The trainable part of one sequence: its tokens, and for each sampled
+/// token (mask 1, not the first position) its index, recorded logprob and
+/// the member's advantage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledSequence {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<usize>,
+    pub recorded: Vec<f32>,
+    pub advantage: f64,
+}
+
+/// The sequences of `batch` that carry a loss: members whose verifier ran
+/// (`reward` and `advantage` present) in groups whose rewards differ.
+pub fn sampled_sequences(batch: &TrainingBatch) -> Vec<SampledSequence> {
+    if batch.no_reward_variance {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for member in &batch.members {
+        let (Some(_), Some(advantage)) = (member.reward, member.advantage) else {
+            continue;
+        };
+        for s in &member.sequences {
+            let n = s.token_ids.len();
+            if s.loss_mask.len() != n || s.sampling_logprobs.len() != n {
+                // Malformed: trained on by nobody, crashing nothing.
+                tracing::warn!(
+                    group = batch.group_id,
+                    "sequence arrays disagree in length; skipped"
+                );
+                continue;
+            }
+            // The first token has no prefix to predict it from.
+            let positions: Vec<usize> = (1..s.token_ids.len())
+                .filter(|&j| s.loss_mask.get(j) == Some(&1))
+                .collect();
+            if positions.is_empty() {
+                continue;
+            }
+            out.push(SampledSequence {
+                recorded: positions.iter().map(|&j| s.sampling_logprobs[j]).collect(),
+                tokens: s.token_ids[..=*positions.last().expect("non-empty")].to_vec(),
+                positions,
+                advantage,
+            });
+        }
+    }
+    out
+}
+
+/// The policy version `batch` was sampled at: the oldest version of any of
+/// its sampled tokens (`None` when the engine reported none).
+pub fn sampled_at(batch: &TrainingBatch) -> Option<u64> {
+    batch
+        .members
+        .iter()
+        .flat_map(|m| &m.sequences)
+        .flat_map(|s| s.policy_versions.iter().zip(&s.loss_mask))
+        .filter(|&(&v, &mask)| mask == 1 && v != UNKNOWN_POLICY_VERSION)
+        .map(|(&v, _)| v as u64)
+        .min()
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepMetrics {
+    pub loss: f64,
+    pub ratio_mean: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// Largest `|ρ − 1|`: 0 up to numerics when on policy.
+    pub ratio_max_deviation: f64,
+    pub clip_fraction: f64,
+    /// Mean entropy (nats) of the learner's distribution at the sampled positions.
+    pub entropy: f64,
+    pub reward_mean: f64,
+    pub tokens: usize,
+    pub sequences: usize,
+    pub groups: usize,
+    pub staleness_mean: f64,
+    pub staleness_max: u64,
+    pub grad_norm: f64,
+}
+
+impl StepMetrics {
+    /// As `PolicyPublished.metrics`.
+    pub fn to_map(&self) -> BTreeMap<String, f64> {
+        BTreeMap::from([
+            ("loss".into(), self.loss),
+            ("is_ratio_mean".into(), self.ratio_mean),
+            ("is_ratio_min".into(), self.ratio_min),
+            ("is_ratio_max".into(), self.ratio_max),
+            ("clip_fraction".into(), self.clip_fraction),
+            ("entropy".into(), self.entropy),
+            ("reward_mean".into(), self.reward_mean),
+            ("tokens".into(), self.tokens as f64),
+            ("sequences".into(), self.sequences as f64),
+            ("groups".into(), self.groups as f64),
+            ("staleness_mean".into(), self.staleness_mean),
+            ("staleness_max".into(), self.staleness_max as f64),
+            ("grad_norm".into(), self.grad_norm),
+        ])
+    }
+}
+
+/// The loss of some sequences, its gradients, and per-token diagnostics.
+pub struct Evaluation {
+    pub loss: f64,
+    /// Aligned with [`Learner::vars`].
+    pub grads: Vec<Option<Tensor>>,
+    pub ratios: Vec<f64>,
+    pub clipped: usize,
+    pub entropy_sum: f64,
+}
+
+pub struct Learner {
+    model: Llama,
+    /// Sorted by name (deterministic order for the optimizer and checkpoints).
+    vars: Vec<(String, Var)>,
+    reference: Option<Llama>,
+    pub optimizer: AdamW,
+    pub config: LearnerConfig,
+    /// The policy version the weights are (0: the initial weights).
+    pub version: u64,
+    pub step: u64,
+}
+
+impl Learner {
+    /// Trainable copies of `weights` (checkpoint names) in `dtype` on `device`.
+    pub fn new(
+        weights: &HashMap<String, Tensor>,
+        model_config: &LlamaConfig,
+        device: &Device,
+        dtype: DType,
+        config: LearnerConfig,
+    ) -> Result<Learner> {
+        let varmap = VarMap::new();
+        let mut vars = Vec::with_capacity(weights.len());
+        {
+            let mut data = varmap.data().lock().expect("varmap lock");
+            for (name, tensor) in weights {
+                let var = Var::from_tensor(&tensor.to_device(device)?.to_dtype(dtype)?)?;
+                data.insert(name.clone(), var.clone());
+                vars.push((name.clone(), var));
+            }
+        }
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let model = Llama::load(
+            VarBuilder::from_varmap(&varmap, dtype, device),
+            model_config,
+        )?;
+        let reference = match config.loss.kl_coefficient {
+            Some(_) => {
+                let frozen: HashMap<String, Tensor> = vars
+                    .iter()
+                    .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?.detach())))
+                    .collect::<Result<_>>()?;
+                Some(Llama::load(
+                    VarBuilder::from_tensors(frozen, dtype, device),
+                    model_config,
+                )?)
+            }
+            None => None,
+        };
+        Ok(Learner {
+            model,
+            vars,
+            reference,
+            optimizer: AdamW::new(config.adamw.clone()),
+            config,
+            version: 0,
+            step: 0,
+        })
+    }
+
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// The current weights by checkpoint name.
+    pub fn weights(&self) -> HashMap<String, Tensor> {
+        self.vars
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().detach()))
+            .collect()
+    }
+
+    /// How many versions behind the learner `batch` was sampled (0 when unknown).
+    pub fn staleness(&self, batch: &TrainingBatch) -> u64 {
+        sampled_at(batch).map_or(0, |v| self.version.saturating_sub(v))
+    }
+
+    /// Whether a batch this stale may train the learner.
+    pub fn admits(&self, staleness: u64) -> bool {
+        staleness <= self.config.max_staleness
+    }
+
+    /// Teacher-forced `log_softmax(logits / T)` at each sequence's sampled
+    /// tokens, concatenated, and the entropies there (no gradient).
+    fn sampled_logprobs(
+        &self,
+        model: &Llama,
+        seqs: &[&SampledSequence],
+    ) -> Result<(Tensor, Tensor)> {
+        let mut caches: Vec<KvCache> = seqs.iter().map(|_| KvCache::new()).collect();
+        // Logits at row i predict token i + 1: feed up to the last sampled token's predecessor.
+        let mut batch: Vec<(&[u32], &mut KvCache)> = seqs
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(s, c)| (&s.tokens[..s.tokens.len() - 1], c))
+            .collect();
+        let logits = model.forward_batch(&mut batch, Logits::All)?;
+        let device = model.device();
+        let mut rows = Vec::with_capacity(seqs.len());
+        let mut targets = Vec::new();
+        for (s, logits) in seqs.iter().zip(&logits) {
+            let at: Vec<u32> = s.positions.iter().map(|&j| j as u32 - 1).collect();
+            rows.push(logits.index_select(&Tensor::new(at.as_slice(), device)?, 0)?);
+            targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
+        }
+        let logits = (Tensor::cat(&rows, 0)? / self.config.temperature)?;
+        let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let targets = Tensor::new(targets.as_slice(), device)?.unsqueeze(1)?;
+        let sampled = logprobs.gather(&targets, 1)?.squeeze(1)?;
+        let detached = logprobs.detach();
+        let entropy = (detached.exp()? * &detached)?.sum(1)?.neg()?;
+        Ok((sampled, entropy))
+    }
+
+    /// The step's loss over `seqs`, its gradients summed over micro-batches,
+    /// and diagnostics. Weights are not changed.
+    pub fn evaluate(&self, seqs: &[SampledSequence]) -> Result<Evaluation> {
+        let device = self.model.device();
+        let dtype = self.vars.first().map_or(DType::F32, |(_, v)| v.dtype());
+        let total_tokens: usize = seqs.iter().map(|s| s.positions.len()).sum();
+        let weight_of = |s: &SampledSequence| match self.config.loss.normalisation {
+            Normalisation::PerToken => 1.0 / total_tokens as f64,
+            Normalisation::PerSequence => 1.0 / (s.positions.len() * seqs.len()) as f64,
+        };
+        let mut eval = Evaluation {
+            loss: 0.0,
+            grads: vec![None; self.vars.len()],
+            ratios: Vec::with_capacity(total_tokens),
+            clipped: 0,
+            entropy_sum: 0.0,
+        };
+        for micro in micro_batches(seqs, self.config.micro_batch_tokens) {
+            let (logp, entropy) = self.sampled_logprobs(&self.model, &micro)?;
+            let mut recorded = Vec::new();
+            let mut advantages = Vec::new();
+            let mut weights = Vec::new();
+            for s in &micro {
+                recorded.extend(s.recorded.iter().map(|&r| r as f64));
+                advantages.extend(std::iter::repeat_n(s.advantage, s.positions.len()));
+                weights.extend(std::iter::repeat_n(weight_of(s), s.positions.len()));
+            }
+            let tensor = |v: &[f64]| Tensor::new(v, device)?.to_dtype(dtype);
+            let reference = match &self.reference {
+                Some(reference) => Some(self.sampled_logprobs(reference, &micro)?.0.detach()),
+                None => None,
+            };
+            let (recorded_t, advantages_t, weights_t) =
+                (tensor(&recorded)?, tensor(&advantages)?, tensor(&weights)?);
+            let loss = grpo_loss(
+                &TokenInputs {
+                    logp: &logp,
+                    recorded: &recorded_t,
+                    advantages: &advantages_t,
+                    weights: &weights_t,
+                    reference: reference.as_ref(),
+                },
+                &self.config.loss,
+            )?;
+            let grads = loss.backward()?;
+            for ((_, var), sum) in self.vars.iter().zip(eval.grads.iter_mut()) {
+                if let Some(g) = grads.get(var.as_tensor()) {
+                    *sum = Some(match sum.take() {
+                        Some(s) => (s + g)?,
+                        None => g.clone(),
+                    });
+                }
+            }
+            eval.loss += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let logp = logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            for ((lp, rec), adv) in logp.iter().zip(&recorded).zip(&advantages) {
+                let stats = token_stats(*lp, *rec, *adv, &self.config.loss);
+                eval.ratios.push(stats.ratio);
+                eval.clipped += stats.clipped as usize;
+            }
+            eval.entropy_sum += entropy
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+        Ok(eval)
+    }
+
+    /// One AdamW update with `grads` (from [`Learner::evaluate`]); returns the gradient norm.
+    pub fn apply_gradients(&mut self, grads: &[Option<Tensor>]) -> Result<f64> {
+        self.optimizer.step(&self.vars, grads)
+    }
+
+    /// One optimizer step on `batches` (each with its staleness), which the
+    /// caller has already admitted.
+    pub fn train_step(&mut self, batches: &[(TrainingBatch, u64)]) -> Result<StepMetrics> {
+        let seqs: Vec<SampledSequence> = batches
+            .iter()
+            .flat_map(|(b, _)| sampled_sequences(b))
+            .collect();
+        let rewards: Vec<f64> = batches
+            .iter()
+            .flat_map(|(b, _)| b.members.iter().filter_map(|m| m.reward))
+            .collect();
+        let mut metrics = StepMetrics {
+            groups: batches.len(),
+            sequences: seqs.len(),
+            reward_mean: mean(&rewards),
+            staleness_mean: mean(&batches.iter().map(|(_, s)| *s as f64).collect::<Vec<_>>()),
+            staleness_max: batches.iter().map(|(_, s)| *s).max().unwrap_or(0),
+            ..Default::default()
+        };
+        self.step += 1;
+        if seqs.is_empty() {
+            return Ok(metrics);
+        }
+        let eval = self.evaluate(&seqs)?;
+        metrics.grad_norm = self.apply_gradients(&eval.grads)?;
+        let n = eval.ratios.len();
+        metrics.tokens = n;
+        metrics.loss = eval.loss;
+        metrics.ratio_mean = mean(&eval.ratios);
+        metrics.ratio_min = eval.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        metrics.ratio_max = eval
+            .ratios
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        metrics.ratio_max_deviation = eval
+            .ratios
+            .iter()
+            .map(|r| (r - 1.0).abs())
+            .fold(0.0, f64::max);
+        metrics.clip_fraction = eval.clipped as f64 / n as f64;
+        metrics.entropy = eval.entropy_sum / n as f64;
+        Ok(metrics)
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+/// Consecutive groups of sequences of at most `max_tokens` fed tokens (at least one sequence each).
+fn micro_batches(seqs: &[SampledSequence], max_tokens: usize) -> Vec<Vec<&SampledSequence>> {
+    let mut out: Vec<Vec<&SampledSequence>> = Vec::new();
+    let mut rows = 0;
+    for s in seqs {
+        let t = s.tokens.len() - 1;
+        match out.last_mut() {
+            Some(current) if rows + t <= max_tokens => current.push(s),
+            _ => {
+                out.push(vec![s]);
+                rows = 0;
+            }
+        }
+        rows += t;
+    }
+    out
+}
+
+/// Gathers admitted batches until a step's worth of sampled tokens; batches
+/// staler than the learner allows are dropped and counted, never trained on.
+#[derive(Debug, Default)]
+pub struct StepAssembler {
+    pub tokens_per_step: usize,
+    pending: Vec<(TrainingBatch, u64)>,
+    tokens: usize,
+    pub dropped_stale: u64,
+}
+
+impl StepAssembler {
+    pub fn new(tokens_per_step: usize) -> StepAssembler {
+        StepAssembler {
+            tokens_per_step,
+            ..Default::default()
+        }
+    }
+
+    /// Admits `batch` for the next step of `learner`, or drops it; returns whether admitted.
+    pub fn offer(&mut self, learner: &Learner, batch: TrainingBatch) -> bool {
+        let staleness = learner.staleness(&batch);
+        if !learner.admits(staleness) {
+            self.dropped_stale += 1;
+            tracing::info!(group = batch.group_id, staleness, "dropped a stale batch");
+            return false;
+        }
+        self.tokens += sampled_sequences(&batch)
+            .iter()
+            .map(|s| s.positions.len())
+            .sum::<usize>();
+        self.pending.push((batch, staleness));
+        true
+    }
+
+    /// A step's worth of tokens is waiting.
+    pub fn full(&self) -> bool {
+        self.tokens >= self.tokens_per_step
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The admitted batches, with their staleness, for one step.
+    pub fn take(&mut self) -> Vec<(TrainingBatch, u64)> {
+        self.tokens = 0;
+        std::mem::take(&mut self.pending)
+    }
+}

@@ -1,0 +1,349 @@
+//! The learner on the tiny random-init llama: gradients against finite
+//! differences, on-policy ratios with sequences the engine sampled (before
+//! and after a checkpoint round trip through the engine), and staleness.
+
+use candle_core::{DType, Device, Tensor};
+use forgelog_engine::sampling::SamplingParams;
+use forgelog_engine::scheduler::GenerationRequest;
+use forgelog_engine::Engine;
+use forgelog_model::Policy;
+use forgelog_schemas::{GroupMember, Sequence, TrainingBatch};
+use forgelog_trainer::checkpoint::{CheckpointStore, TrainerState};
+use forgelog_trainer::learner::{SampledSequence, StepAssembler};
+use forgelog_trainer::{Learner, LearnerConfig};
+
+fn tiny_policy(dir: &std::path::Path) -> Policy {
+    forgelog_model::testing::write_tiny_llama(dir, 7).unwrap();
+    forgelog_model::load_hf_dir(dir, &Device::Cpu).unwrap()
+}
+
+/// The learner's device: `FORGELOG_TRAINER_TEST_DEVICE=cuda` (gpu-check.sh) runs
+/// these checks on the GPU, against the engine on the CPU.
+fn device() -> Device {
+    match std::env::var("FORGELOG_TRAINER_TEST_DEVICE").as_deref() {
+        Ok("cuda") => Device::new_cuda(0).expect("a CUDA device (build with --features cuda)"),
+        _ => Device::Cpu,
+    }
+}
+
+fn learner(policy: &Policy, config: LearnerConfig) -> Learner {
+    Learner::new(
+        &policy.weights,
+        policy.model.config(),
+        &device(),
+        DType::F32,
+        config,
+    )
+    .unwrap()
+}
+
+/// A one-member-per-sequence group with the given rewards.
+fn batch(group: &str, sequences: Vec<Sequence>, rewards: &[f64]) -> TrainingBatch {
+    let rewards: Vec<Option<f64>> = rewards.iter().map(|&r| Some(r)).collect();
+    let (advantages, flat) = forgelog_consumers::rewards::advantages(&rewards, 1e-6);
+    TrainingBatch {
+        run_id: "test".into(),
+        event_id: group.into(),
+        group_id: group.into(),
+        task_id: "t".into(),
+        no_reward_variance: flat,
+        members: sequences
+            .into_iter()
+            .zip(rewards.iter().zip(advantages))
+            .enumerate()
+            .map(|(i, (s, (&reward, advantage)))| GroupMember {
+                rollout_id: format!("{group}-{i}"),
+                harness: "test".into(),
+                reward,
+                advantage,
+                sequences: vec![s],
+            })
+            .collect(),
+    }
+}
+
+fn sequence(prompt: &[u32], completion: &[u32], logprobs: &[f32], version: u32) -> Sequence {
+    let n = prompt.len() + completion.len();
+    Sequence {
+        root: 0,
+        call_indices: vec![0],
+        discarded: false,
+        token_ids: prompt.iter().chain(completion).copied().collect(),
+        loss_mask: (0..n).map(|i| (i >= prompt.len()) as u8).collect(),
+        sampling_logprobs: std::iter::repeat_n(0.0, prompt.len())
+            .chain(logprobs.iter().copied())
+            .collect(),
+        policy_versions: std::iter::repeat_n(u32::MAX, prompt.len())
+            .chain(std::iter::repeat_n(version, completion.len()))
+            .collect(),
+        tool_calls: 0,
+    }
+}
+
+#[test]
+fn gradients_of_the_grpo_loss_match_finite_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    // Small micro-batches: the gradient is accumulated over several passes.
+    let learner = learner(
+        &policy,
+        LearnerConfig {
+            micro_batch_tokens: 12,
+            ..Default::default()
+        },
+    );
+    let vocab = policy.model.config().vocab_size as u32;
+    let tokens = |seed: u32, n: usize| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (seed * 131 + i * 37) % vocab)
+            .collect()
+    };
+    let mut seqs = vec![
+        SampledSequence {
+            tokens: tokens(1, 10),
+            positions: vec![6, 7, 8, 9],
+            recorded: vec![],
+            advantage: 1.0,
+        },
+        SampledSequence {
+            tokens: tokens(2, 8),
+            positions: vec![3, 5, 7],
+            recorded: vec![],
+            advantage: -0.7,
+        },
+        SampledSequence {
+            tokens: tokens(3, 12),
+            positions: vec![9, 10, 11],
+            recorded: vec![],
+            advantage: 0.4,
+        },
+    ];
+    // Recorded logprobs near the current ones (ratios inside the clip range,
+    // away from its kinks), one far enough that its token is clipped.
+    for s in &mut seqs {
+        s.recorded = vec![0.0; s.positions.len()];
+    }
+    let at_zero = learner.evaluate(&seqs).unwrap();
+    let mut ratios = at_zero.ratios.iter();
+    let offsets = [0.05, -0.08, 0.1, -0.5, -0.03, 0.07, 0.0, 0.02, -0.06, 0.04];
+    let mut offset = offsets.iter().cycle();
+    for s in &mut seqs {
+        for r in &mut s.recorded {
+            *r = (ratios.next().unwrap().ln() + offset.next().unwrap()) as f32;
+        }
+    }
+    let analytic = learner.evaluate(&seqs).unwrap();
+    assert!(analytic.clipped >= 1, "one token is clipped");
+    let names = [
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.norm.weight",
+    ];
+    let h = 2e-3f32;
+    for name in names {
+        let i = learner
+            .vars()
+            .iter()
+            .position(|(n, _)| n == name)
+            .expect(name);
+        let var = &learner.vars()[i].1;
+        let grad = analytic.grads[i]
+            .as_ref()
+            .expect("a gradient")
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        // The entry with the largest gradient: a relative comparison means something there.
+        let (k, &g) = grad
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+            .unwrap();
+        let original = var.as_tensor().copy().unwrap();
+        let shape = original.shape().clone();
+        let at = |delta: f32| {
+            let mut w = original.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            w[k] += delta;
+            var.set(&Tensor::from_vec(w, &shape, &Device::Cpu).unwrap())
+                .unwrap();
+            let loss = learner.evaluate(&seqs).unwrap().loss;
+            var.set(&original).unwrap();
+            loss
+        };
+        let numeric = ((at(h) - at(-h)) / (2.0 * h as f64)) as f32;
+        println!("{name}[{k}]: analytic {g:.6}, finite difference {numeric:.6}");
+        assert!(g.abs() > 1e-4, "{name}: gradient too small to compare");
+        assert!(
+            (numeric - g).abs() <= 0.01 * g.abs() + 2e-4,
+            "{name}[{k}]: analytic {g} vs finite difference {numeric}"
+        );
+    }
+}
+
+/// Samples `n` completions at temperature `t` from the engine.
+async fn sample_group(engine: &Engine, prompt: &[u32], n: u64, t: f32) -> Vec<Sequence> {
+    let mut out = Vec::new();
+    for seed in 0..n {
+        let g = engine
+            .generate(GenerationRequest {
+                prompt: prompt.to_vec(),
+                max_tokens: 8,
+                sampling: SamplingParams {
+                    temperature: t,
+                    seed: Some(seed + 1),
+                    ..Default::default()
+                },
+                stop: vec![],
+                ignore_eos: true,
+            })
+            .await
+            .unwrap();
+        out.push(sequence(
+            prompt,
+            &g.tokens,
+            &g.logprobs,
+            g.policy_version as u32,
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(&dir.path().join("model"));
+    let temperature = 0.8;
+    let mut learner = learner(
+        &policy,
+        LearnerConfig {
+            temperature: temperature as f64,
+            adamw: forgelog_trainer::AdamWConfig {
+                learning_rate: 1e-3,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let engine = Engine::start(policy.clone());
+    let prompt = engine.encode("The capital of France is").unwrap();
+    let store = CheckpointStore::new(
+        &format!("file://{}/checkpoints", dir.path().display()),
+        "run",
+    )
+    .unwrap();
+    for version in 0..2u64 {
+        let group = batch(
+            &format!("g{version}"),
+            sample_group(&engine, &prompt, 4, temperature).await,
+            &[1.0, 0.0, 0.5, 0.0],
+        );
+        assert_eq!(learner.staleness(&group), 0);
+        let m = learner.train_step(&[(group, 0)]).unwrap();
+        println!(
+            "version {version}: largest |ratio - 1| = {:.2e}, clip fraction {}",
+            m.ratio_max_deviation, m.clip_fraction
+        );
+        assert_eq!(m.tokens, 32);
+        assert!(m.ratio_max_deviation < 1e-3, "{m:?}");
+        assert_eq!(m.clip_fraction, 0.0);
+        assert!(m.grad_norm > 0.0 && m.loss.is_finite());
+        // Publish the step as the next version and have the engine serve it.
+        learner.version += 1;
+        let state = TrainerState {
+            version: learner.version,
+            step: learner.step,
+            optimizer_steps: learner.optimizer.steps,
+            ..Default::default()
+        };
+        let uri = store
+            .save(&learner.weights(), &learner.optimizer.moments, &state)
+            .await
+            .unwrap();
+        engine.reload(&uri, learner.version).await.unwrap();
+        assert_eq!(engine.policy_version(), learner.version);
+    }
+    // What a restarted learner reads back is what was saved.
+    let (weights, moments, state) = store.load(2, &device()).await.unwrap();
+    assert_eq!(
+        (state.version, state.step, state.optimizer_steps),
+        (2, 2, 2)
+    );
+    let name = "model.layers.1.mlp.up_proj.weight";
+    let diff = (&weights[name] - learner.weights()[name].clone())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(diff, 0.0);
+    assert_eq!(moments.len(), learner.optimizer.moments.len());
+}
+
+#[test]
+fn batches_older_than_the_staleness_bound_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    let mut learner = learner(&policy, LearnerConfig::default());
+    learner.version = 10;
+    let at = |group: &str, version: u32| {
+        batch(
+            group,
+            vec![
+                sequence(&[5, 6, 7], &[8, 9], &[-1.0, -2.0], version),
+                sequence(&[5, 6, 7], &[10, 11], &[-1.5, -2.5], version),
+            ],
+            &[1.0, 0.0],
+        )
+    };
+    let mut assembler = StepAssembler::new(8);
+    let offered = [("fresh", 10), ("k4", 6), ("k5", 5), ("ancient", 0)];
+    let admitted: Vec<bool> = offered
+        .iter()
+        .map(|&(g, v)| assembler.offer(&learner, at(g, v)))
+        .collect();
+    assert_eq!(admitted, [true, true, false, false]);
+    assert_eq!(assembler.dropped_stale, 2);
+    assert!(
+        assembler.full(),
+        "two admitted groups of 4 sampled tokens fill a step of 8"
+    );
+    let step = assembler.take();
+    let groups: Vec<&str> = step.iter().map(|(b, _)| b.group_id.as_str()).collect();
+    assert_eq!(groups, ["fresh", "k4"]);
+    let m = learner.train_step(&step).unwrap();
+    assert_eq!((m.groups, m.tokens, m.staleness_max), (2, 8, 4));
+    assert_eq!(m.staleness_mean, 2.0);
+}
+
+#[test]
+fn a_bf16_learner_trains_through_the_same_model_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    let mut learner = Learner::new(
+        &policy.weights,
+        policy.model.config(),
+        &device(),
+        DType::BF16,
+        LearnerConfig::default(),
+    )
+    .unwrap();
+    let group = batch(
+        "g",
+        vec![
+            sequence(&[5, 6, 7], &[8, 9], &[-6.0, -6.0], 0),
+            sequence(&[5, 6, 7], &[10, 11], &[-6.0, -6.0], 0),
+        ],
+        &[1.0, 0.0],
+    );
+    let m = learner.train_step(&[(group, 0)]).unwrap();
+    assert!(m.loss.is_finite() && m.grad_norm > 0.0, "{m:?}");
+    assert_eq!(learner.weights()["lm_head.weight"].dtype(), DType::BF16);
+}

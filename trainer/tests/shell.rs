@@ -1,0 +1,122 @@
+//! `forgelog train` against the broker (`FORGELOG_BROKERS`, else 127.0.0.1:9092)
+//! on the tiny llama: a step publishes a checkpoint and `PolicyPublished`; a
+//! restarted trainer resumes from it and trains only on what came after.
+
+use clap::Parser;
+use forgelog_schemas::{Event, GroupMember, PolicyPublished, Sequence, Topic, TrainingBatch};
+use forgelog_stream::testing::{produce, shared_broker, unique_run_id};
+use forgelog_stream::{ReplayReader, StartAt};
+use forgelog_trainer::TrainArgs;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+fn group(run: &str, id: &str, sampled: usize, version: u32) -> Event {
+    let member = |i: usize, reward: f64, advantage: f64| GroupMember {
+        rollout_id: format!("{id}-{i}"),
+        harness: "test".into(),
+        reward: Some(reward),
+        advantage: Some(advantage),
+        sequences: vec![Sequence {
+            root: 0,
+            call_indices: vec![0],
+            discarded: false,
+            token_ids: (0..4 + sampled as u32)
+                .map(|t| (t * 17 + i as u32) % 200 + 3)
+                .collect(),
+            loss_mask: (0..4 + sampled).map(|t| (t >= 4) as u8).collect(),
+            sampling_logprobs: (0..4 + sampled)
+                .map(|t| if t >= 4 { -5.0 } else { 0.0 })
+                .collect(),
+            policy_versions: (0..4 + sampled)
+                .map(|t| if t >= 4 { version } else { u32::MAX })
+                .collect(),
+            tool_calls: 0,
+        }],
+    };
+    TrainingBatch {
+        run_id: run.into(),
+        event_id: format!("{run}-{id}"),
+        group_id: id.into(),
+        task_id: "t".into(),
+        no_reward_variance: false,
+        members: vec![member(0, 1.0, 1.0), member(1, 0.0, -1.0)],
+    }
+    .into()
+}
+
+fn published(config: &forgelog_stream::StreamConfig, run: &str) -> Vec<PolicyPublished> {
+    let reader = ReplayReader::new(config).unwrap();
+    reader
+        .read(Topic::Policy.name(), StartAt::Beginning, Some(run))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.event {
+            Ok(Event::PolicyPublished(p)) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_batches() {
+    let config = shared_broker().await;
+    let run = unique_run_id("trainer-shell");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
+    let args = |spool: &str| {
+        Cli::parse_from([
+            "train",
+            "--model",
+            model.to_str().unwrap(),
+            "--brokers",
+            &config.brokers,
+            "--run",
+            &run,
+            "--checkpoints",
+            &format!("file://{}/checkpoints", dir.path().display()),
+            "--spool",
+            dir.path().join(spool).to_str().unwrap(),
+            "--tokens-per-step",
+            "1",
+            "--max-steps",
+            "1",
+            "--learning-rate",
+            "1e-3",
+        ])
+        .train
+    };
+
+    produce(&config, &[group(&run, "a", 2, 0)]).await;
+    forgelog_trainer::run(args("spool-1")).await.unwrap();
+    let policies = published(&config, &run);
+    assert_eq!(policies.len(), 1);
+    let first = &policies[0];
+    assert_eq!((first.version, first.step), (1, 1));
+    assert_eq!(
+        first.metrics["tokens"], 4.0,
+        "group a: 2 members x 2 sampled tokens"
+    );
+    let path = first.checkpoint_uri.strip_prefix("file://").unwrap();
+    assert!(std::path::Path::new(path).is_file(), "{path}");
+
+    // A new process: resumes at version 1 and trains on group b only.
+    produce(&config, &[group(&run, "b", 3, 1)]).await;
+    forgelog_trainer::run(args("spool-2")).await.unwrap();
+    let policies = published(&config, &run);
+    assert_eq!(policies.len(), 2);
+    let second = &policies[1];
+    assert_eq!((second.version, second.step), (2, 2));
+    assert_eq!(
+        second.metrics["tokens"], 6.0,
+        "group b only: 2 members x 3 sampled tokens"
+    );
+    assert_eq!(second.metrics["staleness_max"], 0.0);
+    assert!(second
+        .checkpoint_uri
+        .ends_with("/v000002/model.safetensors"));
+}
