@@ -265,10 +265,10 @@ impl Call {
     /// Asks the upstream, records the answer; returns it and the harness's response body.
     async fn complete<D: Dialect>(
         self,
-        req: ChatRequest,
+        req: &ChatRequest,
     ) -> Result<(ChatResponse, Bytes), DialectError> {
         let sent = rl_sampling(&req.sampling);
-        let body = upstream_body(&req, &sent, &self.st.upstream_model);
+        let body = upstream_body(req, &sent, &self.st.upstream_model);
         let asked = Instant::now();
         let answer = self.st.upstream.chat(&body).await;
         metrics::histogram!("forgelog_proxy_upstream_seconds")
@@ -427,7 +427,7 @@ async fn serve<D: Dialect>(
     let stream = req.stream;
     // Spawned: the call is recorded in full even if the harness hangs up.
     let mut work = tokio::spawn(async move {
-        let out = call.complete::<D>(req.clone()).await;
+        let out = call.complete::<D>(&req).await;
         drop(permit);
         (req, out)
     });
