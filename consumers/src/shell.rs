@@ -162,7 +162,7 @@ pub fn run<P: Processor>(
     let mut since_checkpoint = 0usize;
     loop {
         let mut progressed = false;
-        for topic in P::INPUTS {
+        'sweep: for topic in P::INPUTS {
             let topic = topic.name();
             for partition in reader.partitions(topic)? {
                 let from = state
@@ -175,6 +175,9 @@ pub fn run<P: Processor>(
                 let t = std::time::Instant::now();
                 let mut failure: Option<ShellError> = None;
                 let _ = reader.for_each_in(topic, partition, from, end, |rec| {
+                    if options.stop.load(Ordering::Relaxed) {
+                        return ControlFlow::Break(());
+                    }
                     progressed = true;
                     stats.consumed += 1;
                     match rec.event {
@@ -213,6 +216,9 @@ pub fn run<P: Processor>(
                 })?;
                 if let Some(err) = failure {
                     return Err(err);
+                }
+                if options.stop.load(Ordering::Relaxed) {
+                    break 'sweep;
                 }
                 tracing::debug!(consumer = P::NAME, topic, partition, from, end, elapsed = ?t.elapsed(), "swept");
             }
