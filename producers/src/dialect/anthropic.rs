@@ -258,10 +258,7 @@ impl Dialect for AnthropicDialect {
                 .tools
                 .iter()
                 .map(|t| {
-                    let mut f = Map::new();
-                    f.insert("name".into(), json!(t.name));
-                    put(&mut f, "description", t.description.as_ref());
-                    f.insert("input_schema".into(), t.parameters.clone());
+                    let f = tool_declaration(t, "input_schema");
                     Value::Object(f)
                 })
                 .collect();

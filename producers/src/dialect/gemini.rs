@@ -296,10 +296,7 @@ impl Dialect for GeminiDialect {
                 .tools
                 .iter()
                 .map(|t| {
-                    let mut f = Map::new();
-                    f.insert("name".into(), json!(t.name));
-                    put(&mut f, "description", t.description.as_ref());
-                    f.insert("parameters".into(), t.parameters.clone());
+                    let f = tool_declaration(t, "parameters");
                     Value::Object(f)
                 })
                 .collect();

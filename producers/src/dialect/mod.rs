@@ -200,6 +200,19 @@ pub(crate) fn arguments_object(arguments: &str) -> Value {
 }
 
 /// Inserts `value` under `key` unless it is `None`.
+/// A tool declaration as every dialect spells it: `name`, `description` when
+/// given, and the argument schema under the dialect's own key.
+pub(crate) fn tool_declaration(
+    tool: &crate::canonical::ToolSpec,
+    schema_key: &str,
+) -> Map<String, Value> {
+    let mut f = Map::new();
+    f.insert("name".into(), Value::String(tool.name.clone()));
+    put(&mut f, "description", tool.description.as_ref());
+    f.insert(schema_key.into(), tool.parameters.clone());
+    f
+}
+
 pub(crate) fn put<T: serde::Serialize>(o: &mut Map<String, Value>, key: &str, value: Option<T>) {
     if let Some(v) = value {
         o.insert(

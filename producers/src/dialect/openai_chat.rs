@@ -323,10 +323,7 @@ impl Dialect for OpenAiChatDialect {
                 .tools
                 .iter()
                 .map(|t| {
-                    let mut f = Map::new();
-                    f.insert("name".into(), json!(t.name));
-                    put(&mut f, "description", t.description.as_ref());
-                    f.insert("parameters".into(), t.parameters.clone());
+                    let f = tool_declaration(t, "parameters");
                     json!({"type": "function", "function": f})
                 })
                 .collect();
