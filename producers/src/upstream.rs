@@ -270,18 +270,7 @@ impl UpstreamClient {
             let r = send
                 .await
                 .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-            let status = r.status().as_u16();
-            let bytes = r
-                .bytes()
-                .await
-                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-            if status >= 300 {
-                return Err(UpstreamError::Status {
-                    status,
-                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned(),
-                });
-            }
-            serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+            read_json(r).await
         };
         tokio::time::timeout(self.timeout, answer)
             .await
@@ -296,18 +285,7 @@ impl UpstreamClient {
             .send()
             .await
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        let status = r.status().as_u16();
-        let bytes = r
-            .bytes()
-            .await
-            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        if status >= 300 {
-            return Err(UpstreamError::Status {
-                status,
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            });
-        }
-        serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+        read_json(r).await
     }
 
     /// `GET /v1/models` and a 1-token request: the model name to use, and why
@@ -334,4 +312,21 @@ impl UpstreamClient {
         };
         Ok((model, reason))
     }
+}
+
+/// The JSON body of an upstream response; a non-2xx status is an error carrying
+/// (the start of) the body.
+async fn read_json(r: reqwest::Response) -> Result<Value, UpstreamError> {
+    let status = r.status().as_u16();
+    let bytes = r
+        .bytes()
+        .await
+        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+    if status >= 300 {
+        return Err(UpstreamError::Status {
+            status,
+            body: String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned(),
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
 }
