@@ -10,6 +10,7 @@ use forgelog_schemas::{Event, GroupMember, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::broker::{self, LocalBroker};
 use forgelog_stream::{EventProducer, ReplayReader, SpoolOptions, StartAt, StreamConfig};
+mod demo;
 mod up;
 
 use std::io::Write;

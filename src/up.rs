@@ -33,9 +33,16 @@ pub struct UpArgs {
     pub engine_listen: SocketAddr,
     #[arg(long, default_value = "127.0.0.1:8100")]
     pub proxy_listen: SocketAddr,
-    /// Run id of the sessions `up` creates
-    #[arg(long, default_value = "interactive")]
-    pub run: String,
+    /// Run id of the sessions `up` creates (default: "interactive", or demo-<unix time> with --demo)
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Drive the built-in demo (GRPO groups of tool-using agent rollouts in two
+    /// dialects), print a summary, export it as SFT data, then stop
+    #[arg(long)]
+    pub demo: bool,
+    /// Where --demo writes its SFT export (a folder per run)
+    #[arg(long, default_value = "forgelog-data")]
+    pub export_to: PathBuf,
     /// Score correct answers with the efficiency bonus in the reward join
     #[arg(long)]
     pub efficiency_bonus: bool,
@@ -107,8 +114,19 @@ pub fn up(rt: &tokio::runtime::Runtime, args: UpArgs) -> Result<()> {
 
 async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let stop = shutdown_signal()?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let run = match (&args.run, args.demo) {
+        (Some(r), _) => r.clone(),
+        (None, false) => "interactive".to_string(),
+        (None, true) => format!("demo-{stamp}"),
+    };
     admin::create_topics(config, &TopicLayout::default()).await?;
 
+    // The engine stops (and lets go of the broker) when this is dropped or sent.
+    let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut engine_task = None;
     let upstream = match &args.upstream {
         Some(u) => u.clone(),
         None => {
@@ -121,11 +139,14 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
                 "--brokers",
                 &config.brokers,
             ])?;
-            tokio::spawn(async move {
-                if let Err(e) = forgelog_engine::run(engine).await {
+            let shutdown = async {
+                let _ = engine_stopped.await;
+            };
+            engine_task = Some(tokio::spawn(async move {
+                if let Err(e) = forgelog_engine::serve(engine, shutdown).await {
                     eprintln!("engine stopped: {e}");
                 }
-            });
+            }));
             let url = format!("http://{listen}");
             wait_healthy(&format!("{url}/healthz"), "the engine").await?;
             eprintln!("engine    {} on {url}", args.model);
@@ -145,7 +166,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         "--spool",
         &spool,
         "--run-id",
-        &args.run,
+        &run,
     ])?;
     let proxy = RunningProxy::start(
         proxy_args.config(),
@@ -181,17 +202,42 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         args.home.join("consumers").display()
     );
 
+    let result = if args.demo {
+        tokio::select! {
+            r = crate::demo::run(config, &base, &run, &args.export_to) => r,
+            _ = stop => Err(anyhow::anyhow!("demo interrupted")),
+        }
+    } else {
+        serve(config, &base, &run, stamp, stop).await
+    };
+    eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
+    proxy.shutdown(Duration::from_secs(10)).await?;
+    stop_consumers.store(true, Ordering::Relaxed);
+    for c in consumers {
+        let _ = c.await;
+    }
+    let _ = stop_engine.send(());
+    if let Some(engine) = engine_task {
+        let _ = engine.await;
+    }
+    result
+}
+
+/// Prints a session key per dialect and a live status line until `stop`.
+async fn serve(
+    config: &StreamConfig,
+    base: &str,
+    run: &str,
+    stamp: u64,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     println!(
-        "\nforgelog is up. Point a harness at the proxy with one of these session keys (run {}):",
-        args.run
+        "\nforgelog is up. Point a harness at the proxy with one of these session keys (run {run}):"
     );
     let client = reqwest::Client::new();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs();
     for (dialect, how) in DIALECTS {
         let body = serde_json::json!({
-            "run_id": args.run, "rollout_id": format!("{dialect}-{stamp}"), "task_id": "interactive",
+            "run_id": run, "rollout_id": format!("{dialect}-{stamp}"), "task_id": "interactive",
             "harness": dialect, "group_id": format!("interactive-{dialect}-{stamp}"), "group_size": 1,
         });
         let session: serde_json::Value = client
@@ -204,7 +250,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
             .await
             .context("creating a session")?;
         let key = session["api_key"].as_str().unwrap_or_default();
-        println!("  {}", how.replace("{base}", &base).replace("{key}", key));
+        println!("  {}", how.replace("{base}", base).replace("{key}", key));
     }
     println!("(Ctrl-C to stop)\n");
 
@@ -233,12 +279,6 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     tokio::select! {
         _ = stop => {}
         _ = status => {}
-    }
-    eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
-    proxy.shutdown(Duration::from_secs(10)).await?;
-    stop_consumers.store(true, Ordering::Relaxed);
-    for c in consumers {
-        let _ = c.await;
     }
     Ok(())
 }

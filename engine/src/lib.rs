@@ -251,26 +251,39 @@ async fn shutdown_signal() {
 /// `forgelog engine`: loads the model, serves until Ctrl-C, and follows the
 /// policy topic when `--brokers` is given.
 pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
+    serve(args, shutdown_signal()).await
+}
+
+/// [`run`], stopping when `shutdown` completes (how `forgelog up` embeds it:
+/// the engine lets go of the broker before the broker stops).
+pub async fn serve(
+    args: EngineArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
     let device = device(args.device)?;
     let model = args.model.clone();
     let policy = tokio::task::spawn_blocking(move || forgelog_model::load_policy(&model, &device))
         .await
         .map_err(|e| EngineError::Device(e.to_string()))??;
     let engine = Engine::start(policy);
-    if let Some(brokers) = args.brokers.clone() {
+    let follower = args.brokers.clone().map(|brokers| {
         let (engine, run) = (engine.clone(), args.run.clone());
         tokio::spawn(async move {
             if let Err(e) = follow_policy(engine, &brokers, run.as_deref()).await {
                 tracing::error!("policy consumer stopped: {e}");
             }
-        });
-    }
+        })
+    });
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(model = engine.model_name(), listen = %args.listen, "engine serving");
-    axum::serve(listener, server::router(engine))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
-    Ok(())
+    let served = axum::serve(listener, server::router(engine))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    if let Some(f) = follower {
+        f.abort();
+        let _ = f.await; // its Kafka client is closed once this returns
+    }
+    Ok(served?)
 }
 
 #[cfg(test)]

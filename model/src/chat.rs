@@ -16,12 +16,19 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Whether the template shows assistant `tool_calls` itself. When it does
+    /// not (SmolLM2, plain ChatML), they are written into the content as Hermes
+    /// `<tool_call>` text, the form the proxy parses from the model's output:
+    /// otherwise the model's own calls would vanish from the next prompt.
+    renders_tool_calls: bool,
 }
 
 impl ChatTemplate {
     pub fn new(source: impl Into<String>, bos_token: &str, eos_token: &str) -> ChatTemplate {
+        let source = source.into();
         ChatTemplate {
-            source: source.into(),
+            renders_tool_calls: source.contains("tool_calls"),
+            source,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         }
@@ -47,7 +54,10 @@ impl ChatTemplate {
         let template = env
             .template_from_str(&self.source)
             .map_err(|e| TemplateError(e.to_string()))?;
-        let messages: Vec<Value> = messages.iter().map(normalize_message).collect();
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| normalize_message(m, self.renders_tool_calls))
+            .collect();
         let tools = tools.filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
         template
             .render(minijinja::context! {
@@ -62,8 +72,9 @@ impl ChatTemplate {
 }
 
 /// What Hugging Face templates expect of a message: `content` a string (text
-/// parts joined; `null` as empty) and tool-call `arguments` as objects.
-fn normalize_message(message: &Value) -> Value {
+/// parts joined; `null` as empty) and tool-call `arguments` as objects; with
+/// `!renders_tool_calls`, the calls appended to the content as Hermes text.
+fn normalize_message(message: &Value, renders_tool_calls: bool) -> Value {
     let mut message = message.clone();
     let Some(fields) = message.as_object_mut() else {
         return message;
@@ -79,7 +90,7 @@ fn normalize_message(message: &Value) -> Value {
     };
     fields.insert("content".into(), json!(content));
     if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
-        for call in calls {
+        for call in calls.iter_mut() {
             if let Some(arguments) = call.pointer_mut("/function/arguments") {
                 if let Some(parsed) = arguments
                     .as_str()
@@ -88,6 +99,24 @@ fn normalize_message(message: &Value) -> Value {
                     *arguments = parsed;
                 }
             }
+        }
+        if !renders_tool_calls {
+            let hermes: String = calls
+                .iter()
+                .map(|c| {
+                    // Name first, as Hermes-trained models write it.
+                    let f = &c["function"];
+                    let (name, arguments) = (&f["name"], &f["arguments"]);
+                    format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {arguments}}}\n</tool_call>")
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            let joined = [content, hermes]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
+            fields.insert("content".into(), json!(joined));
         }
     }
     message
@@ -113,6 +142,30 @@ mod tests {
         assert_eq!(
             text,
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn tool_calls_become_hermes_text_when_the_template_ignores_them() {
+        let call = json!({"role": "assistant", "content": "Let me compute.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"x\": 1}"}}]});
+        let plain = ChatTemplate::new(CHATML, "", "<|im_end|>");
+        let text = plain
+            .render(std::slice::from_ref(&call), None, false)
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>assistant\nLet me compute.\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"x\":1}}\n</tool_call><|im_end|>\n"
+        );
+        // A template that shows tool calls itself gets them untouched.
+        let aware = ChatTemplate::new(
+            "{% for m in messages %}{{ m.content }}|{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments.x }}{% endfor %}{% endfor %}",
+            "",
+            "",
+        );
+        assert_eq!(
+            aware.render(&[call], None, false).unwrap(),
+            "Let me compute.|calc1"
         );
     }
 

@@ -1,0 +1,305 @@
+//! The built-in demo behind `forgelog up --demo`: GRPO groups of small agent
+//! rollouts, each a multi-turn conversation with a real calculator tool and a
+//! real verifier, driven through the capture proxy's HTTP surface exactly as an
+//! external orchestrator would (`POST /sessions`, the dialect's endpoint,
+//! `POST /sessions/{id}/finish`).
+
+pub mod calculator;
+pub mod conversation;
+pub mod summary;
+pub mod tasks;
+
+pub use conversation::{AgentDialect, Sampling};
+pub use tasks::{Task, TASKS};
+
+use conversation::{ToolCall, Turn};
+use serde_json::{json, Value};
+
+/// What the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoPlan {
+    pub run_id: String,
+    /// One GRPO group per (dialect, task).
+    pub groups: Vec<(AgentDialect, Task)>,
+    pub group_size: usize,
+    /// Model calls one rollout may make.
+    pub max_calls: usize,
+    pub sampling: Sampling,
+}
+
+impl DemoPlan {
+    /// Two tasks per dialect, four rollouts a group.
+    pub fn new(run_id: impl Into<String>) -> DemoPlan {
+        let groups = TASKS
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (AgentDialect::ALL[i % 2], t.clone()))
+            .collect();
+        DemoPlan {
+            run_id: run_id.into(),
+            groups,
+            group_size: 4,
+            max_calls: 4,
+            sampling: Sampling {
+                max_tokens: 64,
+                temperature: 0.7,
+            },
+        }
+    }
+
+    pub fn rollouts(&self) -> usize {
+        self.groups.len() * self.group_size
+    }
+}
+
+pub const SYSTEM_PROMPT: &str = "You answer arithmetic questions. For every computation, call the \
+calculator tool: write <tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"...\"}}</tool_call> \
+and wait for its result. Then reply with the final answer as a number.";
+
+/// A worked example ahead of the task, as small models need: the call, the
+/// tool's result, the answer.
+fn example() -> Vec<Turn> {
+    let id = "example-call".to_string();
+    vec![
+        Turn::User("What is 12 times 4?".into()),
+        Turn::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: id.clone(),
+                name: calculator::NAME.into(),
+                arguments: json!({"expression": "12 * 4"}),
+            }],
+        },
+        Turn::ToolResults(vec![(id, "48".into())]),
+        Turn::Assistant {
+            text: "48".into(),
+            tool_calls: Vec::new(),
+        },
+    ]
+}
+
+const NUDGE: &str = "Please reply with the final answer as a number.";
+
+/// How one rollout went, as the agent saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutOutcome {
+    pub rollout_id: String,
+    pub dialect: AgentDialect,
+    pub task_id: &'static str,
+    pub model_calls: usize,
+    pub tool_calls: usize,
+    /// None when the rollout failed before its verifier ran.
+    pub reward: Option<f64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("{what}: {source}")]
+    Http {
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{what}: HTTP {status}: {body}")]
+    Status {
+        what: String,
+        status: u16,
+        body: String,
+    },
+    #[error(transparent)]
+    Response(#[from] conversation::ResponseError),
+}
+
+/// Talks to one capture proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyClient {
+    base: String,
+    admin_token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl ProxyClient {
+    pub fn new(base: impl Into<String>, admin_token: Option<String>) -> ProxyClient {
+        ProxyClient {
+            base: base.into(),
+            admin_token,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn post(
+        &self,
+        what: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &Value,
+    ) -> Result<Value, DemoError> {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(token) = key.or(self.admin_token.as_deref()) {
+            req = req.bearer_auth(token);
+        }
+        let http = |source| DemoError::Http {
+            what: what.to_string(),
+            source,
+        };
+        let resp = req.send().await.map_err(http)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(http)?;
+        if !status.is_success() {
+            return Err(DemoError::Status {
+                what: what.to_string(),
+                status: status.as_u16(),
+                body: text,
+            });
+        }
+        serde_json::from_str(&text).map_err(|e| DemoError::Status {
+            what: what.to_string(),
+            status: status.as_u16(),
+            body: format!("not JSON ({e}): {text}"),
+        })
+    }
+}
+
+/// Runs every rollout of the plan at once (the engine batches them); calls
+/// `done` as each one finishes. Outcomes come back in plan order.
+pub async fn run(
+    proxy: &ProxyClient,
+    plan: &DemoPlan,
+    done: impl Fn(&RolloutOutcome),
+) -> Vec<RolloutOutcome> {
+    let rollouts = plan.groups.iter().flat_map(|(dialect, task)| {
+        (0..plan.group_size).map(move |member| (*dialect, task, member))
+    });
+    let done = &done;
+    futures::future::join_all(rollouts.map(|(dialect, task, member)| async move {
+        let outcome = rollout(proxy, plan, dialect, task, member).await;
+        done(&outcome);
+        outcome
+    }))
+    .await
+}
+
+async fn rollout(
+    proxy: &ProxyClient,
+    plan: &DemoPlan,
+    dialect: AgentDialect,
+    task: &Task,
+    member: usize,
+) -> RolloutOutcome {
+    let group_id = format!("{}-{}-{}", plan.run_id, dialect.harness(), task.id);
+    let mut outcome = RolloutOutcome {
+        rollout_id: format!("{group_id}-{member}"),
+        dialect,
+        task_id: task.id,
+        model_calls: 0,
+        tool_calls: 0,
+        reward: None,
+        error: None,
+    };
+    let session = proxy
+        .post(
+            "creating a session",
+            "/sessions",
+            None,
+            &json!({
+                "run_id": plan.run_id, "rollout_id": outcome.rollout_id, "task_id": task.id,
+                "harness": dialect.harness(), "group_id": group_id, "group_size": plan.group_size,
+            }),
+        )
+        .await;
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            outcome.error = Some(e.to_string());
+            return outcome;
+        }
+    };
+    let (id, key) = (
+        session["session_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        session["api_key"].as_str().unwrap_or_default().to_string(),
+    );
+    let finish = match converse(proxy, plan, dialect, task, &key, &mut outcome).await {
+        Ok(answer) => {
+            let verdict = tasks::verify(task, &answer);
+            outcome.reward = Some(verdict.reward);
+            json!({"exit_status": 0, "verifier": {"ok": true, "reward": verdict.reward, "details": verdict.details}})
+        }
+        Err(e) => {
+            outcome.error = Some(e.to_string());
+            json!({"exit_status": 1, "verifier": null})
+        }
+    };
+    if let Err(e) = proxy
+        .post(
+            "finishing the session",
+            &format!("/sessions/{id}/finish"),
+            None,
+            &finish,
+        )
+        .await
+    {
+        outcome.reward = None;
+        outcome.error.get_or_insert(e.to_string());
+    }
+    outcome
+}
+
+/// The agent loop: ask, run the tools the model calls, nudge once for a
+/// number; returns the final answer's text.
+async fn converse(
+    proxy: &ProxyClient,
+    plan: &DemoPlan,
+    dialect: AgentDialect,
+    task: &Task,
+    key: &str,
+    outcome: &mut RolloutOutcome,
+) -> Result<String, DemoError> {
+    let mut turns = example();
+    turns.push(Turn::User(task.question.to_string()));
+    let mut nudged = false;
+    let mut answer = String::new();
+    while outcome.model_calls < plan.max_calls {
+        let body = conversation::request(dialect, SYSTEM_PROMPT, &turns, plan.sampling);
+        let what = format!(
+            "model call {} of {}",
+            outcome.model_calls, outcome.rollout_id
+        );
+        let response = proxy.post(&what, dialect.path(), Some(key), &body).await?;
+        outcome.model_calls += 1;
+        let turn = conversation::reply(dialect, &response)?;
+        let Turn::Assistant { text, tool_calls } = &turn else {
+            unreachable!("reply() returns assistant turns")
+        };
+        answer = text.clone();
+        let results: Vec<(String, String)> = tool_calls.iter().map(run_tool).collect();
+        outcome.tool_calls += results.len();
+        let number_given = answer.chars().any(|c| c.is_ascii_digit());
+        turns.push(turn);
+        if !results.is_empty() {
+            turns.push(Turn::ToolResults(results));
+        } else if !number_given && !nudged {
+            nudged = true;
+            turns.push(Turn::User(NUDGE.to_string()));
+        } else {
+            break;
+        }
+    }
+    Ok(answer)
+}
+
+fn run_tool(call: &ToolCall) -> (String, String) {
+    let result = if call.name == calculator::NAME {
+        calculator::call(&call.arguments)
+    } else {
+        format!(
+            "error: no tool named {:?}; the only tool is {}",
+            call.name,
+            calculator::NAME
+        )
+    };
+    (call.id.clone(), result)
+}

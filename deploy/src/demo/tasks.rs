@@ -1,0 +1,91 @@
+//! The demo's tasks and their verifier: arithmetic questions whose answer is
+//! one integer, checked against the agent's final message.
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub id: &'static str,
+    pub question: &'static str,
+    pub answer: i64,
+}
+
+pub const TASKS: [Task; 4] = [
+    Task {
+        id: "product",
+        question: "What is 24 times 17?",
+        answer: 408,
+    },
+    Task {
+        id: "distance",
+        question: "What is 65 times 9?",
+        answer: 585,
+    },
+    Task {
+        id: "quotient",
+        question: "What is 312 divided by 26?",
+        answer: 12,
+    },
+    Task {
+        id: "sum-product",
+        question: "What is 15 times the sum of 3 and 4?",
+        answer: 105,
+    },
+];
+
+/// What the verifier says of one rollout's final answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub reward: f64,
+    pub details: String,
+}
+
+/// Reward 1 when the last number in the final answer is the right one, else 0.
+pub fn verify(task: &Task, final_answer: &str) -> Verdict {
+    match last_number(final_answer) {
+        Some(n) if n == task.answer as f64 => Verdict {
+            reward: 1.0,
+            details: format!("answered {n}: correct"),
+        },
+        Some(n) => Verdict {
+            reward: 0.0,
+            details: format!("answered {n}, expected {}", task.answer),
+        },
+        None => Verdict {
+            reward: 0.0,
+            details: format!("no number in the answer, expected {}", task.answer),
+        },
+    }
+}
+
+/// The last number in `text` ("1,408", "408.0" and "408." read as numbers).
+fn last_number(text: &str) -> Option<f64> {
+    text.split(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+        .map(|s| s.trim_matches(|c| c == '.' || c == ',').replace(',', ""))
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .next_back()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_verifier_reads_the_last_number() {
+        let t = &TASKS[0];
+        assert_eq!(verify(t, "17 crates of 24 make 408 apples.").reward, 1.0);
+        assert_eq!(verify(t, "The answer is 1,408").reward, 0.0);
+        assert_eq!(verify(t, "It is 408.0.").reward, 1.0);
+        assert_eq!(verify(t, "408 or maybe 407").reward, 0.0);
+        let none = verify(t, "many apples");
+        assert_eq!(none.reward, 0.0);
+        assert!(none.details.contains("no number"), "{none:?}");
+    }
+
+    #[test]
+    fn every_task_states_its_own_answer_correctly() {
+        let products = [24 * 17, 65 * 9, 312 / 26, 15 * 7];
+        for (t, p) in TASKS.iter().zip(products) {
+            assert_eq!(t.answer, p, "{}", t.id);
+        }
+    }
+}
