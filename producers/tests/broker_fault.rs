@@ -55,7 +55,7 @@ async fn calls_succeed_while_the_broker_is_down_and_land_exactly_once() {
     );
     let (started, finished) = calls_of(&calls, &session);
     assert_eq!((started, finished.len()), (30, 30));
-    assert_calls_match_upstream(&finished, &rig.upstream.answers.lock().unwrap());
+    rig.assert_calls_match_upstream(&finished);
     let rollouts = rig.events(Topic::Rollouts).await;
     assert_eq!(rollouts.len(), 2);
     assert!(rollouts

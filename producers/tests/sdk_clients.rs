@@ -1,6 +1,8 @@
 //! The official Python SDKs (openai, anthropic) and raw HTTP for Gemini against
-//! the proxy, the fake vLLM upstream and the real broker. Each checks that the
-//! log carries the token ids and logprobs the upstream returned.
+//! the proxy and the real broker: in front of the fake vLLM upstream (whose
+//! scripted answers exercise tool calls in every shape) and in front of the
+//! real engine on SmolLM2. Each checks that the log carries the token ids and
+//! logprobs the upstream returned, byte for byte.
 
 mod common;
 
@@ -26,13 +28,22 @@ fn venv_python() -> PathBuf {
 
 /// Runs one client script in a session; checks the session's events against the upstream.
 async fn run_client(script: &str, rollout: &str) {
-    let python = venv_python();
     let rig = Rig::start(
         forgelog_stream::testing::shared_broker().await,
         Default::default(),
         "proxy-sdk",
     )
     .await;
+    run_client_on(&rig, script, rollout).await;
+}
+
+/// Returns the session's CallFinished events.
+async fn run_client_on(
+    rig: &Rig,
+    script: &str,
+    rollout: &str,
+) -> Vec<forgelog_schemas::CallFinished> {
+    let python = venv_python();
     let (session, key) = rig.session(rollout).await;
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
@@ -71,7 +82,7 @@ async fn run_client(script: &str, rollout: &str) {
     );
     let ok = done.iter().filter(|c| c.status == CallStatus::Ok).count();
     assert!(ok >= expected - 1, "{ok} ok calls of {expected}");
-    assert_calls_match_upstream(&done, &rig.upstream.answers.lock().unwrap());
+    rig.assert_calls_match_upstream(&done);
     let indices: Vec<i64> = done.iter().map(|c| c.call_index).collect();
     assert_eq!(indices, (0..expected as i64).collect::<Vec<_>>());
 
@@ -82,6 +93,22 @@ async fn run_client(script: &str, rollout: &str) {
     assert!(rollouts.iter().any(|e| matches!(e, Event::RolloutFinished(r) if r.session_id == session && r.model_calls == expected as i64)));
     let rewards = rig.events(Topic::Rewards).await;
     assert!(rewards.iter().any(|e| matches!(e, Event::VerifierResult(v) if v.rollout_id == rollout && v.ok && v.reward == Some(1.0))));
+    done
+}
+
+/// Both SDKs, every dialect they speak, streamed and not, against SmolLM2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdks_against_the_real_engine() {
+    let rig = Rig::start_on_engine(
+        forgelog_stream::testing::shared_broker().await,
+        "proxy-sdk-engine",
+    )
+    .await;
+    let done = run_client_on(&rig, "engine_sdks.py", "r-engine").await;
+    assert_eq!(done.len(), 9);
+    assert!(done.iter().all(|c| c.status == CallStatus::Ok), "{done:?}");
+    // The probe at start, then one engine answer per call.
+    assert_eq!(rig.upstream.answers().len(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,7 +237,7 @@ async fn gemini_raw_http() {
     let (started, done) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!((started, done.len()), (4, 4));
     assert_eq!(done[3].status, CallStatus::ClientError);
-    assert_calls_match_upstream(&done, &rig.upstream.answers.lock().unwrap());
+    rig.assert_calls_match_upstream(&done);
     let rewards = rig.events(Topic::Rewards).await;
     assert!(rewards.iter().any(|e| matches!(e, Event::VerifierResult(v) if v.rollout_id == "r-gemini" && !v.ok && v.reward.is_none())), "no verifier: ok=false, reward=null");
 }

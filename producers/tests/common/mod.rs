@@ -1,5 +1,6 @@
-//! Shared by the integration tests: a fake upstream, a proxy in this process,
-//! sessions, and reading what reached the log.
+//! Shared by the integration tests: a fake upstream (or the real engine behind
+//! a recording relay), a proxy in this process, sessions, and reading what
+//! reached the log.
 #![allow(dead_code)]
 
 use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
@@ -8,12 +9,12 @@ use forgelog_producers::RunningProxy;
 use forgelog_schemas::{CallFinished, Event, Topic};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub struct Rig {
     pub proxy: RunningProxy,
-    pub upstream: Arc<FakeUpstream>,
+    pub upstream: Upstream,
     pub run_id: String,
     pub stream: StreamConfig,
     pub http: reqwest::Client,
@@ -37,7 +38,34 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
     }
 }
 
+pub type Answers = Arc<Mutex<Vec<Value>>>;
+
+/// What the proxy talks to; each keeps every answer it gave.
+pub enum Upstream {
+    Fake(Arc<FakeUpstream>),
+    /// The real engine behind [`recording_relay`].
+    Engine(Answers),
+}
+
+impl Upstream {
+    pub fn answers(&self) -> Vec<Value> {
+        match self {
+            Upstream::Fake(f) => f.answers.lock().unwrap().clone(),
+            Upstream::Engine(a) => a.lock().unwrap().clone(),
+        }
+    }
+
+    /// The policy version its answers report.
+    pub fn policy_version(&self) -> i64 {
+        match self {
+            Upstream::Fake(_) => fake_upstream::POLICY_VERSION,
+            Upstream::Engine(_) => 0,
+        }
+    }
+}
+
 impl Rig {
+    /// A proxy in front of the fake upstream.
     pub async fn start(stream: StreamConfig, options: FakeOptions, run_prefix: &str) -> Rig {
         let (up_addr, upstream) = fake_upstream::spawn(
             "127.0.0.1:0".parse().unwrap(),
@@ -48,11 +76,27 @@ impl Rig {
         )
         .await
         .expect("fake upstream");
+        let url = format!("http://{up_addr}");
+        Rig::with_upstream(stream, url, Upstream::Fake(upstream), run_prefix).await
+    }
+
+    /// A proxy in front of the real engine on SmolLM2 (through a recording relay).
+    pub async fn start_on_engine(stream: StreamConfig, run_prefix: &str) -> Rig {
+        let (url, answers) = recording_relay(smollm2_engine().to_string()).await;
+        Rig::with_upstream(stream, url, Upstream::Engine(answers), run_prefix).await
+    }
+
+    async fn with_upstream(
+        stream: StreamConfig,
+        upstream_url: String,
+        upstream: Upstream,
+        run_prefix: &str,
+    ) -> Rig {
         let run_id = forgelog_stream::testing::unique_run_id(run_prefix);
         let spool = tempfile::tempdir().unwrap();
         let stream_for_marks = stream.clone();
         let proxy = RunningProxy::start(
-            config(format!("http://{up_addr}"), &run_id),
+            config(upstream_url, &run_id),
             &stream,
             spool.path().to_path_buf(),
             "127.0.0.1:0".parse().unwrap(),
@@ -126,6 +170,70 @@ impl Rig {
     pub async fn events(&self, topic: Topic) -> Vec<Event> {
         read_events(&self.stream, topic, &self.run_id, &self.marks).await
     }
+
+    /// Every ok CallFinished in `calls` carries what some upstream answer had.
+    pub fn assert_calls_match_upstream(&self, calls: &[CallFinished]) {
+        let answers = self.upstream.answers();
+        assert_calls_match(calls, &answers, self.upstream.policy_version());
+    }
+}
+
+/// A pass-through in front of `target` that keeps every chat completion answer
+/// it relays: what the engine really returned, to compare the log with.
+pub async fn recording_relay(target: String) -> (String, Answers) {
+    use axum::body::Bytes;
+    use axum::http::{Method, StatusCode, Uri};
+    let answers = Answers::default();
+    let (kept, client) = (answers.clone(), reqwest::Client::new());
+    let forward = move |method: Method, uri: Uri, body: Bytes| {
+        let (kept, client, target) = (kept.clone(), client.clone(), target.clone());
+        async move {
+            let url = format!("{target}{uri}");
+            let r = client
+                .request(method, url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("the engine answers the relay");
+            let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
+            let bytes = r.bytes().await.unwrap();
+            if uri.path() == "/v1/chat/completions" {
+                if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                    kept.lock().unwrap().push(v);
+                }
+            }
+            (status, bytes)
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(forward);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), answers)
+}
+
+/// The real engine on SmolLM2, once per test binary, on a thread and runtime
+/// of its own (it outlives each `#[tokio::test]`). Returns its base URL.
+pub fn smollm2_engine() -> &'static str {
+    static BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let engine = forgelog_engine::Engine::start(policy);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let router = forgelog_engine::server::router(engine);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, router).await.unwrap();
+            });
+        });
+        base
+    })
 }
 
 /// The end offset of every partition of the proxy's topics.
@@ -178,8 +286,9 @@ pub async fn read_events(
     .unwrap()
 }
 
-/// Every ok CallFinished carries exactly the ids and logprobs some upstream answer had.
-pub fn assert_calls_match_upstream(calls: &[CallFinished], answers: &[Value]) {
+/// Every ok CallFinished carries exactly the ids and logprobs some upstream
+/// answer had, and the policy version it reported.
+pub fn assert_calls_match(calls: &[CallFinished], answers: &[Value], policy_version: i64) {
     for c in calls
         .iter()
         .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
@@ -210,7 +319,7 @@ pub fn assert_calls_match_upstream(calls: &[CallFinished], answers: &[Value]) {
             "call {}: {:?}",
             c.call_index, c.untrainable_reason
         );
-        assert_eq!(c.policy_version, Some(fake_upstream::POLICY_VERSION));
+        assert_eq!(c.policy_version, Some(policy_version));
         assert_eq!(c.sampling_sent.top_p, Some(1.0));
         assert_eq!(c.sampling_sent.top_k, Some(-1));
         assert!(!c.response_body.is_empty());
