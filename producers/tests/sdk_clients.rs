@@ -9,21 +9,6 @@ use forgelog_schemas::{CallStatus, Event, Topic};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
-fn venv_python() -> PathBuf {
-    let home = std::env::var_os("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
-        });
-    let python = home.join("venv/bin/python3");
-    assert!(
-        python.exists(),
-        "the Python venv with the openai and anthropic SDKs is missing at {}: run scripts/python-env.sh",
-        python.display()
-    );
-    python
-}
-
 /// Runs one client script in a session; checks the session's events against the upstream.
 async fn run_client(script: &str, rollout: &str) {
     let python = venv_python();
