@@ -14,6 +14,24 @@ pub fn unique_run_id(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
+/// The Python of the venv with the official SDKs (`scripts/python-env.sh`):
+/// `$FORGELOG_HOME/venv` (default `~/.cache/forgelog`). Panics, naming the
+/// script, when it is missing: tests that need it fail, they never skip.
+pub fn venv_python() -> PathBuf {
+    let home = std::env::var_os("FORGELOG_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
+        });
+    let python = home.join("venv/bin/python3");
+    assert!(
+        python.exists(),
+        "the Python venv with the SDKs is missing at {}: run scripts/python-env.sh",
+        python.display()
+    );
+    python
+}
+
 /// A loopback address nothing listens on right now.
 pub fn free_local_addr() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");

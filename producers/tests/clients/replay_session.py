@@ -1,7 +1,7 @@
 """One short agent session with an official SDK, whatever the model answers:
 a tool-using first turn (not streamed), a streamed second turn that carries the
 tool's result (or a follow-up question), and a third turn not streamed.
-Usage: replay_session.py BASE_URL API_KEY openai|anthropic run|diverge
+Usage: replay_session.py BASE_URL API_KEY openai|anthropic run|diverge [SEED]
 run: prints every response (streams as their events) as one JSON line.
 diverge: the same first call, then a different tool result / follow-up in the
 second (message 3 in OpenAI Chat form, a streamed call): prints
@@ -10,6 +10,7 @@ import json
 import sys
 
 base, key, sdk, mode = sys.argv[1:5]
+seed = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 FOLLOW_UP = "And in Rome?" if mode == "run" else "And in Oslo?"
 RESULT = "sunny, 21 C" if mode == "run" else "rainy, 9 C"
 out = []
@@ -30,13 +31,13 @@ def openai_session():
         else:
             msgs.append({"role": "user", "content": FOLLOW_UP})
 
-    r = client.chat.completions.create(model="smol", messages=msgs, tools=tools, max_tokens=48, temperature=0.7, seed=1)
+    r = client.chat.completions.create(model="smol", messages=msgs, tools=tools, max_tokens=48, temperature=0.7, seed=seed + 1)
     out.append(r.model_dump(mode="json"))
     answer_turn(r.choices[0].message.model_dump(mode="json", exclude_none=True))
 
     chunks, text, calls = [], "", {}
     try:
-        stream = client.chat.completions.create(model="smol", messages=msgs, tools=tools, max_tokens=48, seed=2,
+        stream = client.chat.completions.create(model="smol", messages=msgs, tools=tools, max_tokens=48, seed=seed + 2,
                                                 stream=True, stream_options={"include_usage": True})
         for chunk in stream:
             chunks.append(chunk.model_dump(mode="json"))
@@ -55,7 +56,7 @@ def openai_session():
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     answer_turn(message)
 
-    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=32, seed=3)
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=32, seed=seed + 3)
     out.append(r.model_dump(mode="json"))
     return out
 

@@ -8,7 +8,6 @@ use forgelog_producers::RunningProxy;
 use forgelog_schemas::{CallFinished, Event, Topic};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -235,18 +234,4 @@ pub fn calls_of(events: &[Event], session: &str) -> (usize, Vec<CallFinished>) {
     (started, finished)
 }
 
-/// The venv's python with the official SDKs (scripts/python-env.sh).
-pub fn venv_python() -> PathBuf {
-    let home = std::env::var_os("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
-        });
-    let python = home.join("venv/bin/python3");
-    assert!(
-        python.exists(),
-        "the Python venv with the openai and anthropic SDKs is missing at {}: run scripts/python-env.sh",
-        python.display()
-    );
-    python
-}
+pub use forgelog_stream::testing::venv_python;
