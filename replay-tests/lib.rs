@@ -88,6 +88,16 @@ pub fn golden(rebuilt: &Rebuilt) -> BTreeMap<&'static str, String> {
     ])
 }
 
+/// `event` (a `TrajectoryBuilt`) with one bit of token `token` of sequence
+/// `sequence` flipped: one edited byte of a recorded trajectory, same event id.
+pub fn edit_token(event: &Event, sequence: usize, token: usize) -> Event {
+    let mut edited = event.clone();
+    if let Event::TrajectoryBuilt(t) = &mut edited {
+        t.sequences[sequence].token_ids[token] ^= 1;
+    }
+    edited
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +114,14 @@ mod tests {
         ));
         let grouped = by_topic(&events);
         assert_eq!(grouped.values().map(Vec::len).sum::<usize>(), events.len());
+        let rebuilt = forgelog_consumers::rebuild::rebuild(&grouped, Default::default());
+        let t = &rebuilt.trajectories[0];
+        let edited = edit_token(t, 0, 2);
+        let (Event::TrajectoryBuilt(a), Event::TrajectoryBuilt(b)) = (t, &edited) else {
+            panic!("trajectories")
+        };
+        assert_eq!(a.event_id, b.event_id);
+        assert_eq!(a.sequences[0].token_ids[2] ^ 1, b.sequences[0].token_ids[2]);
+        assert_eq!(a.sequences[0].token_ids[3..], b.sequences[0].token_ids[3..]);
     }
 }
