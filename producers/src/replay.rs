@@ -387,7 +387,6 @@ impl Recording {
 mod tests {
     use super::*;
     use crate::upstream::read_response;
-    use forgelog_schemas::{SamplingParams, Usage};
 
     fn rollout(run: &str, session: &str, rollout: &str) -> Event {
         RolloutStarted {
@@ -410,35 +409,15 @@ mod tests {
     }
 
     fn finished(run: &str, session: &str, index: i64, messages: Value) -> CallFinished {
-        let upstream = body(messages);
-        CallFinished {
-            run_id: run.into(),
-            event_id: format!("cf-{session}-{index}"),
-            session_id: session.into(),
-            rollout_id: "r1".into(),
-            call_index: index,
-            status: CallStatus::Ok,
-            error: None,
-            model: "smol".into(),
-            prompt_token_ids: vec![1, 2, 3],
-            completion_token_ids: vec![7, 8],
-            completion_logprobs: vec![-0.25, -1.5],
-            finish_reason: Some("tool_calls".into()),
-            sampling_requested: SamplingParams::default(),
-            sampling_sent: SamplingParams::default(),
-            policy_version: Some(3),
-            usage: Usage {
-                prompt_tokens: 3,
-                completion_tokens: 2,
-            },
-            trainable: true,
-            untrainable_reason: None,
-            response_body: br#"{"id":"chatcmpl-x","created":1700000000}"#.to_vec(),
-            chat_request: chat_form(&upstream).to_string(),
-            chat_response: json!({"role": "assistant", "content": "hi", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]}).to_string(),
-            latency_ms: 5,
-            finished_at_ms: 1_700_000_001_000,
-        }
+        let mut c = forgelog_schemas::testing::call_finished(run, session, index, 3, 2);
+        c.model = "smol".into();
+        c.completion_logprobs = vec![-0.25, -1.5];
+        c.finish_reason = Some("tool_calls".into());
+        c.policy_version = Some(3);
+        c.response_body = br#"{"id":"chatcmpl-x","created":1700000000}"#.to_vec();
+        c.chat_request = chat_form(&body(messages)).to_string();
+        c.chat_response = json!({"role": "assistant", "content": "hi", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]}).to_string();
+        c
     }
 
     fn recording() -> Recording {
@@ -487,7 +466,7 @@ mod tests {
         let a = rec
             .answer("s1", 0, &body(json!([{"role": "user", "content": "Hi"}])))
             .unwrap();
-        assert_eq!(a["choices"][0]["token_ids"], json!([7, 8]));
+        assert_eq!(a["choices"][0]["token_ids"], json!([5, 18]));
         // The same conversation with other sampling and model is the same call.
         let mut other = body(json!([{"role": "user", "content": "Hi"}]));
         other["temperature"] = json!(0.1);

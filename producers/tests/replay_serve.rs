@@ -9,23 +9,13 @@ mod common;
 use common::*;
 use forgelog_producers::{load_recording, RunningProxy};
 use forgelog_schemas::Topic;
+use forgelog_stream::testing::python_json;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
 async fn client(url: &str, key: &str, sdk: &str, mode: &str) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/replay_session.py");
-    let out = tokio::process::Command::new(venv_python())
-        .args([script.to_str().unwrap(), url, key, sdk, mode])
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{sdk} {mode} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the script prints JSON")
+    python_json(&script, &[url, key, sdk, mode]).await
 }
 
 async fn post(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) {

@@ -6,12 +6,12 @@ mod common;
 
 use common::*;
 use forgelog_schemas::{CallStatus, Event, Topic};
+use forgelog_stream::testing::python_json;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
 /// Runs one client script in a session; checks the session's events against the upstream.
 async fn run_client(script: &str, rollout: &str) {
-    let python = venv_python();
     let rig = Rig::start(
         forgelog_stream::testing::shared_broker().await,
         Default::default(),
@@ -22,21 +22,8 @@ async fn run_client(script: &str, rollout: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(script);
-    let out = tokio::process::Command::new(&python)
-        .arg(&path)
-        .arg(rig.proxy.url())
-        .arg(&key)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
-        .expect("the script prints {\"calls\": N}");
+    // The script prints {"calls": N}.
+    let expected = python_json(&path, &[&rig.proxy.url(), &key]).await;
     let expected = expected["calls"].as_u64().unwrap() as usize;
 
     let finished = rig

@@ -11,7 +11,7 @@ use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_replay_tests::{by_topic, decode, encode, fixture_dir, golden, RUN};
 use forgelog_schemas::{CallStatus, Dialect, Event, Topic};
-use forgelog_stream::testing::{venv_python, PrivateBroker};
+use forgelog_stream::testing::{python_json, PrivateBroker};
 use forgelog_stream::{ReplayReader, StartAt};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -94,24 +94,17 @@ async fn record() {
         )
         .await;
         let session = s["session_id"].as_str().unwrap().to_string();
-        let out = tokio::process::Command::new(venv_python())
-            .arg(&script)
-            .args([
+        let responses = python_json(
+            &script,
+            &[
                 &proxy.url(),
                 s["api_key"].as_str().unwrap(),
                 sdk,
                 "run",
                 seed,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let responses: Value = serde_json::from_slice(&out.stdout).unwrap();
+            ],
+        )
+        .await;
         let verifier = if verified {
             verdict(&responses)
         } else {

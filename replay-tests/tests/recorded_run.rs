@@ -15,7 +15,7 @@ use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::{load_recording, RunningProxy};
 use forgelog_replay_tests::{by_topic, decode, edit_token, fixture_dir, golden, RUN};
 use forgelog_schemas::{Event, Topic};
-use forgelog_stream::testing::{self, venv_python, PrivateBroker};
+use forgelog_stream::testing::{self, python_json, PrivateBroker};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -184,18 +184,8 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
                 .json()
                 .await
                 .unwrap();
-            let out = tokio::process::Command::new(venv_python())
-                .arg(&script)
-                .args([&proxy.url(), r["api_key"].as_str().unwrap(), sdk, mode])
-                .output()
-                .await
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let key = r["api_key"].as_str().unwrap();
+            let got = python_json(&script, &[&proxy.url(), key, sdk, mode]).await;
             if mode == "run" {
                 assert_eq!(got, rec["responses"], "{sdk} session {session}");
             } else {

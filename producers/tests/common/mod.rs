@@ -233,5 +233,3 @@ pub fn calls_of(events: &[Event], session: &str) -> (usize, Vec<CallFinished>) {
         .collect();
     (started, finished)
 }
-
-pub use forgelog_stream::testing::venv_python;
