@@ -159,7 +159,11 @@ pub fn divergence(recorded: &Value, got: &Value) -> Option<(Option<usize>, Strin
         let field = format!("messages[{i}]");
         match (rec.get(i), req.get(i)) {
             (Some(a), Some(b)) => {
-                if let Some((path, detail)) = first_difference(a, b, names) {
+                // Who speaks matters more than what: a role change is named first.
+                let diff = first_difference(&a["role"], &b["role"], names)
+                    .map(|(_, detail)| ("role".to_string(), detail))
+                    .or_else(|| first_difference(a, b, names));
+                if let Some((path, detail)) = diff {
                     let path = if path.is_empty() {
                         field
                     } else {
@@ -493,6 +497,15 @@ mod tests {
             text.contains("session s1, call 1: message 2 differs")
                 && text.contains("recording \"More\", request \"Less\""),
             "{text}"
+        );
+        let other_role = body(json!([{"role": "system", "content": "Hi"}]));
+        let ReplayError::Diverged(d) = rec.answer("s1", 0, &other_role).unwrap_err() else {
+            panic!()
+        };
+        assert_eq!((d.message, d.field.as_str()), (Some(0), "messages[0].role"));
+        assert!(
+            d.detail.contains("recording \"user\", request \"system\""),
+            "{d}"
         );
         let shorter = body(json!([{"role": "user", "content": "Hi"}]));
         let ReplayError::Diverged(d) = rec.answer("s1", 1, &shorter).unwrap_err() else {
