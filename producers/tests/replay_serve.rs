@@ -153,3 +153,89 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
         "replay serve writes nothing to the log"
     );
 }
+
+/// The two dialects no SDK drives here, over raw HTTP: a replayed call's
+/// body, streamed or not, is byte for byte the recorded one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_and_gemini_calls_replay_byte_for_byte() {
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "replay-raw",
+    )
+    .await;
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let calls = [
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": "Weather in Paris?", "tools": [{"type": "function", "name": "get_weather", "parameters": weather}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": "Stream please", "stream": true}),
+        ),
+        (
+            "/v1beta/models/g:generateContent",
+            json!({"contents": [{"role": "user", "parts": [{"text": "Weather?"}]}], "tools": [{"functionDeclarations": [{"name": "get_weather", "parameters": weather}]}]}),
+        ),
+        (
+            "/v1beta/models/g:streamGenerateContent?alt=sse",
+            json!({"contents": [{"role": "user", "parts": [{"text": "Stream please"}]}]}),
+        ),
+    ];
+    // Keep-alive comments depend on timing, not on the call.
+    let send = |base: String, key: String| {
+        let calls = calls.clone();
+        async move {
+            let http = reqwest::Client::new();
+            let mut bodies = Vec::new();
+            for (path, body) in calls {
+                let r = http
+                    .post(format!("{base}{path}"))
+                    .bearer_auth(&key)
+                    .header("x-goog-api-key", &key)
+                    .body(body.to_string())
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{path}");
+                let text = r.text().await.unwrap();
+                bodies.push(text.replace(": keep-alive\n\n", ""));
+            }
+            bodies
+        }
+    };
+    let (session, key) = rig.session("r-raw").await;
+    let recorded = send(rig.proxy.url(), key).await;
+    assert!(
+        recorded[1].contains("event: response.completed"),
+        "{}",
+        recorded[1]
+    );
+    assert!(recorded[2].contains("functionCall"), "{}", recorded[2]);
+    rig.finish(&session, Value::Null).await;
+    rig.flush().await;
+
+    let recording = load_recording(&rig.stream, &rig.run_id).await.unwrap();
+    let replay = RunningProxy::replay(
+        config("unused".into(), &rig.run_id),
+        recording,
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let (_, v) = post(
+        &reqwest::Client::new(),
+        format!("{}/sessions", replay.url()),
+        json!({"replay_of": "r-raw"}),
+    )
+    .await;
+    let replayed = send(replay.url(), v["api_key"].as_str().unwrap().to_string()).await;
+    for (i, (a, b)) in recorded.iter().zip(&replayed).enumerate() {
+        assert!(a == b, "call {i}:\nrecorded {a}\nreplayed {b}");
+    }
+    replay
+        .shutdown(std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+}
