@@ -4,13 +4,18 @@
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 VENV="$FORGELOG_HOME/venv"
-PINS=(openai==3.51.0 anthropic==2.10.0)
+# moto[server]: the S3-compatible server of the export test; datasets: the export loads with HF datasets.
+PINS=(openai==3.51.0 anthropic==2.10.0 "moto[server]==5.2.5" datasets==5.2.0)
 
 if [ ! -x "$VENV/bin/python3" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python3" -m pip freeze 2>/dev/null | grep -qxF "${PINS[0]}" \
-   || ! "$VENV/bin/python3" -m pip freeze 2>/dev/null | grep -qxF "${PINS[1]}"; then
-  "$VENV/bin/python3" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
-fi
+installed=$("$VENV/bin/python3" -m pip freeze 2>/dev/null || true)
+for pin in "${PINS[@]}"; do
+  # `moto[server]==5.2.5` is frozen as `moto==5.2.5`
+  if ! grep -qixF "${pin/\[*\]/}" <<<"$installed"; then
+    "$VENV/bin/python3" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
+    break
+  fi
+done
 echo "setup: python venv ready at $VENV (${PINS[*]})" >&2

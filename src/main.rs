@@ -137,6 +137,8 @@ enum ReplayAction {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// A proxy answering from a recorded run instead of the engine: a re-running harness gets the recorded responses call by call
+    Serve(forgelog_producers::ReplayServeArgs),
     /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
     Show {
         #[arg(long)]
@@ -368,6 +370,9 @@ fn main() -> Result<()> {
         }
         Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
         Command::Proxy(args) => Ok(rt.block_on(forgelog_producers::run(args))?),
+        Command::Replay {
+            action: ReplayAction::Serve(args),
+        } => Ok(rt.block_on(forgelog_producers::run_replay(args))?),
         Command::Train(args) => Ok(rt.block_on(forgelog_trainer::run(args))?),
         Command::Consume {
             which,

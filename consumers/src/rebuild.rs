@@ -3,9 +3,9 @@
 //! output topics hold.
 
 use crate::{Processor, RewardConfig, RewardJoin, TrajectoryBuilder};
+use forgelog_schemas::diff::first_difference;
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::{ConsumeError, Received, ReplayReader, StartAt};
-use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Outputs derived again from the inputs, in the order the consumers emit them.
@@ -107,7 +107,8 @@ pub fn compare(topic: Topic, rebuilt: &[Event], stored: &[Received]) -> Option<D
                 serde_json::to_value(stored).expect("json"),
                 serde_json::to_value(e).expect("json"),
             );
-            let (field, detail) = first_difference(&a, &b, String::new()).unwrap_or_default();
+            let (field, detail) =
+                first_difference(&a, &b, ("stored", "rebuilt")).unwrap_or_default();
             return Some(diff(field, Some((r.partition, r.offset)), detail));
         }
     }
@@ -122,46 +123,6 @@ pub fn compare(topic: Topic, rebuilt: &[Event], stored: &[Received]) -> Option<D
             detail: "in the topic but not rebuilt from the inputs".into(),
         }
     })
-}
-
-/// JSON path and description of the first difference between stored `a` and rebuilt `b`.
-fn first_difference(a: &Value, b: &Value, path: String) -> Option<(String, String)> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            for (k, va) in x {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                match y.get(k) {
-                    Some(vb) => {
-                        if let Some(d) = first_difference(va, vb, p) {
-                            return Some(d);
-                        }
-                    }
-                    None => return Some((p, "only in the stored event".into())),
-                }
-            }
-            y.keys()
-                .find(|k| !x.contains_key(*k))
-                .map(|k| (format!("{path}.{k}"), "only in the rebuilt event".into()))
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
-                if let Some(d) = first_difference(va, vb, format!("{path}[{i}]")) {
-                    return Some(d);
-                }
-            }
-            (x.len() != y.len()).then(|| {
-                (
-                    path,
-                    format!("stored has {} elements, rebuilt {}", x.len(), y.len()),
-                )
-            })
-        }
-        _ => (a != b).then(|| (path, format!("stored {a}, rebuilt {b}"))),
-    }
 }
 
 /// Reads run `run`'s events of `topic` in log order.

@@ -7,6 +7,7 @@
 pub mod canonical;
 pub mod dialect;
 pub mod fake_upstream;
+pub mod replay;
 pub mod server;
 pub mod sessions;
 pub mod upstream;
@@ -71,8 +72,100 @@ impl ProxyArgs {
     }
 }
 
+/// `forgelog replay serve`: the proxy answering from a recorded run instead of the engine.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayServeArgs {
+    /// The recorded run to answer from
+    #[arg(long)]
+    pub run: String,
+    #[arg(long, default_value = "127.0.0.1:8100")]
+    pub listen: SocketAddr,
+    /// Kafka bootstrap servers (comma-separated host:port)
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Largest request body accepted, in MiB
+    #[arg(long, default_value_t = 32)]
+    pub body_limit_mib: usize,
+}
+
+impl ReplayServeArgs {
+    pub fn config(&self) -> ProxyConfig {
+        ProxyConfig {
+            upstream: format!("recorded run {}", self.run),
+            run_id: Some(self.run.clone()),
+            admin_token: self.admin_token.clone(),
+            body_limit: self.body_limit_mib << 20,
+            max_calls_per_session: 16,
+            upstream_timeout: Duration::from_secs(60),
+            keep_alive: Duration::from_secs(5),
+            max_upstream_requests: 1024,
+        }
+    }
+}
+
+/// Reads run `run`'s sessions and calls from `forgelog.rollouts` and `forgelog.calls`.
+pub async fn load_recording(
+    stream: &StreamConfig,
+    run: &str,
+) -> Result<replay::Recording, ProxyError> {
+    let (stream, run) = (stream.clone(), run.to_string());
+    tokio::task::spawn_blocking(move || {
+        let reader = forgelog_stream::ReplayReader::new(&stream)?;
+        let mut events = Vec::new();
+        for topic in [
+            forgelog_schemas::Topic::Rollouts,
+            forgelog_schemas::Topic::Calls,
+        ] {
+            let read = reader.read(
+                topic.name(),
+                forgelog_stream::StartAt::Beginning,
+                Some(&run),
+            )?;
+            events.extend(read.into_iter().filter_map(|r| r.event.ok()));
+        }
+        let recording = replay::Recording::from_events(&run, &events);
+        if recording.sessions.is_empty() {
+            return Err(ProxyError::EmptyRecording(run));
+        }
+        Ok(recording)
+    })
+    .await
+    .map_err(|e| ProxyError::Serve(std::io::Error::other(e)))?
+}
+
+/// `forgelog replay serve`: answers from the recording until Ctrl-C or SIGTERM.
+pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
+    let stream = StreamConfig::new(&args.brokers);
+    let recording = load_recording(&stream, &args.run).await?;
+    let (sessions, calls) = (
+        recording.sessions.len(),
+        recording
+            .sessions
+            .values()
+            .map(|s| s.calls.len())
+            .sum::<usize>(),
+    );
+    let proxy = RunningProxy::replay(args.config(), recording, args.listen).await?;
+    eprintln!(
+        "forgelog replay serve on {}: run {} ({sessions} sessions, {calls} calls), nothing recorded\n\
+         start a replay session with POST /sessions {{\"replay_of\": \"<session or rollout id>\"}} \
+         (or the original session request); its calls are matched in order by call index",
+        proxy.url(),
+        args.run
+    );
+    shutdown_signal().await;
+    proxy.shutdown(Duration::from_secs(1)).await
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("reading the recording: {0}")]
+    Log(#[from] forgelog_stream::ConsumeError),
+    #[error("run {0} has no recorded sessions in forgelog.rollouts")]
+    EmptyRecording(String),
     #[error("spool: {0}")]
     Spool(#[from] forgelog_stream::SpoolError),
     #[error("cannot listen on {addr}: {source}")]
@@ -164,6 +257,28 @@ impl RunningProxy {
             SpoolOptions::default(),
         )?);
         let state = Arc::new(ProxyState::new(config, producer, model, warning));
+        RunningProxy::serve(state, listen).await
+    }
+
+    /// `replay serve`: the proxy with `recording` as its upstream, recording nothing.
+    pub async fn replay(
+        config: ProxyConfig,
+        recording: replay::Recording,
+        listen: SocketAddr,
+    ) -> Result<RunningProxy, ProxyError> {
+        let model = recording.model.clone();
+        let upstream = upstream::Upstream::Recorded(Arc::new(recording));
+        let state = Arc::new(ProxyState::with_upstream(
+            config, upstream, None, model, None,
+        ));
+        RunningProxy::serve(state, listen).await
+    }
+
+    /// Binds `listen` and serves `state`'s routes.
+    pub async fn serve(
+        state: Arc<ProxyState>,
+        listen: SocketAddr,
+    ) -> Result<RunningProxy, ProxyError> {
         let listener = bind(listen).map_err(|source| ProxyError::Listen {
             addr: listen,
             source,
@@ -195,11 +310,16 @@ impl RunningProxy {
         let _ = self.stop.send(());
         let _ = self.server.await;
         match Arc::try_unwrap(self.state) {
-            Ok(state) => match Arc::try_unwrap(state.producer) {
-                Ok(p) => p.close(flush).await?,
-                Err(p) => p.flush(flush).await?,
+            Ok(state) => match state.producer.map(Arc::try_unwrap) {
+                Some(Ok(p)) => p.close(flush).await?,
+                Some(Err(p)) => p.flush(flush).await?,
+                None => {}
             },
-            Err(state) => state.producer.flush(flush).await?,
+            Err(state) => {
+                if let Some(p) = &state.producer {
+                    p.flush(flush).await?
+                }
+            }
         }
         Ok(())
     }

@@ -5,7 +5,9 @@ use crate::canonical::{ChatRequest, ChatResponse};
 use crate::dialect::sse::KEEP_ALIVE;
 use crate::dialect::*;
 use crate::sessions::{NewSession, Session, SessionError, Sessions};
-use crate::upstream::{read_response, rl_sampling, upstream_body, Sampled, UpstreamClient};
+use crate::upstream::{
+    read_response, rl_sampling, upstream_body, Sampled, Upstream, UpstreamClient,
+};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -42,8 +44,9 @@ pub struct ProxyConfig {
 pub struct ProxyState {
     pub config: ProxyConfig,
     pub sessions: Sessions,
-    pub producer: Arc<EventProducer>,
-    pub upstream: UpstreamClient,
+    /// `None` for `replay serve`, which records nothing.
+    pub producer: Option<Arc<EventProducer>>,
+    pub upstream: Upstream,
     /// The upstream's model (from the probe): harnesses name models of their own.
     pub upstream_model: String,
     /// Why the upstream's answers would not be trainable, from the start-up probe.
@@ -67,12 +70,30 @@ impl ProxyState {
         upstream_model: String,
         probe_warning: Option<String>,
     ) -> ProxyState {
+        let upstream = Upstream::Live(UpstreamClient::new(
+            &config.upstream,
+            config.upstream_timeout,
+            config.max_upstream_requests,
+        ));
+        ProxyState::with_upstream(
+            config,
+            upstream,
+            Some(producer),
+            upstream_model,
+            probe_warning,
+        )
+    }
+
+    /// A proxy in front of `upstream`, recording through `producer` (if any).
+    pub fn with_upstream(
+        config: ProxyConfig,
+        upstream: Upstream,
+        producer: Option<Arc<EventProducer>>,
+        upstream_model: String,
+        probe_warning: Option<String>,
+    ) -> ProxyState {
         ProxyState {
-            upstream: UpstreamClient::new(
-                &config.upstream,
-                config.upstream_timeout,
-                config.max_upstream_requests,
-            ),
+            upstream,
             config,
             sessions: Sessions::default(),
             producer,
@@ -88,7 +109,10 @@ impl ProxyState {
     }
 
     fn send(&self, event: Event) -> bool {
-        match self.producer.send(&event) {
+        let Some(producer) = &self.producer else {
+            return true;
+        };
+        match producer.send(&event) {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");
@@ -270,7 +294,11 @@ impl Call {
         let sent = rl_sampling(&req.sampling);
         let body = upstream_body(req, &sent, &self.st.upstream_model);
         let asked = Instant::now();
-        let answer = self.st.upstream.chat(&body).await;
+        let answer = self
+            .st
+            .upstream
+            .chat(Some((&self.session.id, self.index)), &body)
+            .await;
         metrics::histogram!("forgelog_proxy_upstream_seconds")
             .record(asked.elapsed().as_secs_f64());
         let answer = match answer {
@@ -344,7 +372,7 @@ impl Call {
         e.response_body = response_body.to_vec();
         // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
         // the upstream request is already that form, and so is its answer.
-        e.chat_request = serde_json::json!({ "messages": body["messages"], "tools": body.get("tools").cloned().unwrap_or_default() }).to_string();
+        e.chat_request = crate::replay::chat_form(&body).to_string();
         e.chat_response = answer["choices"][0]["message"].to_string();
         self.record(e);
         Ok((resp, response_body))
@@ -511,7 +539,7 @@ async fn count_tokens(
     };
     match st
         .upstream
-        .chat(&upstream_body(&req, &sent, &st.upstream_model))
+        .chat(None, &upstream_body(&req, &sent, &st.upstream_model))
         .await
     {
         Ok(a) => {
@@ -564,9 +592,20 @@ async fn create_session(
     if !is_admin(&st, &headers) {
         return admin_error(StatusCode::UNAUTHORIZED, "admin token required");
     }
-    let new: NewSession = match serde_json::from_slice(&body) {
-        Ok(n) => n,
-        Err(e) => return admin_error(StatusCode::BAD_REQUEST, format!("bad session request: {e}")),
+    let new: NewSession = match &st.upstream {
+        Upstream::Live(_) => match serde_json::from_slice(&body) {
+            Ok(n) => n,
+            Err(e) => {
+                return admin_error(StatusCode::BAD_REQUEST, format!("bad session request: {e}"))
+            }
+        },
+        Upstream::Recorded(rec) => match serde_json::from_slice(&body)
+            .map_err(|e| crate::replay::ReplayError::BadSessionRequest(e.to_string()))
+            .and_then(|b| rec.new_session(&b))
+        {
+            Ok(n) => n,
+            Err(e) => return admin_error(StatusCode::NOT_FOUND, e.to_string()),
+        },
     };
     let group_size = new.group_size.unwrap_or(1);
     let now = now_ms();

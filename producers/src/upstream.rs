@@ -216,19 +216,62 @@ pub enum UpstreamError {
     Status { status: u16, body: String },
     #[error("upstream answer is not JSON: {0}")]
     NotJson(String),
+    /// `replay serve`: the recording has no answer for this request.
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
 }
 
 impl UpstreamError {
     /// 4xx from the upstream is the harness's request being bad (context too long...).
     pub fn dialect_error(&self) -> DialectError {
+        use crate::replay::ReplayError;
         let kind = match self {
             UpstreamError::Timeout(_) => ErrorKind::Timeout,
+            UpstreamError::Replay(ReplayError::RecordedFailure { status, .. })
+                if *status != forgelog_schemas::CallStatus::ClientError =>
+            {
+                ErrorKind::Upstream
+            }
+            UpstreamError::Replay(ReplayError::UnknownSession { .. }) => ErrorKind::NotFound,
+            UpstreamError::Replay(_) => ErrorKind::InvalidRequest,
             UpstreamError::Status { status, .. } if (400..500).contains(status) => {
                 ErrorKind::InvalidRequest
             }
             _ => ErrorKind::Upstream,
         };
         DialectError::new(kind, self.to_string())
+    }
+}
+
+/// Where the proxy's answers come from: the live engine, or a recorded run
+/// (`forgelog replay serve`). Everything around it (dialects, ids, streams) is the same code.
+#[derive(Clone)]
+pub enum Upstream {
+    Live(UpstreamClient),
+    Recorded(Arc<crate::replay::Recording>),
+}
+
+impl Upstream {
+    /// The answer to `body`; `call` is (session id, call index) of a session's
+    /// model call, `None` for requests outside the session's calls (token counting).
+    pub async fn chat(
+        &self,
+        call: Option<(&str, i64)>,
+        body: &Value,
+    ) -> Result<Value, UpstreamError> {
+        match (self, call) {
+            (Upstream::Live(client), _) => client.chat(body).await,
+            (Upstream::Recorded(rec), Some((session, index))) => {
+                rec.answer(session, index, body).map_err(|e| {
+                    tracing::warn!(error = %e, "replay: no recorded answer");
+                    metrics::counter!("forgelog_replay_refused_total").increment(1);
+                    e.into()
+                })
+            }
+            (Upstream::Recorded(_), None) => {
+                Err(crate::replay::ReplayError::NotACall("token counting").into())
+            }
+        }
     }
 }
 

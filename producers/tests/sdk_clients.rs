@@ -8,23 +8,9 @@ mod common;
 
 use common::*;
 use forgelog_schemas::{CallStatus, Event, Topic};
+use forgelog_stream::testing::python_json;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-
-fn venv_python() -> PathBuf {
-    let home = std::env::var_os("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
-        });
-    let python = home.join("venv/bin/python3");
-    assert!(
-        python.exists(),
-        "the Python venv with the openai and anthropic SDKs is missing at {}: run scripts/python-env.sh",
-        python.display()
-    );
-    python
-}
 
 /// Runs one client script in a session; checks the session's events against the upstream.
 async fn run_client(script: &str, rollout: &str) {
@@ -48,21 +34,8 @@ async fn run_client_on(
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(script);
-    let out = tokio::process::Command::new(&python)
-        .arg(&path)
-        .arg(rig.proxy.url())
-        .arg(&key)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
-        .expect("the script prints {\"calls\": N}");
+    // The script prints {"calls": N}.
+    let expected = python_json(&path, &[&rig.proxy.url(), &key]).await;
     let expected = expected["calls"].as_u64().unwrap() as usize;
 
     let finished = rig

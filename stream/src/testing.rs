@@ -14,6 +14,44 @@ pub fn unique_run_id(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
+/// The Python of the venv with the official SDKs (`scripts/python-env.sh`):
+/// `$FORGELOG_HOME/venv` (default `~/.cache/forgelog`). Panics, naming the
+/// script, when it is missing: tests that need it fail, they never skip.
+pub fn venv_python() -> PathBuf {
+    let home = std::env::var_os("FORGELOG_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
+        });
+    let python = home.join("venv/bin/python3");
+    assert!(
+        python.exists(),
+        "the Python venv with the SDKs is missing at {}: run scripts/python-env.sh",
+        python.display()
+    );
+    python
+}
+
+/// Runs `script` with the venv's Python and `args`; fails the test with its
+/// output unless it succeeds; returns the last line it printed, parsed as JSON.
+pub async fn python_json(script: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = tokio::process::Command::new(venv_python())
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{stdout}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{} printed no JSON ({e}):\n{stdout}", script.display()))
+}
+
 /// A loopback address nothing listens on right now.
 pub fn free_local_addr() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");

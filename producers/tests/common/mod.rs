@@ -162,6 +162,8 @@ impl Rig {
         self.proxy
             .state
             .producer
+            .as_ref()
+            .expect("the capture proxy records")
             .flush(Duration::from_secs(60))
             .await
             .expect("events reach the broker");

@@ -1,0 +1,213 @@
+//! `forgelog replay rebuild`, `replay show` and `replay serve` over recorded runs.
+
+use forgelog_consumers::{rebuild::rebuild, RewardConfig};
+use forgelog_schemas::{testing::recorded_run, Event, Topic};
+use forgelog_stream::testing::{self, PrivateBroker};
+use forgelog_stream::StreamConfig;
+use std::collections::BTreeMap;
+use std::process::{Command, Output};
+
+const RUN: &str = "replay-run";
+
+fn forgelog(args: &[&str], config: &StreamConfig) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(args)
+        .args(["--brokers", &config.brokers])
+        .output()
+        .unwrap()
+}
+
+fn produce(config: &StreamConfig, events: &[Event]) {
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(testing::produce(config, events));
+}
+
+#[test]
+fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    produce(&config, &recorded_run(RUN, 3, 4, 3, 16));
+    let state = tempfile::tempdir().unwrap();
+    let consumed = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "consume",
+            "all",
+            "--exit-when-idle",
+            "--brokers",
+            &config.brokers,
+            "--state",
+        ])
+        .arg(state.path())
+        .status()
+        .unwrap();
+    assert!(consumed.success());
+
+    let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("identical: 12 trajectories, 3 batches of run {RUN}")
+    );
+
+    let out = forgelog(
+        &[
+            "replay",
+            "show",
+            "--run",
+            RUN,
+            "--rollout",
+            &format!("{RUN}-g0-r0"),
+        ],
+        &config,
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rollout 0 retried its second turn: one discarded path, one live one.
+    assert!(text.contains("(discarded retry)"), "{text}");
+    assert!(text.contains("reward"), "{text}");
+    assert_eq!(text.matches("rollout ").count(), 1, "{text}");
+}
+
+#[test]
+fn rebuild_names_the_field_of_an_edited_trajectory() {
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    let inputs = recorded_run(RUN, 2, 2, 2, 12);
+    let mut by_topic: BTreeMap<Topic, Vec<Event>> = BTreeMap::new();
+    for e in &inputs {
+        by_topic.entry(e.topic()).or_default().push(e.clone());
+    }
+    let rebuilt = rebuild(&by_topic, RewardConfig::default());
+    let mut trajectories = rebuilt.trajectories.clone();
+    let Event::TrajectoryBuilt(t) = &mut trajectories[1] else {
+        panic!()
+    };
+    t.sequences[0].token_ids[3] ^= 1; // one byte of one recorded trajectory
+    let edited_id = t.event_id.clone();
+    let outputs: Vec<Event> = trajectories.into_iter().chain(rebuilt.batches).collect();
+    produce(&config, &[inputs, outputs].concat());
+
+    let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("differs: TrajectoryBuilt") && err.contains(&edited_id),
+        "{err}"
+    );
+    assert!(
+        err.contains("field sequences[0].token_ids[3]") && err.contains("offset"),
+        "{err}"
+    );
+}
+
+/// `replay serve` from the command line, over the SmolLM2 fixture: each
+/// recorded request, sent again byte for byte, gets the recorded response
+/// body byte for byte (streamed calls: a stream).
+#[test]
+fn serve_answers_recorded_requests_with_the_recorded_bodies() {
+    use forgelog_replay_tests::{decode, fixture_dir, RUN as FIXTURE_RUN};
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    let events = decode(&std::fs::read(fixture_dir().join("events.bin")).unwrap()).unwrap();
+    produce(&config, &events);
+    let addr = testing::free_local_addr();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "replay",
+            "serve",
+            "--run",
+            FIXTURE_RUN,
+            "--brokers",
+            &config.brokers,
+        ])
+        .args(["--listen", &addr.to_string()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(serve.try_wait().unwrap().is_none(), "replay serve exited");
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "replay serve did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}");
+    let mut answered = 0;
+    for e in &events {
+        let Event::RolloutStarted(r) = e else {
+            continue;
+        };
+        let session: serde_json::Value = rt.block_on(async {
+            http.post(format!("{url}/sessions"))
+                .body(format!(r#"{{"replay_of": "{}"}}"#, r.rollout_id))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        });
+        assert_eq!(session["session_id"], r.session_id.as_str());
+        let key = session["api_key"].as_str().unwrap();
+        for e in &events {
+            let Event::CallStarted(c) = e else { continue };
+            if c.session_id != r.session_id {
+                continue;
+            }
+            let recorded = events
+                .iter()
+                .find_map(|e| match e {
+                    Event::CallFinished(f)
+                        if f.session_id == c.session_id && f.call_index == c.call_index =>
+                    {
+                        Some(f)
+                    }
+                    _ => None,
+                })
+                .unwrap();
+            let (content_type, body) = rt.block_on(async {
+                let resp = http
+                    .post(format!("{url}{}", c.path))
+                    .bearer_auth(key)
+                    .header("x-api-key", key)
+                    .body(c.raw_request.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200, "call {}", c.call_index);
+                let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+                (ct, resp.bytes().await.unwrap())
+            });
+            if content_type == "application/json" {
+                assert!(
+                    body == recorded.response_body,
+                    "call {} of {}: {}",
+                    c.call_index,
+                    r.rollout_id,
+                    String::from_utf8_lossy(&body)
+                );
+            } else {
+                assert_eq!(content_type, "text/event-stream");
+                assert!(!body.is_empty());
+            }
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 12, "every recorded call answered");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    assert!(serve.wait().unwrap().success());
+}

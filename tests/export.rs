@@ -1,0 +1,179 @@
+//! `forgelog export sft` of the recorded SmolLM2 run (replay-tests' fixture)
+//! to `file://` and to `s3://` on moto's S3-compatible server (PyPI
+//! `moto[server]`, started here): the S3 objects are byte-for-byte the files,
+//! and every JSONL split loads with Hugging Face `datasets`.
+
+use forgelog_consumers::{rebuild::rebuild, RewardConfig};
+use forgelog_replay_tests::{by_topic, decode, fixture_dir, RUN};
+use forgelog_stream::testing::{self, venv_python, PrivateBroker};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+const BUCKET: &str = "forgelog-exports";
+
+/// moto's server, stopped (by its pid) when dropped.
+struct Moto(Child);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_moto() -> (Moto, String) {
+    let addr = testing::free_local_addr();
+    let child = Command::new(venv_python())
+        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
+        .arg(addr.port().to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("moto server (scripts/python-env.sh)");
+    let moto = Moto(child);
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "moto did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (moto, format!("http://{addr}"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn s3_tool(endpoint: &str, args: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/s3.py");
+    run(Command::new(venv_python())
+        .arg(script)
+        .arg(endpoint)
+        .args(args))
+}
+
+/// Every file under `dir`, by relative path.
+fn files(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).unwrap().to_path_buf();
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    let inputs = decode(&std::fs::read(fixture_dir().join("events.bin")).unwrap()).unwrap();
+    let derived = rebuild(&by_topic(&inputs), RewardConfig::default());
+    let events = [inputs, derived.trajectories, derived.batches].concat();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(testing::produce(&config, &events));
+    let (_moto, endpoint) = start_moto();
+    s3_tool(&endpoint, &["mkbucket", BUCKET]);
+
+    let export = |to: &str| {
+        run(Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["export", "sft", "--run", RUN, "--to", to, "--brokers"])
+            .arg(&config.brokers)
+            .env("AWS_ENDPOINT_URL", &endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1"))
+    };
+    let local = tempfile::tempdir().unwrap();
+    let file_out = export(&format!("file://{}", local.path().display()));
+    let s3_out = export(&format!("s3://{BUCKET}/runs/{RUN}"));
+    let listed = |o: &Output| String::from_utf8_lossy(&o.stdout).lines().count();
+    assert_eq!(listed(&file_out), listed(&s3_out));
+
+    let fetched = tempfile::tempdir().unwrap();
+    let keys = s3_tool(
+        &endpoint,
+        &[
+            "download",
+            BUCKET,
+            &format!("runs/{RUN}"),
+            fetched.path().to_str().unwrap(),
+        ],
+    );
+    let keys: Vec<String> = serde_json::from_slice(&keys.stdout).unwrap();
+    let (from_file, from_s3) = (files(local.path()), files(fetched.path()));
+    assert_eq!(keys.len(), from_file.len());
+    assert!(
+        from_file.contains_key(Path::new("manifest.json")),
+        "{:?}",
+        from_file.keys()
+    );
+    assert_eq!(
+        from_file.keys().collect::<Vec<_>>(),
+        from_s3.keys().collect::<Vec<_>>()
+    );
+    for (path, bytes) in &from_file {
+        assert!(bytes == &from_s3[path], "{} differs on S3", path.display());
+    }
+
+    // Every JSONL split loads with HF datasets, with the manifest's row count.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&from_file[Path::new("manifest.json")]).unwrap();
+    let jsonl: Vec<&PathBuf> = from_file
+        .keys()
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert_eq!(jsonl.len(), 2, "one split per harness: {jsonl:?}");
+    let cache = tempfile::tempdir().unwrap();
+    for p in jsonl {
+        let harness = p.parent().unwrap().to_str().unwrap();
+        let out = run(Command::new(venv_python())
+            .args([
+                "-c",
+                "import datasets, json, sys\n\
+                 ds = datasets.load_dataset('json', data_files=sys.argv[1], split='train')\n\
+                 m = ds[0]['messages']\n\
+                 print(json.dumps({'rows': len(ds), 'columns': ds.column_names, 'roles': [x['role'] for x in m]}))",
+            ])
+            .arg(local.path().join(p))
+            .current_dir(cache.path())
+            .env("HF_DATASETS_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1"));
+        let loaded: serde_json::Value = serde_json::from_slice(
+            out.stdout
+                .split(|b| *b == b'\n')
+                .rfind(|l| !l.is_empty())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(loaded["rows"], manifest["jsonl_rows"][harness], "{loaded}");
+        assert!(
+            loaded["columns"]
+                .as_array()
+                .unwrap()
+                .contains(&"messages".into()),
+            "{loaded}"
+        );
+        assert_eq!(loaded["roles"][0], "system", "{loaded}");
+    }
+}
