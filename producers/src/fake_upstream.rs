@@ -7,6 +7,11 @@
 //! with tools offered it calls the first tool (`[hermes]` in the message: as
 //! Hermes `<tool_call>` text instead of `tool_calls`); `[fail]` answers 500;
 //! `[slow]` waits 3 s.
+//!
+//! `[agent:N]` in any user message plays a tiny agent for real harnesses: while
+//! fewer than N tool results are in the conversation it runs a shell command
+//! through the harness's shell-like tool (`bash`, `shell`, `exec_command`...,
+//! arguments built from the tool's JSON schema), then answers plain text.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -68,6 +73,58 @@ pub fn logprob(i: usize) -> f32 {
     -((i % 8) as f32 + 1.0) / 16.0
 }
 
+/// N of `[agent:N]` in any user message.
+fn agent_steps(messages: &[Value]) -> Option<usize> {
+    messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .find_map(|m| {
+            let text = text_of(&m["content"]);
+            let rest = &text[text.find("[agent:")? + "[agent:".len()..];
+            rest[..rest.find(']')?].trim().parse().ok()
+        })
+}
+
+/// The agent's answer at this point: text, and the tool call (or null).
+fn agent_turn(req: &Value, messages: &[Value], steps: usize) -> (String, Value) {
+    let done = messages.iter().filter(|m| m["role"] == "tool").count();
+    let tools = req["tools"].as_array().cloned().unwrap_or_default();
+    let shell = tools.iter().find(|t| {
+        let name = t["function"]["name"].as_str().unwrap_or("").to_lowercase();
+        ["bash", "shell", "exec"].iter().any(|k| name.contains(k))
+    });
+    match shell {
+        Some(tool) if done < steps => {
+            let command = format!("echo forgelog step {}", done + 1);
+            let arguments = arguments_for(&tool["function"]["parameters"], &command);
+            let call = json!([{"id": format!("call_step_{}", done + 1), "type": "function",
+                "function": {"name": tool["function"]["name"], "arguments": arguments.to_string()}}]);
+            (format!("Running step {}.", done + 1), call)
+        }
+        _ => (format!("Done after {done} steps."), Value::Null),
+    }
+}
+
+/// Arguments that satisfy a tool's JSON schema: every required property, the
+/// command where a string or an argv array is asked for.
+fn arguments_for(schema: &Value, command: &str) -> Value {
+    let mut args = serde_json::Map::new();
+    let required = schema["required"].as_array().cloned().unwrap_or_default();
+    for name in required.iter().filter_map(Value::as_str) {
+        let prop = &schema["properties"][name];
+        let value = match prop["type"].as_str() {
+            Some("array") => json!(["bash", "-lc", command]),
+            Some("integer" | "number") => json!(10000),
+            Some("boolean") => json!(false),
+            Some("object") => json!({}),
+            _ if name.contains("command") || name == "cmd" => json!(command),
+            _ => json!(format!("{name} for {command}")),
+        };
+        args.insert(name.to_string(), value);
+    }
+    Value::Object(args)
+}
+
 impl FakeUpstream {
     pub fn answer(&self, req: &Value) -> Result<Value, (StatusCode, String)> {
         let messages = req["messages"].as_array().cloned().unwrap_or_default();
@@ -86,7 +143,13 @@ impl FakeUpstream {
         let last_is_tool = messages.last().is_some_and(|m| m["role"] == "tool");
         let first_tool = req["tools"][0]["function"]["name"].as_str();
         let mut tool_calls = Value::Null;
+        let agent = agent_steps(&messages).map(|n| agent_turn(req, &messages, n));
         let mut text = match (first_tool, last_is_tool) {
+            _ if agent.is_some() => {
+                let (text, calls) = agent.expect("checked");
+                tool_calls = calls;
+                text
+            }
             (Some(name), false) if last_user.contains("[hermes]") => {
                 format!("Let me check.<tool_call>{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"Paris\"}}}}</tool_call>")
             }

@@ -145,14 +145,19 @@ impl RunningProxy {
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
         let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
-        let (model, warning) = match probe.probe().await {
-            Ok((model, None)) => {
-                tracing::info!(%model, "upstream returns token ids and logprobs: calls are trainable");
-                (model, None)
+        let probe = match probe.probe().await {
+            Ok(p) => {
+                if p.untrainable.is_none() {
+                    tracing::info!(model = %p.model, "upstream returns token ids and logprobs: calls are trainable");
+                }
+                p
             }
-            Ok((model, Some(reason))) => (model, Some(reason)),
-            Err(e) => (String::new(), Some(format!("probe failed: {e}"))),
+            Err(e) => upstream::Probe {
+                untrainable: Some(format!("probe failed: {e}")),
+                ..Default::default()
+            },
         };
+        let warning = probe.untrainable.clone();
         if let Some(w) = &warning {
             let line = "!".repeat(78);
             eprintln!("{line}\nforgelog proxy: upstream {} is NOT TRAINABLE as probed: {w}\ncalls are served and recorded with trainable=false and the reason\n{line}", config.upstream);
@@ -163,7 +168,7 @@ impl RunningProxy {
             spool,
             SpoolOptions::default(),
         )?);
-        let state = Arc::new(ProxyState::new(config, producer, model, warning));
+        let state = Arc::new(ProxyState::new(config, producer, probe));
         let listener = bind(listen).map_err(|source| ProxyError::Listen {
             addr: listen,
             source,

@@ -1,7 +1,7 @@
 //! The thin HTTP shell: axum routes, session auth, limits, the upstream call,
 //! event recording and SSE replay. All translation lives in [`crate::dialect`].
 
-use crate::canonical::{ChatRequest, ChatResponse};
+use crate::canonical::{ChatRequest, ChatResponse, FinishReason, Part};
 use crate::dialect::sse::KEEP_ALIVE;
 use crate::dialect::*;
 use crate::sessions::{NewSession, Session, SessionError, Sessions};
@@ -23,6 +23,29 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The `untrainable_reason` of a budget stop.
+pub const BUDGET_EXHAUSTED: &str = "budget exhausted";
+
+/// What the proxy sends upstream as `max_tokens`: the harness's, lowered to the
+/// session's clamp; and left unset (the upstream fills the rest of its context)
+/// when it could never fit the upstream's context, which is what clients that
+/// ask for 128000 tokens of a smaller model mean.
+pub fn clamp_max_tokens(
+    mut sent: SamplingParams,
+    session_max: Option<i64>,
+    upstream_context: Option<i64>,
+) -> SamplingParams {
+    if let (Some(asked), Some(context)) = (sent.max_tokens, upstream_context) {
+        if asked >= context {
+            sent.max_tokens = None;
+        }
+    }
+    if let Some(max) = session_max {
+        sent.max_tokens = Some(sent.max_tokens.map_or(max, |asked| asked.min(max)));
+    }
+    sent
+}
 
 /// How the proxy behaves; [`crate::ProxyArgs`] is its command-line form.
 #[derive(Debug, Clone)]
@@ -46,6 +69,8 @@ pub struct ProxyState {
     pub upstream: UpstreamClient,
     /// The upstream's model (from the probe): harnesses name models of their own.
     pub upstream_model: String,
+    /// The upstream's context length, where its model list says (`max_model_len`).
+    pub upstream_context: Option<i64>,
     /// Why the upstream's answers would not be trainable, from the start-up probe.
     pub probe_warning: Option<String>,
     /// The newest policy version the upstream reported.
@@ -64,8 +89,7 @@ impl ProxyState {
     pub fn new(
         config: ProxyConfig,
         producer: Arc<EventProducer>,
-        upstream_model: String,
-        probe_warning: Option<String>,
+        probe: crate::upstream::Probe,
     ) -> ProxyState {
         ProxyState {
             upstream: UpstreamClient::new(
@@ -76,8 +100,9 @@ impl ProxyState {
             config,
             sessions: Sessions::default(),
             producer,
-            upstream_model,
-            probe_warning,
+            upstream_model: probe.model,
+            upstream_context: probe.context,
+            probe_warning: probe.untrainable,
             policy_version: AtomicI64::new(-1),
             metrics: crate::metrics_handle(),
         }
@@ -262,12 +287,52 @@ impl Call {
         self.record(e);
     }
 
+    /// The id the harness sees for this call's answer: deterministic per call.
+    fn response_id(&self) -> String {
+        let s = &self.session;
+        event_id("response", &[&s.run_id, &s.id, &self.index.to_string()])[..24].to_string()
+    }
+
+    /// The session's budget is spent: a short final assistant message (plain
+    /// text, no tool calls, finish `stop`) that ends any harness's loop,
+    /// recorded as a budget stop, never as a trainable call.
+    fn budget_stop<D: Dialect>(self, req: &ChatRequest) -> (ChatResponse, Bytes) {
+        let limit = self.session.max_model_calls.unwrap_or(0);
+        let resp = ChatResponse {
+            id: self.response_id(),
+            model: if req.model.is_empty() {
+                self.st.upstream_model.clone()
+            } else {
+                req.model.clone()
+            },
+            created: now_ms() / 1000,
+            parts: vec![Part::Text(format!(
+                "Budget exhausted: this session's {limit} model calls are used up. Stopping here."
+            ))],
+            finish: FinishReason::Stop,
+            usage: Default::default(),
+        };
+        let body = Bytes::from(D::encode_response(&resp).to_string());
+        let mut e = self.finished(CallStatus::BudgetStop, None);
+        e.model = resp.model.clone();
+        e.finish_reason = Some(FinishReason::Stop.openai().to_string());
+        e.sampling_requested = req.sampling.clone();
+        e.untrainable_reason = Some(BUDGET_EXHAUSTED.to_string());
+        e.response_body = body.to_vec();
+        self.record(e);
+        (resp, body)
+    }
+
     /// Asks the upstream, records the answer; returns it and the harness's response body.
     async fn complete<D: Dialect>(
         self,
         req: &ChatRequest,
     ) -> Result<(ChatResponse, Bytes), DialectError> {
-        let sent = rl_sampling(&req.sampling);
+        let sent = clamp_max_tokens(
+            rl_sampling(&req.sampling),
+            self.session.max_tokens,
+            self.st.upstream_context,
+        );
         let body = upstream_body(req, &sent, &self.st.upstream_model);
         let asked = Instant::now();
         let answer = self.st.upstream.chat(&body).await;
@@ -290,15 +355,7 @@ impl Call {
             }
         };
         // Ids and timestamps the harness sees are deterministic per call.
-        resp.id = event_id(
-            "response",
-            &[
-                &self.session.run_id,
-                &self.session.id,
-                &self.index.to_string(),
-            ],
-        )[..24]
-            .to_string();
+        resp.id = self.response_id();
         if resp.created == 0 {
             resp.created = now_ms() / 1000;
         }
@@ -426,8 +483,13 @@ async fn serve<D: Dialect>(
     // Gemini's streamGenerateContent is answered as SSE, with or without `alt=sse`.
     let stream = req.stream;
     // Spawned: the call is recorded in full even if the harness hangs up.
+    let within_budget = session.take_model_call();
     let mut work = tokio::spawn(async move {
-        let out = call.complete::<D>(&req).await;
+        let out = if within_budget {
+            call.complete::<D>(&req).await
+        } else {
+            Ok(call.budget_stop::<D>(&req))
+        };
         drop(permit);
         (req, out)
     });
