@@ -12,7 +12,7 @@ H="$FORGELOG_HOME/harnesses"
 
 mkdir -p "$H"
 stamp_ok() { [ "$(cat "$1/.forgelog-version" 2>/dev/null)" = "$2" ]; }
-timed() { local t0=$SECONDS; "$@"; echo "install: ${*: -1} took $((SECONDS - t0)) s" >&2; }
+timed() { local what=$1 t0=$SECONDS; shift; "$@"; echo "install: $what ready ($((SECONDS - t0)) s)" >&2; }
 
 npm_install() { # DIR VERSION PACKAGE@VERSION
   local dir=$1 version=$2 spec=$3
@@ -43,10 +43,10 @@ want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent)
 for w in "${want[@]}"; do
   case $w in
-    claude-code) timed node22; timed npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
-    codex) timed npm_install "$H/codex" "$CODEX_VERSION" "@openai/codex@$CODEX_VERSION" ;;
-    opencode) timed npm_install "$H/opencode" "$OPENCODE_VERSION" "opencode-ai@$OPENCODE_VERSION" ;;
-    mini-swe-agent) timed mini_swe_agent ;;
+    claude-code) timed "node $NODE_VERSION" node22; timed "claude-code $CLAUDE_CODE_VERSION" npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
+    codex) timed "codex $CODEX_VERSION" npm_install "$H/codex" "$CODEX_VERSION" "@openai/codex@$CODEX_VERSION" ;;
+    opencode) timed "opencode $OPENCODE_VERSION" npm_install "$H/opencode" "$OPENCODE_VERSION" "opencode-ai@$OPENCODE_VERSION" ;;
+    mini-swe-agent) timed "mini-swe-agent $MINI_SWE_AGENT_VERSION" mini_swe_agent ;;
     *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent)" >&2; exit 2 ;;
   esac
 done

@@ -33,6 +33,9 @@ pub struct FakeOptions {
     pub without_ids: bool,
     /// Keep every answer (tests compare the log against them).
     pub keep_answers: bool,
+    /// A context length, reported as `max_model_len`; a prompt (plus the
+    /// `max_tokens` asked for) over it is refused the way vLLM does.
+    pub context: Option<usize>,
 }
 
 #[derive(Default)]
@@ -180,6 +183,15 @@ impl FakeUpstream {
             }
         }
         let prompt = render_prompt(&messages);
+        if let Some(context) = self.options.context {
+            let asked = req["max_tokens"].as_u64().unwrap_or(0) as usize;
+            if prompt.len() >= context || prompt.len() + asked > context {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    format!("This model's maximum context length is {context} tokens. However, you requested {} tokens ({} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.", prompt.len() + asked, prompt.len()),
+                ));
+            }
+        }
         let prompt_ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
         let completion_ids: Vec<u32> = text.bytes().map(u32::from).collect();
         let mut message = json!({"role": "assistant", "content": text});
@@ -228,7 +240,12 @@ async fn chat(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Re
             }
             Json(a).into_response()
         }
-        Err((status, msg)) => (status, Json(json!({"error": {"message": msg}}))).into_response(),
+        // vLLM's error shape.
+        Err((status, msg)) => (
+            status,
+            Json(json!({"object": "error", "message": msg, "type": "BadRequestError", "param": null, "code": status.as_u16()})),
+        )
+            .into_response(),
     }
 }
 
@@ -236,8 +253,12 @@ pub fn router(up: Arc<FakeUpstream>) -> Router {
     Router::new()
         .route(
             "/v1/models",
-            get(|| async {
-                Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
+            get(|State(up): State<Arc<FakeUpstream>>| async move {
+                let mut model = json!({"id": MODEL, "object": "model"});
+                if let Some(n) = up.options.context {
+                    model["max_model_len"] = json!(n);
+                }
+                Json(json!({"object": "list", "data": [model]}))
             }),
         )
         .route("/v1/chat/completions", post(chat))

@@ -91,9 +91,16 @@ impl Rig {
 
     /// Creates a session; returns (session_id, api_key).
     pub async fn session(&self, rollout: &str) -> (String, String) {
-        let (status, v) = self
-            .post("/sessions", Some(ADMIN), &json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2}))
-            .await;
+        self.session_with(rollout, json!({})).await
+    }
+
+    /// A session with more fields (`max_model_calls`, `max_tokens`...).
+    pub async fn session_with(&self, rollout: &str, extra: Value) -> (String, String) {
+        let mut body = json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        let (status, v) = self.post("/sessions", Some(ADMIN), &body).await;
         assert_eq!(status, 200, "{v}");
         (
             v["session_id"].as_str().unwrap().to_string(),
