@@ -140,6 +140,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .route("/metrics", get(prometheus))
         .route("/sessions", post(create_session))
         .route("/sessions/{id}/finish", post(finish_session))
+        .fallback(unrouted)
         // Bodies are read (and limited) by the handlers, to answer in the dialect's shape.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(TimeoutLayer::with_status_code(
@@ -584,6 +585,21 @@ async fn count_tokens(
         }
         Err(e) => error_response::<D>(&e.dialect_error()),
     }
+}
+
+/// Anything else. Clients probe their base URL for reachability before they
+/// call it (Claude Code: `HEAD /api/hello`): a HEAD anywhere is answered 200,
+/// the rest 404 with the path named (and logged, to spot what a harness expects).
+async fn unrouted(req: Request) -> Response {
+    if req.method() == axum::http::Method::HEAD {
+        tracing::debug!(path = %req.uri().path(), "HEAD probe");
+        return StatusCode::OK.into_response();
+    }
+    tracing::warn!(method = %req.method(), path = %req.uri().path(), "no such route");
+    admin_error(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
 }
 
 async fn models(State(st): State<Arc<ProxyState>>) -> Response {

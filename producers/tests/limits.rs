@@ -163,3 +163,23 @@ async fn a_backend_without_ids_serves_untrainable_calls() {
     );
     assert_eq!(done[0].status, CallStatus::Ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reachability_probes_get_200_and_unknown_routes_a_404_naming_them() {
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-probes",
+    )
+    .await;
+    let head = rig
+        .http
+        .head(format!("{}/api/hello", rig.proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    let (status, v) = rig.post("/v1/nothing/here", None, &json!({})).await;
+    assert_eq!(status, 404);
+    assert_eq!(v["error"], "no route POST /v1/nothing/here");
+}
