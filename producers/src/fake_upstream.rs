@@ -280,3 +280,43 @@ pub async fn spawn(
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok((addr, up))
 }
+
+/// Every ok CallFinished carries exactly the ids and logprobs some upstream answer had.
+/// (A test helper: panics on the first call that does not.)
+pub fn assert_calls_match_upstream(calls: &[forgelog_schemas::CallFinished], answers: &[Value]) {
+    for c in calls
+        .iter()
+        .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
+    {
+        let found = answers.iter().find(|a| {
+            let ids = |v: &Value| {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect::<Vec<_>>()
+            };
+            ids(&a["prompt_token_ids"]) == c.prompt_token_ids
+                && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
+        });
+        let a = found.unwrap_or_else(|| {
+            panic!("call {} has token ids no upstream answer had", c.call_index)
+        });
+        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(c.completion_logprobs, lps, "call {}", c.call_index);
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
+        assert_eq!(c.policy_version, Some(POLICY_VERSION));
+        assert_eq!(c.sampling_sent.top_p, Some(1.0));
+        assert_eq!(c.sampling_sent.top_k, Some(-1));
+        assert!(!c.response_body.is_empty());
+    }
+}

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use forgelog_producers::fake_upstream::assert_calls_match_upstream;
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::testing::PrivateBroker;
 use serde_json::json;

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use forgelog_producers::fake_upstream::assert_calls_match_upstream;
 use forgelog_schemas::{CallStatus, Event, Topic};
 use serde_json::{json, Value};
 use std::path::PathBuf;
