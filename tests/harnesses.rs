@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
 const BUDGET: usize = 6;
 const ADMIN: &str = "harness-test-admin";
-/// More steps than the budget: every harness is ended by the budget stop.
-const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20]";
+/// More steps than the budget: every harness is ended by the budget stop. Where
+/// a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
+/// `task`), the first step is delegated to a sub-agent.
+const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
 
 fn kit() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/harnesses")
@@ -131,33 +133,49 @@ async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
     v
 }
 
-/// The number of model calls the harness itself reports, where it writes a transcript.
-fn reported_calls(harness: &str, out: &Path) -> Option<usize> {
+/// What a harness's own transcript says of its run.
+#[derive(Debug, Clone, Copy)]
+struct Reported {
+    /// Model calls of the main agent.
+    calls: usize,
+    /// Sub-agents it started.
+    sub_agents: usize,
+}
+
+/// The harness's own account, where it writes a transcript.
+fn reported(harness: &str, out: &Path) -> Option<Reported> {
     let stdout = std::fs::read_to_string(out.join("stdout")).unwrap_or_default();
+    let count = |v: &Value| v.as_u64().map(|n| n as usize);
     match harness {
-        // --output-format json: one result object; num_turns counts model turns.
+        // --output-format json: one result object; num_turns counts the main
+        // agent's model turns, subagent_stats the sub-agents.
         "claude-code" => {
             let v: Value = serde_json::from_str(&stdout).expect("claude -p prints JSON");
             assert_eq!(v["is_error"], false, "{v}");
-            v["num_turns"].as_u64().map(|n| n as usize)
+            Some(Reported {
+                calls: count(&v["num_turns"])?,
+                sub_agents: count(&v["subagent_stats"]["spawned"]).unwrap_or(0),
+            })
         }
         // --json events: every answer of this upstream carries text, one agent_message each.
-        "codex" => Some(
-            stdout
+        "codex" => Some(Reported {
+            calls: stdout
                 .lines()
                 .filter_map(|l| serde_json::from_str::<Value>(l).ok())
                 .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
                 .count(),
-        ),
+            sub_agents: 0,
+        }),
         // The trajectory file counts API calls (format-error retries included).
         "mini-swe-agent" => {
             let t: Value = serde_json::from_str(
                 &std::fs::read_to_string(out.join("trajectory.json")).unwrap(),
             )
             .unwrap();
-            t["info"]["model_stats"]["api_calls"]
-                .as_u64()
-                .map(|n| n as usize)
+            Some(Reported {
+                calls: count(&t["info"]["model_stats"]["api_calls"])?,
+                sub_agents: 0,
+            })
         }
         _ => None,
     }
@@ -211,6 +229,7 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     });
 
     let outs = tempfile::tempdir().unwrap();
+    let mut transcripts = std::collections::BTreeMap::new();
     for h in HARNESSES {
         let session = rt.block_on(post(
             &http,
@@ -244,14 +263,7 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
             json!({"exit_status": 0}),
         ));
         eprintln!("{h}: {} model calls recorded", done["model_calls"]);
-        if let Some(n) = reported_calls(h, &out) {
-            assert_eq!(
-                Some(n as i64),
-                done["model_calls"].as_i64(),
-                "{h} reports {n} model calls, the proxy recorded {}",
-                done["model_calls"]
-            );
-        }
+        transcripts.insert(h, reported(h, &out));
     }
     proxy.stop();
 
@@ -352,5 +364,33 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
             tree.tool_calls >= 1,
             "{h}: the agent's tool calls are counted"
         );
+        // The harness's own count: the main agent's calls are those on call 0's
+        // root (budget stops included), sub-agents' calls are on roots of their own.
+        if let Some(said) = transcripts[h] {
+            let root_of = |i: i64| {
+                tree.sequences
+                    .iter()
+                    .find(|s| s.call_indices.contains(&i))
+                    .map(|s| s.root)
+            };
+            let main = root_of(0).expect("call 0 is on a path");
+            let sub_agent_calls = ok
+                .iter()
+                .filter(|c| root_of(c.call_index) != Some(main))
+                .count();
+            assert_eq!(
+                said.calls,
+                calls.len() - sub_agent_calls,
+                "{h} reports {said:?}; the proxy recorded {} calls, {sub_agent_calls} of them off the main root",
+                calls.len()
+            );
+            assert!(
+                roots.len() > said.sub_agents,
+                "{h}: {} sub-agents, {} roots",
+                said.sub_agents,
+                roots.len()
+            );
+            assert_eq!(said.sub_agents > 0, sub_agent_calls > 0, "{h}: {said:?}");
+        }
     }
 }

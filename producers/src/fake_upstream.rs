@@ -12,6 +12,8 @@
 //! fewer than N tool results are in the conversation it runs a shell command
 //! through the harness's shell-like tool (`bash`, `shell`, `exec_command`...,
 //! arguments built from the tool's JSON schema), then answers plain text.
+//! With `[delegate]` too, its first step hands "Run one step. [agent:1]" to a
+//! sub-agent tool (one named `agent` or `task`) where the harness offers one.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -92,26 +94,47 @@ fn agent_steps(messages: &[Value]) -> Option<usize> {
 fn agent_turn(req: &Value, messages: &[Value], steps: usize) -> (String, Value) {
     let done = messages.iter().filter(|m| m["role"] == "tool").count();
     let tools = req["tools"].as_array().cloned().unwrap_or_default();
-    let shell = tools.iter().find(|t| {
-        let name = t["function"]["name"].as_str().unwrap_or("").to_lowercase();
-        ["bash", "shell", "exec"].iter().any(|k| name.contains(k))
-    });
-    match shell {
-        Some(tool) if done < steps => {
-            let command = format!("echo forgelog step {}", done + 1);
-            let arguments = arguments_for(&tool["function"]["parameters"], &command);
-            let call = json!([{"id": format!("call_step_{}", done + 1), "type": "function",
-                "function": {"name": tool["function"]["name"], "arguments": arguments.to_string()}}]);
-            (format!("Running step {}.", done + 1), call)
-        }
-        _ => (format!("Done after {done} steps."), Value::Null),
-    }
+    let named = |pick: &dyn Fn(&str) -> bool| {
+        tools
+            .iter()
+            .find(|t| pick(&t["function"]["name"].as_str().unwrap_or("").to_lowercase()))
+    };
+    let shell = named(&|n| ["bash", "shell", "exec"].iter().any(|k| n.contains(k)));
+    let delegate = messages
+        .iter()
+        .any(|m| m["role"] == "user" && text_of(&m["content"]).contains("[delegate]"));
+    let sub_agent = named(&|n| n == "agent" || n == "task").filter(|_| delegate && done == 0);
+    let (tool, command, text) = match (sub_agent, shell) {
+        (Some(tool), _) if steps > 0 => (
+            tool,
+            "Run one step. [agent:1]".to_string(),
+            "Delegating step 1.".to_string(),
+        ),
+        (_, Some(tool)) if done < steps => (
+            tool,
+            format!("echo forgelog step {}", done + 1),
+            format!("Running step {}.", done + 1),
+        ),
+        _ => return (format!("Done after {done} steps."), Value::Null),
+    };
+    let arguments = arguments_for(&tool["function"]["parameters"], &command);
+    let call = json!([{"id": format!("call_step_{}", done + 1), "type": "function",
+        "function": {"name": tool["function"]["name"], "arguments": arguments.to_string()}}]);
+    (text, call)
 }
 
 /// Arguments that satisfy a tool's JSON schema: every required property, the
-/// command where a string or an argv array is asked for.
+/// command where a string (a command, or a sub-agent's prompt) or an argv array
+/// is asked for; optional booleans false (run in the foreground, no extras).
 fn arguments_for(schema: &Value, command: &str) -> Value {
     let mut args = serde_json::Map::new();
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, prop) in props {
+            if prop["type"] == "boolean" {
+                args.insert(name.clone(), json!(false));
+            }
+        }
+    }
     let required = schema["required"].as_array().cloned().unwrap_or_default();
     for name in required.iter().filter_map(Value::as_str) {
         let prop = &schema["properties"][name];
@@ -120,7 +143,9 @@ fn arguments_for(schema: &Value, command: &str) -> Value {
             Some("integer" | "number") => json!(10000),
             Some("boolean") => json!(false),
             Some("object") => json!({}),
-            _ if name.contains("command") || name == "cmd" => json!(command),
+            _ if name.contains("command") || name == "cmd" || name == "prompt" => json!(command),
+            // A kind to pick (a sub-agent's type): the general one.
+            _ if name.ends_with("type") => json!("general"),
             _ => json!(format!("{name} for {command}")),
         };
         args.insert(name.to_string(), value);
@@ -318,5 +343,71 @@ pub fn assert_calls_match_upstream(calls: &[forgelog_schemas::CallFinished], ans
         assert_eq!(c.sampling_sent.top_p, Some(1.0));
         assert_eq!(c.sampling_sent.top_k, Some(-1));
         assert!(!c.response_body.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, parameters: Value) -> Value {
+        json!({"type": "function", "function": {"name": name, "parameters": parameters}})
+    }
+
+    #[test]
+    fn the_agent_runs_shell_steps_from_the_schema_then_stops() {
+        let schema = |required: Value, command_type: &str| {
+            json!({"type": "object", "required": required, "properties": {
+                "command": {"type": command_type}, "cmd": {"type": "string"},
+                "description": {"type": "string"}, "run_in_background": {"type": "boolean"}}})
+        };
+        let req = json!({"tools": [tool("Read", json!({})), tool("Bash", schema(json!(["command", "description"]), "string"))]});
+        let mut messages = vec![json!({"role": "user", "content": "Do it. [agent:2]"})];
+        assert_eq!(agent_steps(&messages), Some(2));
+        let (text, calls) = agent_turn(&req, &messages, 2);
+        assert_eq!(text, "Running step 1.");
+        assert_eq!(calls[0]["function"]["name"], "Bash");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            args,
+            json!({"command": "echo forgelog step 1", "description": "description for echo forgelog step 1",
+                   "run_in_background": false})
+        );
+        messages.push(json!({"role": "tool", "content": "ok"}));
+        messages.push(json!({"role": "tool", "content": "ok"}));
+        assert_eq!(
+            agent_turn(&req, &messages, 2),
+            ("Done after 2 steps.".to_string(), Value::Null)
+        );
+        // An argv array and Codex's `cmd` are filled the same way.
+        let argv = arguments_for(&schema(json!(["command"]), "array"), "ls");
+        assert_eq!(argv["command"], json!(["bash", "-lc", "ls"]));
+        assert_eq!(
+            arguments_for(&schema(json!(["cmd"]), "string"), "ls")["cmd"],
+            "ls"
+        );
+    }
+
+    #[test]
+    fn with_delegate_the_first_step_goes_to_a_sub_agent() {
+        let req = json!({"tools": [
+            tool("bash", json!({"required": ["command"], "properties": {"command": {"type": "string"}}})),
+            tool("task", json!({"required": ["prompt", "subagent_type"], "properties": {
+                "prompt": {"type": "string"}, "subagent_type": {"type": "string"}}}))]});
+        let messages = vec![json!({"role": "user", "content": "Go. [agent:3] [delegate]"})];
+        let (text, calls) = agent_turn(&req, &messages, 3);
+        assert_eq!(text, "Delegating step 1.");
+        assert_eq!(calls[0]["function"]["name"], "task");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            args,
+            json!({"prompt": "Run one step. [agent:1]", "subagent_type": "general"})
+        );
+        // The sub-agent's own conversation runs its one step.
+        let sub = vec![json!({"role": "user", "content": args["prompt"]})];
+        assert_eq!(agent_steps(&sub), Some(1));
+        assert_eq!(agent_turn(&req, &sub, 1).1[0]["function"]["name"], "bash");
     }
 }
