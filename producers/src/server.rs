@@ -224,6 +224,47 @@ fn query_pairs(q: &str) -> HashMap<String, String> {
         .collect()
 }
 
+fn too_large(limit: usize) -> DialectError {
+    DialectError::new(
+        ErrorKind::TooLarge,
+        format!("request body over {limit} bytes"),
+    )
+}
+
+/// The request body as sent, undoing its `Content-Encoding` (Codex compresses
+/// large Responses bodies with zstd; gzip and deflate too), at most `limit`
+/// bytes decoded. The decoded body is what is recorded.
+pub fn decode_body(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, DialectError> {
+    use std::io::Read;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
+    let reader: Box<dyn Read + '_> = match encoding.as_deref() {
+        None | Some("" | "identity") => return Ok(body),
+        Some("zstd") => Box::new(
+            zstd::stream::read::Decoder::new(&body[..])
+                .map_err(|e| DialectError::invalid(format!("zstd body: {e}")))?,
+        ),
+        Some("gzip" | "x-gzip") => Box::new(flate2::read::GzDecoder::new(&body[..])),
+        Some("deflate") => Box::new(flate2::read::ZlibDecoder::new(&body[..])),
+        Some(other) => {
+            return Err(DialectError::invalid(format!(
+                "Content-Encoding '{other}' is not supported (zstd, gzip, deflate)"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| DialectError::invalid(format!("compressed body does not decode: {e}")))?;
+    if out.len() > limit {
+        return Err(too_large(limit));
+    }
+    Ok(Bytes::from(out))
+}
+
 /// One recorded harness call, from arrival to the answer.
 struct Call {
     st: Arc<ProxyState>,
@@ -443,7 +484,11 @@ async fn serve<D: Dialect>(
         received,
         dialect: D::KIND,
     };
-    let raw = axum::body::to_bytes(body, st.config.body_limit).await;
+    let limit = st.config.body_limit;
+    let raw = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => decode_body(&headers, b, limit),
+        Err(_) => Err(too_large(limit)),
+    };
     let started = CallStarted {
         run_id: session.run_id.clone(),
         event_id: event_id(
@@ -465,15 +510,11 @@ async fn serve<D: Dialect>(
             "the proxy cannot record calls right now (spool full?)",
         ));
     }
-    let decoded = match raw {
-        Err(_) => Err(DialectError::new(
-            ErrorKind::TooLarge,
-            format!("request body over {} bytes", st.config.body_limit),
-        )),
-        Ok(raw) => serde_json::from_slice::<Value>(&raw)
+    let decoded = raw.and_then(|raw| {
+        serde_json::from_slice::<Value>(&raw)
             .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))
-            .and_then(|v| D::decode_request(&v, &hints)),
-    };
+            .and_then(|v| D::decode_request(&v, &hints))
+    });
     let req = match decoded {
         Ok(r) => r,
         Err(err) => {
@@ -552,6 +593,10 @@ async fn count_tokens(
     body: Bytes,
 ) -> Response {
     type D = AnthropicDialect;
+    let body = match decode_body(&headers, body, st.config.body_limit) {
+        Ok(b) => b,
+        Err(e) => return error_response::<D>(&e),
+    };
     if api_key(&headers, None)
         .and_then(|k| st.sessions.by_key(k))
         .is_none()
