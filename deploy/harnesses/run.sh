@@ -36,6 +36,9 @@ if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   exit 3
 fi
 
+[ "$(id -u)" = 0 ] || { echo "run: needs root (ip netns, veth) to cut $HARNESS off the network" >&2; exit 4; }
+command -v ip >/dev/null || { echo "run: needs iproute2's ip" >&2; exit 4; }
+
 hostport=${PROXY_URL#*://}; hostport=${hostport%%/*}
 PROXY_HOST=${hostport%:*} PROXY_PORT=${hostport##*:}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -53,7 +56,7 @@ trap cleanup EXIT
 for n in $(seq 1 250); do
   if ip link add "flh$n" type veth peer name "fln$n" 2>/dev/null; then host_if="flh$n"; break; fi
 done
-[ -n "$host_if" ] || { echo "run: no free veth name" >&2; exit 1; }
+[ -n "$host_if" ] || { echo "run: cannot create a veth pair (flh1..flh250 all taken, or no CAP_NET_ADMIN)" >&2; exit 1; }
 ns="forgelog-$HARNESS-$n"
 ip netns add "$ns"
 ip link set "fln$n" netns "$ns"
@@ -83,6 +86,9 @@ case $HARNESS in
     cat >"$WORK/home/codex/config.toml" <<TOML
 model = "forgelog"
 model_provider = "forgelog"
+check_for_update_on_startup = false
+[analytics]
+enabled = false
 [model_providers.forgelog]
 name = "forgelog"
 base_url = "$URL/v1"
