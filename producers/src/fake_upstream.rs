@@ -7,6 +7,13 @@
 //! with tools offered it calls the first tool (`[hermes]` in the message: as
 //! Hermes `<tool_call>` text instead of `tool_calls`); `[fail]` answers 500;
 //! `[slow]` waits 3 s.
+//!
+//! `[agent:N]` in any user message plays a tiny agent for real harnesses: while
+//! fewer than N tool results are in the conversation it runs a shell command
+//! through the harness's shell-like tool (`bash`, `shell`, `exec_command`...,
+//! arguments built from the tool's JSON schema), then answers plain text.
+//! With `[delegate]` too, its first step hands "Run one step. [agent:1]" to a
+//! sub-agent tool (one named `agent` or `task`) where the harness offers one.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -28,6 +35,9 @@ pub struct FakeOptions {
     pub without_ids: bool,
     /// Keep every answer (tests compare the log against them).
     pub keep_answers: bool,
+    /// A context length, reported as `max_model_len`; a prompt (plus the
+    /// `max_tokens` asked for) over it is refused the way vLLM does.
+    pub context: Option<usize>,
 }
 
 #[derive(Default)]
@@ -68,6 +78,81 @@ pub fn logprob(i: usize) -> f32 {
     -((i % 8) as f32 + 1.0) / 16.0
 }
 
+/// N of `[agent:N]` in any user message.
+fn agent_steps(messages: &[Value]) -> Option<usize> {
+    messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .find_map(|m| {
+            let text = text_of(&m["content"]);
+            let rest = &text[text.find("[agent:")? + "[agent:".len()..];
+            rest[..rest.find(']')?].trim().parse().ok()
+        })
+}
+
+/// The agent's answer at this point: text, and the tool call (or null).
+fn agent_turn(req: &Value, messages: &[Value], steps: usize) -> (String, Value) {
+    let done = messages.iter().filter(|m| m["role"] == "tool").count();
+    let tools = req["tools"].as_array().cloned().unwrap_or_default();
+    let named = |pick: &dyn Fn(&str) -> bool| {
+        tools
+            .iter()
+            .find(|t| pick(&t["function"]["name"].as_str().unwrap_or("").to_lowercase()))
+    };
+    let shell = named(&|n| ["bash", "shell", "exec"].iter().any(|k| n.contains(k)));
+    let delegate = messages
+        .iter()
+        .any(|m| m["role"] == "user" && text_of(&m["content"]).contains("[delegate]"));
+    let sub_agent = named(&|n| n == "agent" || n == "task").filter(|_| delegate && done == 0);
+    let (tool, command, text) = match (sub_agent, shell) {
+        (Some(tool), _) if steps > 0 => (
+            tool,
+            "Run one step. [agent:1]".to_string(),
+            "Delegating step 1.".to_string(),
+        ),
+        (_, Some(tool)) if done < steps => (
+            tool,
+            format!("echo forgelog step {}", done + 1),
+            format!("Running step {}.", done + 1),
+        ),
+        _ => return (format!("Done after {done} steps."), Value::Null),
+    };
+    let arguments = arguments_for(&tool["function"]["parameters"], &command);
+    let call = json!([{"id": format!("call_step_{}", done + 1), "type": "function",
+        "function": {"name": tool["function"]["name"], "arguments": arguments.to_string()}}]);
+    (text, call)
+}
+
+/// Arguments that satisfy a tool's JSON schema: every required property, the
+/// command where a string (a command, or a sub-agent's prompt) or an argv array
+/// is asked for; optional booleans false (run in the foreground, no extras).
+fn arguments_for(schema: &Value, command: &str) -> Value {
+    let mut args = serde_json::Map::new();
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, prop) in props {
+            if prop["type"] == "boolean" {
+                args.insert(name.clone(), json!(false));
+            }
+        }
+    }
+    let required = schema["required"].as_array().cloned().unwrap_or_default();
+    for name in required.iter().filter_map(Value::as_str) {
+        let prop = &schema["properties"][name];
+        let value = match prop["type"].as_str() {
+            Some("array") => json!(["bash", "-lc", command]),
+            Some("integer" | "number") => json!(10000),
+            Some("boolean") => json!(false),
+            Some("object") => json!({}),
+            _ if name.contains("command") || name == "cmd" || name == "prompt" => json!(command),
+            // A kind to pick (a sub-agent's type): the general one.
+            _ if name.ends_with("type") => json!("general"),
+            _ => json!(format!("{name} for {command}")),
+        };
+        args.insert(name.to_string(), value);
+    }
+    Value::Object(args)
+}
+
 impl FakeUpstream {
     pub fn answer(&self, req: &Value) -> Result<Value, (StatusCode, String)> {
         let messages = req["messages"].as_array().cloned().unwrap_or_default();
@@ -86,7 +171,13 @@ impl FakeUpstream {
         let last_is_tool = messages.last().is_some_and(|m| m["role"] == "tool");
         let first_tool = req["tools"][0]["function"]["name"].as_str();
         let mut tool_calls = Value::Null;
+        let agent = agent_steps(&messages).map(|n| agent_turn(req, &messages, n));
         let mut text = match (first_tool, last_is_tool) {
+            _ if agent.is_some() => {
+                let (text, calls) = agent.expect("checked");
+                tool_calls = calls;
+                text
+            }
             (Some(name), false) if last_user.contains("[hermes]") => {
                 format!("Let me check.<tool_call>{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"Paris\"}}}}</tool_call>")
             }
@@ -117,6 +208,15 @@ impl FakeUpstream {
             }
         }
         let prompt = render_prompt(&messages);
+        if let Some(context) = self.options.context {
+            let asked = req["max_tokens"].as_u64().unwrap_or(0) as usize;
+            if prompt.len() >= context || prompt.len() + asked > context {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    format!("This model's maximum context length is {context} tokens. However, you requested {} tokens ({} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.", prompt.len() + asked, prompt.len()),
+                ));
+            }
+        }
         let prompt_ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
         let completion_ids: Vec<u32> = text.bytes().map(u32::from).collect();
         let mut message = json!({"role": "assistant", "content": text});
@@ -165,7 +265,12 @@ async fn chat(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Re
             }
             Json(a).into_response()
         }
-        Err((status, msg)) => (status, Json(json!({"error": {"message": msg}}))).into_response(),
+        // vLLM's error shape.
+        Err((status, msg)) => (
+            status,
+            Json(json!({"object": "error", "message": msg, "type": "BadRequestError", "param": null, "code": status.as_u16()})),
+        )
+            .into_response(),
     }
 }
 
@@ -173,8 +278,12 @@ pub fn router(up: Arc<FakeUpstream>) -> Router {
     Router::new()
         .route(
             "/v1/models",
-            get(|| async {
-                Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
+            get(|State(up): State<Arc<FakeUpstream>>| async move {
+                let mut model = json!({"id": MODEL, "object": "model"});
+                if let Some(n) = up.options.context {
+                    model["max_model_len"] = json!(n);
+                }
+                Json(json!({"object": "list", "data": [model]}))
             }),
         )
         .route("/v1/chat/completions", post(chat))
@@ -195,4 +304,115 @@ pub async fn spawn(
     let app = router(up.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok((addr, up))
+}
+
+/// Every ok CallFinished carries exactly the ids and logprobs some upstream answer
+/// had, and the policy version it reported.
+/// (A test helper: panics on the first call that does not.)
+pub fn assert_calls_match(
+    calls: &[forgelog_schemas::CallFinished],
+    answers: &[Value],
+    policy_version: i64,
+) {
+    for c in calls
+        .iter()
+        .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
+    {
+        let found = answers.iter().find(|a| {
+            let ids = |v: &Value| {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect::<Vec<_>>()
+            };
+            ids(&a["prompt_token_ids"]) == c.prompt_token_ids
+                && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
+        });
+        let a = found.unwrap_or_else(|| {
+            panic!("call {} has token ids no upstream answer had", c.call_index)
+        });
+        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(c.completion_logprobs, lps, "call {}", c.call_index);
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
+        assert_eq!(c.policy_version, Some(policy_version));
+        assert_eq!(c.sampling_sent.top_p, Some(1.0));
+        assert_eq!(c.sampling_sent.top_k, Some(-1));
+        assert!(!c.response_body.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, parameters: Value) -> Value {
+        json!({"type": "function", "function": {"name": name, "parameters": parameters}})
+    }
+
+    #[test]
+    fn the_agent_runs_shell_steps_from_the_schema_then_stops() {
+        let schema = |required: Value, command_type: &str| {
+            json!({"type": "object", "required": required, "properties": {
+                "command": {"type": command_type}, "cmd": {"type": "string"},
+                "description": {"type": "string"}, "run_in_background": {"type": "boolean"}}})
+        };
+        let req = json!({"tools": [tool("Read", json!({})), tool("Bash", schema(json!(["command", "description"]), "string"))]});
+        let mut messages = vec![json!({"role": "user", "content": "Do it. [agent:2]"})];
+        assert_eq!(agent_steps(&messages), Some(2));
+        let (text, calls) = agent_turn(&req, &messages, 2);
+        assert_eq!(text, "Running step 1.");
+        assert_eq!(calls[0]["function"]["name"], "Bash");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            args,
+            json!({"command": "echo forgelog step 1", "description": "description for echo forgelog step 1",
+                   "run_in_background": false})
+        );
+        messages.push(json!({"role": "tool", "content": "ok"}));
+        messages.push(json!({"role": "tool", "content": "ok"}));
+        assert_eq!(
+            agent_turn(&req, &messages, 2),
+            ("Done after 2 steps.".to_string(), Value::Null)
+        );
+        // An argv array and Codex's `cmd` are filled the same way.
+        let argv = arguments_for(&schema(json!(["command"]), "array"), "ls");
+        assert_eq!(argv["command"], json!(["bash", "-lc", "ls"]));
+        assert_eq!(
+            arguments_for(&schema(json!(["cmd"]), "string"), "ls")["cmd"],
+            "ls"
+        );
+    }
+
+    #[test]
+    fn with_delegate_the_first_step_goes_to_a_sub_agent() {
+        let req = json!({"tools": [
+            tool("bash", json!({"required": ["command"], "properties": {"command": {"type": "string"}}})),
+            tool("task", json!({"required": ["prompt", "subagent_type"], "properties": {
+                "prompt": {"type": "string"}, "subagent_type": {"type": "string"}}}))]});
+        let messages = vec![json!({"role": "user", "content": "Go. [agent:3] [delegate]"})];
+        let (text, calls) = agent_turn(&req, &messages, 3);
+        assert_eq!(text, "Delegating step 1.");
+        assert_eq!(calls[0]["function"]["name"], "task");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            args,
+            json!({"prompt": "Run one step. [agent:1]", "subagent_type": "general"})
+        );
+        // The sub-agent's own conversation runs its one step.
+        let sub = vec![json!({"role": "user", "content": args["prompt"]})];
+        assert_eq!(agent_steps(&sub), Some(1));
+        assert_eq!(agent_turn(&req, &sub, 1).1[0]["function"]["name"], "bash");
+    }
 }

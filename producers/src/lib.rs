@@ -238,14 +238,19 @@ impl RunningProxy {
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
         let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
-        let (model, warning) = match probe.probe().await {
-            Ok((model, None)) => {
-                tracing::info!(%model, "upstream returns token ids and logprobs: calls are trainable");
-                (model, None)
+        let probe = match probe.probe().await {
+            Ok(p) => {
+                if p.untrainable.is_none() {
+                    tracing::info!(model = %p.model, "upstream returns token ids and logprobs: calls are trainable");
+                }
+                p
             }
-            Ok((model, Some(reason))) => (model, Some(reason)),
-            Err(e) => (String::new(), Some(format!("probe failed: {e}"))),
+            Err(e) => upstream::Probe {
+                untrainable: Some(format!("probe failed: {e}")),
+                ..Default::default()
+            },
         };
+        let warning = probe.untrainable.clone();
         if let Some(w) = &warning {
             let line = "!".repeat(78);
             eprintln!("{line}\nforgelog proxy: upstream {} is NOT TRAINABLE as probed: {w}\ncalls are served and recorded with trainable=false and the reason\n{line}", config.upstream);
@@ -256,7 +261,7 @@ impl RunningProxy {
             spool,
             SpoolOptions::default(),
         )?);
-        let state = Arc::new(ProxyState::new(config, producer, model, warning));
+        let state = Arc::new(ProxyState::new(config, producer, probe));
         RunningProxy::serve(state, listen).await
     }
 
@@ -266,11 +271,12 @@ impl RunningProxy {
         recording: replay::Recording,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
-        let model = recording.model.clone();
+        let probe = upstream::Probe {
+            model: recording.model.clone(),
+            ..Default::default()
+        };
         let upstream = upstream::Upstream::Recorded(Arc::new(recording));
-        let state = Arc::new(ProxyState::with_upstream(
-            config, upstream, None, model, None,
-        ));
+        let state = Arc::new(ProxyState::with_upstream(config, upstream, None, probe));
         RunningProxy::serve(state, listen).await
     }
 

@@ -331,6 +331,9 @@ impl Recording {
             harness: r.harness.clone(),
             group_id: r.group_id.clone(),
             group_size: Some(r.group_size),
+            // Replayed answers are the recorded ones: no budget or clamp of its own.
+            max_model_calls: None,
+            max_tokens: None,
         })
     }
 

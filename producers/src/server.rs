@@ -1,7 +1,7 @@
 //! The thin HTTP shell: axum routes, session auth, limits, the upstream call,
 //! event recording and SSE replay. All translation lives in [`crate::dialect`].
 
-use crate::canonical::{ChatRequest, ChatResponse};
+use crate::canonical::{ChatRequest, ChatResponse, FinishReason, Part};
 use crate::dialect::sse::KEEP_ALIVE;
 use crate::dialect::*;
 use crate::sessions::{NewSession, Session, SessionError, Sessions};
@@ -26,6 +26,29 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The `untrainable_reason` of a budget stop.
+pub const BUDGET_EXHAUSTED: &str = "budget exhausted";
+
+/// What the proxy sends upstream as `max_tokens`: the harness's, lowered to the
+/// session's clamp; and left unset (the upstream fills the rest of its context)
+/// when it could never fit the upstream's context, which is what clients that
+/// ask for 128000 tokens of a smaller model mean.
+pub fn clamp_max_tokens(
+    mut sent: SamplingParams,
+    session_max: Option<i64>,
+    upstream_context: Option<i64>,
+) -> SamplingParams {
+    if let (Some(asked), Some(context)) = (sent.max_tokens, upstream_context) {
+        if asked >= context {
+            sent.max_tokens = None;
+        }
+    }
+    if let Some(max) = session_max {
+        sent.max_tokens = Some(sent.max_tokens.map_or(max, |asked| asked.min(max)));
+    }
+    sent
+}
+
 /// How the proxy behaves; [`crate::ProxyArgs`] is its command-line form.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -49,6 +72,8 @@ pub struct ProxyState {
     pub upstream: Upstream,
     /// The upstream's model (from the probe): harnesses name models of their own.
     pub upstream_model: String,
+    /// The upstream's context length, where its model list says (`max_model_len`).
+    pub upstream_context: Option<i64>,
     /// Why the upstream's answers would not be trainable, from the start-up probe.
     pub probe_warning: Option<String>,
     /// The newest policy version the upstream reported.
@@ -67,21 +92,14 @@ impl ProxyState {
     pub fn new(
         config: ProxyConfig,
         producer: Arc<EventProducer>,
-        upstream_model: String,
-        probe_warning: Option<String>,
+        probe: crate::upstream::Probe,
     ) -> ProxyState {
         let upstream = Upstream::Live(UpstreamClient::new(
             &config.upstream,
             config.upstream_timeout,
             config.max_upstream_requests,
         ));
-        ProxyState::with_upstream(
-            config,
-            upstream,
-            Some(producer),
-            upstream_model,
-            probe_warning,
-        )
+        ProxyState::with_upstream(config, upstream, Some(producer), probe)
     }
 
     /// A proxy in front of `upstream`, recording through `producer` (if any).
@@ -89,16 +107,16 @@ impl ProxyState {
         config: ProxyConfig,
         upstream: Upstream,
         producer: Option<Arc<EventProducer>>,
-        upstream_model: String,
-        probe_warning: Option<String>,
+        probe: crate::upstream::Probe,
     ) -> ProxyState {
         ProxyState {
             upstream,
             config,
             sessions: Sessions::default(),
             producer,
-            upstream_model,
-            probe_warning,
+            upstream_model: probe.model,
+            upstream_context: probe.context,
+            probe_warning: probe.untrainable,
             policy_version: AtomicI64::new(-1),
             metrics: crate::metrics_handle(),
         }
@@ -139,6 +157,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .route("/metrics", get(prometheus))
         .route("/sessions", post(create_session))
         .route("/sessions/{id}/finish", post(finish_session))
+        .fallback(unrouted)
         // Bodies are read (and limited) by the handlers, to answer in the dialect's shape.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(TimeoutLayer::with_status_code(
@@ -222,6 +241,47 @@ fn query_pairs(q: &str) -> HashMap<String, String> {
         .collect()
 }
 
+fn too_large(limit: usize) -> DialectError {
+    DialectError::new(
+        ErrorKind::TooLarge,
+        format!("request body over {limit} bytes"),
+    )
+}
+
+/// The request body as sent, undoing its `Content-Encoding` (Codex compresses
+/// large Responses bodies with zstd; gzip and deflate too), at most `limit`
+/// bytes decoded. The decoded body is what is recorded.
+pub fn decode_body(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, DialectError> {
+    use std::io::Read;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
+    let reader: Box<dyn Read + '_> = match encoding.as_deref() {
+        None | Some("" | "identity") => return Ok(body),
+        Some("zstd") => Box::new(
+            zstd::stream::read::Decoder::new(&body[..])
+                .map_err(|e| DialectError::invalid(format!("zstd body: {e}")))?,
+        ),
+        Some("gzip" | "x-gzip") => Box::new(flate2::read::GzDecoder::new(&body[..])),
+        Some("deflate") => Box::new(flate2::read::ZlibDecoder::new(&body[..])),
+        Some(other) => {
+            return Err(DialectError::invalid(format!(
+                "Content-Encoding '{other}' is not supported (zstd, gzip, deflate)"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| DialectError::invalid(format!("compressed body does not decode: {e}")))?;
+    if out.len() > limit {
+        return Err(too_large(limit));
+    }
+    Ok(Bytes::from(out))
+}
+
 /// One recorded harness call, from arrival to the answer.
 struct Call {
     st: Arc<ProxyState>,
@@ -286,12 +346,52 @@ impl Call {
         self.record(e);
     }
 
+    /// The id the harness sees for this call's answer: deterministic per call.
+    fn response_id(&self) -> String {
+        let s = &self.session;
+        event_id("response", &[&s.run_id, &s.id, &self.index.to_string()])[..24].to_string()
+    }
+
+    /// The session's budget is spent: a short final assistant message (plain
+    /// text, no tool calls, finish `stop`) that ends any harness's loop,
+    /// recorded as a budget stop, never as a trainable call.
+    fn budget_stop<D: Dialect>(self, req: &ChatRequest) -> (ChatResponse, Bytes) {
+        let limit = self.session.max_model_calls.unwrap_or(0);
+        let resp = ChatResponse {
+            id: self.response_id(),
+            model: if req.model.is_empty() {
+                self.st.upstream_model.clone()
+            } else {
+                req.model.clone()
+            },
+            created: now_ms() / 1000,
+            parts: vec![Part::Text(format!(
+                "Budget exhausted: this session's {limit} model calls are used up. Stopping here."
+            ))],
+            finish: FinishReason::Stop,
+            usage: Default::default(),
+        };
+        let body = Bytes::from(D::encode_response(&resp).to_string());
+        let mut e = self.finished(CallStatus::BudgetStop, None);
+        e.model = resp.model.clone();
+        e.finish_reason = Some(FinishReason::Stop.openai().to_string());
+        e.sampling_requested = req.sampling.clone();
+        e.untrainable_reason = Some(BUDGET_EXHAUSTED.to_string());
+        e.response_body = body.to_vec();
+        self.record(e);
+        (resp, body)
+    }
+
     /// Asks the upstream, records the answer; returns it and the harness's response body.
     async fn complete<D: Dialect>(
         self,
         req: &ChatRequest,
     ) -> Result<(ChatResponse, Bytes), DialectError> {
-        let sent = rl_sampling(&req.sampling);
+        let sent = clamp_max_tokens(
+            rl_sampling(&req.sampling),
+            self.session.max_tokens,
+            self.st.upstream_context,
+        );
         let body = upstream_body(req, &sent, &self.st.upstream_model);
         let asked = Instant::now();
         let answer = self
@@ -318,15 +418,7 @@ impl Call {
             }
         };
         // Ids and timestamps the harness sees are deterministic per call.
-        resp.id = event_id(
-            "response",
-            &[
-                &self.session.run_id,
-                &self.session.id,
-                &self.index.to_string(),
-            ],
-        )[..24]
-            .to_string();
+        resp.id = self.response_id();
         if resp.created == 0 {
             resp.created = now_ms() / 1000;
         }
@@ -413,7 +505,11 @@ async fn serve<D: Dialect>(
         received,
         dialect: D::KIND,
     };
-    let raw = axum::body::to_bytes(body, st.config.body_limit).await;
+    let limit = st.config.body_limit;
+    let raw = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => decode_body(&headers, b, limit),
+        Err(_) => Err(too_large(limit)),
+    };
     let started = CallStarted {
         run_id: session.run_id.clone(),
         event_id: event_id(
@@ -435,15 +531,11 @@ async fn serve<D: Dialect>(
             "the proxy cannot record calls right now (spool full?)",
         ));
     }
-    let decoded = match raw {
-        Err(_) => Err(DialectError::new(
-            ErrorKind::TooLarge,
-            format!("request body over {} bytes", st.config.body_limit),
-        )),
-        Ok(raw) => serde_json::from_slice::<Value>(&raw)
+    let decoded = raw.and_then(|raw| {
+        serde_json::from_slice::<Value>(&raw)
             .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))
-            .and_then(|v| D::decode_request(&v, &hints)),
-    };
+            .and_then(|v| D::decode_request(&v, &hints))
+    });
     let req = match decoded {
         Ok(r) => r,
         Err(err) => {
@@ -454,8 +546,13 @@ async fn serve<D: Dialect>(
     // Gemini's streamGenerateContent is answered as SSE, with or without `alt=sse`.
     let stream = req.stream;
     // Spawned: the call is recorded in full even if the harness hangs up.
+    let within_budget = session.take_model_call();
     let mut work = tokio::spawn(async move {
-        let out = call.complete::<D>(&req).await;
+        let out = if within_budget {
+            call.complete::<D>(&req).await
+        } else {
+            Ok(call.budget_stop::<D>(&req))
+        };
         drop(permit);
         (req, out)
     });
@@ -517,6 +614,10 @@ async fn count_tokens(
     body: Bytes,
 ) -> Response {
     type D = AnthropicDialect;
+    let body = match decode_body(&headers, body, st.config.body_limit) {
+        Ok(b) => b,
+        Err(e) => return error_response::<D>(&e),
+    };
     if api_key(&headers, None)
         .and_then(|k| st.sessions.by_key(k))
         .is_none()
@@ -550,6 +651,21 @@ async fn count_tokens(
         }
         Err(e) => error_response::<D>(&e.dialect_error()),
     }
+}
+
+/// Anything else. Clients probe their base URL for reachability before they
+/// call it (Claude Code: `HEAD /api/hello`): a HEAD anywhere is answered 200,
+/// the rest 404 with the path named (and logged, to spot what a harness expects).
+async fn unrouted(req: Request) -> Response {
+    if req.method() == axum::http::Method::HEAD {
+        tracing::debug!(path = %req.uri().path(), "HEAD probe");
+        return StatusCode::OK.into_response();
+    }
+    tracing::warn!(method = %req.method(), path = %req.uri().path(), "no such route");
+    admin_error(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
 }
 
 async fn models(State(st): State<Arc<ProxyState>>) -> Response {

@@ -2,7 +2,7 @@
 //! a harness holds, so it is unguessable (256 random bits) and dies with the session.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Semaphore;
 
@@ -14,6 +14,13 @@ pub struct NewSession {
     pub harness: String,
     pub group_id: String,
     pub group_size: Option<i64>,
+    /// Model calls the session may make; past it the proxy answers with a
+    /// final "budget exhausted" message and records a budget stop.
+    #[serde(default)]
+    pub max_model_calls: Option<u32>,
+    /// The most completion tokens the proxy asks the upstream for per call.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -25,7 +32,10 @@ pub struct Session {
     pub harness: String,
     pub group_id: String,
     pub started_at_ms: i64,
+    pub max_model_calls: Option<u32>,
+    pub max_tokens: Option<i64>,
     next_call: AtomicI64,
+    model_calls: AtomicU32,
     finished_calls: AtomicI64,
     /// Calls in flight hold a permit; finishing takes them all, so it waits for them.
     pub(crate) in_flight: Arc<Semaphore>,
@@ -36,6 +46,12 @@ impl Session {
     /// The next call's index: 0, 1, 2... in arrival order.
     pub fn next_call_index(&self) -> i64 {
         self.next_call.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes one model call from the budget: false when it is spent.
+    pub fn take_model_call(&self) -> bool {
+        let used = self.model_calls.fetch_add(1, Ordering::Relaxed);
+        self.max_model_calls.is_none_or(|max| used < max)
     }
 
     pub fn call_finished(&self) {
@@ -100,7 +116,10 @@ impl Sessions {
             harness: new.harness,
             group_id: new.group_id,
             started_at_ms: now_ms,
+            max_model_calls: new.max_model_calls,
+            max_tokens: new.max_tokens,
             next_call: AtomicI64::new(0),
+            model_calls: AtomicU32::new(0),
             finished_calls: AtomicI64::new(0),
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
@@ -156,7 +175,29 @@ mod tests {
             harness: "h".into(),
             group_id: "g".into(),
             group_size: None,
+            max_model_calls: None,
+            max_tokens: None,
         }
+    }
+
+    #[test]
+    fn the_call_budget_runs_out_and_stays_out() {
+        let s = Sessions::default();
+        let (capped, _) = s
+            .create(
+                NewSession {
+                    max_model_calls: Some(2),
+                    ..new("capped")
+                },
+                Some("run"),
+                4,
+                0,
+            )
+            .unwrap();
+        let taken: Vec<bool> = (0..4).map(|_| capped.take_model_call()).collect();
+        assert_eq!(taken, [true, true, false, false]);
+        let (open, _) = s.create(new("open"), Some("run"), 4, 0).unwrap();
+        assert!((0..100).all(|_| open.take_model_call()));
     }
 
     #[test]

@@ -222,7 +222,11 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// 4xx from the upstream is the harness's request being bad (context too long...).
+    /// 4xx from the upstream is the harness's request being bad; a prompt over
+    /// the context (vLLM's and the forgelog engine's `context_length_exceeded`,
+    /// or their "maximum context length" wording) is told apart, with the
+    /// upstream's own message, so each dialect can say it the way its clients
+    /// recognise.
     pub fn dialect_error(&self) -> DialectError {
         use crate::replay::ReplayError;
         let kind = match self {
@@ -234,7 +238,18 @@ impl UpstreamError {
             }
             UpstreamError::Replay(ReplayError::UnknownSession { .. }) => ErrorKind::NotFound,
             UpstreamError::Replay(_) => ErrorKind::InvalidRequest,
-            UpstreamError::Status { status, .. } if (400..500).contains(status) => {
+            UpstreamError::Status { status, body } if (400..500).contains(status) => {
+                let parsed: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+                let over_context = parsed["error"]["code"] == "context_length_exceeded"
+                    || parsed["code"] == "context_length_exceeded"
+                    || body.contains("maximum context length");
+                if over_context {
+                    let message = parsed["error"]["message"]
+                        .as_str()
+                        .or(parsed["message"].as_str())
+                        .map_or_else(|| body.clone(), str::to_string);
+                    return DialectError::new(ErrorKind::ContextLength, message);
+                }
                 ErrorKind::InvalidRequest
             }
             _ => ErrorKind::Upstream,
@@ -273,6 +288,16 @@ impl Upstream {
             }
         }
     }
+}
+
+/// What the start-up probe learned about the upstream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Probe {
+    pub model: String,
+    /// Prompt plus completion tokens at most, where the upstream says.
+    pub context: Option<i64>,
+    /// Why its answers would not be trainable (`None`: they would be).
+    pub untrainable: Option<String>,
 }
 
 /// The HTTP client for one upstream base URL.
@@ -331,14 +356,16 @@ impl UpstreamClient {
         read_json(r).await
     }
 
-    /// `GET /v1/models` and a 1-token request: the model name to use, and why
-    /// calls would not be trainable (`None`: they would be).
-    pub async fn probe(&self) -> Result<(String, Option<String>), UpstreamError> {
+    /// `GET /v1/models` and a 1-token request: the model name to use, its
+    /// context length where the upstream reports it (vLLM's `max_model_len`), and
+    /// why calls would not be trainable (`None`: they would be).
+    pub async fn probe(&self) -> Result<Probe, UpstreamError> {
         let models = self.models().await?;
         let model = models["data"][0]["id"]
             .as_str()
             .unwrap_or_default()
             .to_string();
+        let context = models["data"][0]["max_model_len"].as_i64();
         let req = ChatRequest {
             model: model.clone(),
             messages: vec![Message::text(Role::User, "Hi")],
@@ -349,11 +376,15 @@ impl UpstreamClient {
             ..rl_sampling(&req.sampling)
         };
         let answer = self.chat(&upstream_body(&req, &sent, &model)).await?;
-        let reason = match read_response(&answer, "probe_") {
+        let untrainable = match read_response(&answer, "probe_") {
             Ok((_, s)) => s.untrainable_reason,
             Err(e) => Some(e.message),
         };
-        Ok((model, reason))
+        Ok(Probe {
+            model,
+            context,
+            untrainable,
+        })
     }
 }
 

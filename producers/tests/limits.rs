@@ -163,3 +163,99 @@ async fn a_backend_without_ids_serves_untrainable_calls() {
     );
     assert_eq!(done[0].status, CallStatus::Ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reachability_probes_get_200_and_unknown_routes_a_404_naming_them() {
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-probes",
+    )
+    .await;
+    let head = rig
+        .http
+        .head(format!("{}/api/hello", rig.proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    let (status, v) = rig.post("/v1/nothing/here", None, &json!({})).await;
+    assert_eq!(status, 404);
+    assert_eq!(v["error"], "no route POST /v1/nothing/here");
+}
+
+/// Codex sends large Responses bodies zstd-compressed; gzip and deflate happen too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_request_bodies_are_decoded_and_recorded_decoded() {
+    use std::io::Write;
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-encoding",
+    )
+    .await;
+    let (session, key) = rig.session("r-encoding").await;
+    let send = |path: &'static str, encoding: &'static str, body: Vec<u8>| {
+        let r = rig
+            .http
+            .post(format!("{}{path}", rig.proxy.url()))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .header("accept-encoding", "zstd,gzip")
+            .body(body);
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let responses = json!({"model": "m", "input": "zipped hello"}).to_string();
+    let (status, body) = send(
+        "/v1/responses",
+        "zstd",
+        zstd::encode_all(responses.as_bytes(), 3).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Echo: zipped hello"), "{body}");
+
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(chat("gzipped hello").to_string().as_bytes())
+        .unwrap();
+    let (status, body) = send("/v1/chat/completions", "gzip", gz.finish().unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Echo: gzipped hello"), "{body}");
+
+    let (status, body) = send("/v1/chat/completions", "br", b"\x0b\x02\x80".to_vec()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("Content-Encoding 'br' is not supported"),
+        "{body}"
+    );
+    let (status, body) = send("/v1/chat/completions", "zstd", b"not zstd".to_vec()).await;
+    assert_eq!(status, 400, "{body}");
+    // A small body that inflates past the body limit (1 MiB here) is refused, not inflated.
+    let bomb = zstd::encode_all(&vec![b' '; 4 << 20][..], 19).unwrap();
+    assert!(bomb.len() < 64 << 10);
+    let (status, body) = send("/v1/chat/completions", "zstd", bomb).await;
+    assert_eq!(status, 413, "{body}");
+
+    rig.finish(&session, json!({"ok": true, "reward": 1.0}))
+        .await;
+    rig.flush().await;
+    let events = rig.events(Topic::Calls).await;
+    let recorded: Vec<&[u8]> = events
+        .iter()
+        .filter_map(|e| match e {
+            forgelog_schemas::Event::CallStarted(s) if s.session_id == session => {
+                Some(&s.raw_request[..])
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recorded.len(), 5);
+    assert_eq!(recorded[0], responses.as_bytes(), "recorded decoded");
+    let (_, done) = calls_of(&events, &session);
+    let ok = done.iter().filter(|c| c.status == CallStatus::Ok).count();
+    assert_eq!(ok, 2);
+}

@@ -29,7 +29,6 @@ async fn run_client_on(
     script: &str,
     rollout: &str,
 ) -> Vec<forgelog_schemas::CallFinished> {
-    let python = venv_python();
     let (session, key) = rig.session(rollout).await;
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")

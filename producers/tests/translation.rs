@@ -544,3 +544,167 @@ proptest! {
         prop_assert_eq!(&GeminiDialect::decode_response(&GeminiDialect::encode_response(&resp)).unwrap(), &g);
     }
 }
+
+/// What Claude Code sends: a system turn inside `messages`, newer top-level
+/// fields (`thinking`, `context_management`, `output_config`, `metadata`),
+/// `cache_control` on blocks, 128000 max_tokens and a server tool.
+#[test]
+fn anthropic_claude_code_shapes() {
+    let body = json!({
+        "model": "claude-opus-x", "max_tokens": 128000, "stream": true,
+        "thinking": {"type": "adaptive"}, "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}, "metadata": {"user_id": "u"},
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"}]},
+            {"role": "system", "content": "Mid-conversation instructions."},
+            {"role": "user", "content": [{"type": "text", "text": "Say hi.", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "Hi."}]}],
+        "tools": [
+            {"name": "Bash", "description": "Run", "input_schema": {"type": "object"}},
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
+    });
+    let req = AnthropicDialect::decode_request(&body, &hints()).unwrap();
+    assert_eq!(
+        req.messages,
+        vec![
+            Message::text(Role::System, "You are Claude Code."),
+            Message::text(Role::User, "<system-reminder>ctx</system-reminder>"),
+            Message::text(Role::System, "Mid-conversation instructions."),
+            Message::text(Role::User, "Say hi."),
+            Message::text(Role::Assistant, "Hi."),
+        ]
+    );
+    assert_eq!(req.tools.len(), 1, "the server tool is left out");
+    assert_eq!(req.tools[0].name, "Bash");
+    assert_eq!(req.sampling.max_tokens, Some(128000));
+    assert!(req.stream);
+    // A later system turn is written back as one, not as a user turn.
+    let again = AnthropicDialect::encode_request(&req);
+    assert_eq!(
+        again["messages"][1],
+        json!({"role": "system", "content": [{"type": "text", "text": "Mid-conversation instructions."}]})
+    );
+    assert_eq!(
+        AnthropicDialect::decode_request(&again, &hints())
+            .unwrap()
+            .messages,
+        req.messages
+    );
+}
+
+/// What Codex sends: developer messages with ids, `namespace` tool groups, a
+/// hosted `web_search` tool, reasoning/include/store/client_metadata fields.
+#[test]
+fn responses_codex_shapes() {
+    let body = json!({
+        "model": "gpt-x", "stream": true, "store": false, "parallel_tool_calls": true,
+        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "k", "client_metadata": {"thread_id": "t"}, "tool_choice": "auto",
+        "input": [
+            {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "id": "msg_2", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}],
+        "tools": [
+            {"type": "function", "name": "exec_command", "strict": false, "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents", "tools": [
+                {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}},
+                {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]},
+            {"type": "web_search", "external_web_access": true}],
+    });
+    let req = OpenAiResponsesDialect::decode_request(&body, &hints()).unwrap();
+    let names: Vec<&str> = req.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["exec_command", "spawn_agent", "close_agent"]);
+    assert_eq!(
+        req.messages,
+        vec![
+            Message::text(Role::System, "You are Codex."),
+            Message::text(Role::User, "Say hi."),
+        ]
+    );
+    assert_eq!(req.tool_choice, Some(ToolChoice::Auto));
+}
+
+/// OpenCode's chat requests: `stream_options.include_usage` gets a usage chunk before [DONE].
+#[test]
+fn chat_stream_options_usage_chunk() {
+    let body = json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}, "max_tokens": 32000,
+        "messages": [{"role": "system", "content": "Title this."}, {"role": "user", "content": "hi"}]});
+    let req = OpenAiChatDialect::decode_request(&body, &hints()).unwrap();
+    assert!(req.stream_usage);
+    let events = OpenAiChatDialect::stream_events(&response(), &req);
+    let last = events.last().unwrap().json();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(
+        last["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+    );
+}
+
+/// A context-length refusal from the engine (ours or vLLM) becomes each
+/// dialect's own: OpenAI's `context_length_exceeded` code, Anthropic's
+/// "prompt is too long", Gemini's INVALID_ARGUMENT; all 400.
+#[test]
+fn context_length_errors_in_each_dialect() {
+    use forgelog_producers::upstream::UpstreamError;
+    let ours = json!({"error": {"message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8990 in the messages, 10 in the completion).", "type": "invalid_request_error", "code": "context_length_exceeded"}});
+    let vllm = json!({"object": "error", "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.", "type": "BadRequestError", "param": null, "code": 400});
+    for body in [ours, vllm] {
+        let err = UpstreamError::Status {
+            status: 400,
+            body: body.to_string(),
+        }
+        .dialect_error();
+        assert_eq!(err.kind, ErrorKind::ContextLength);
+        assert_eq!(err.kind.status(), 400);
+        assert!(err
+            .message
+            .starts_with("This model's maximum context length is 8192 tokens."));
+        let chat = OpenAiChatDialect::error_body(&err);
+        assert_eq!(chat["error"]["code"], "context_length_exceeded");
+        assert_eq!(chat["error"]["type"], "invalid_request_error");
+        assert_eq!(OpenAiResponsesDialect::error_body(&err), chat);
+        assert_eq!(
+            OpenAiResponsesDialect::stream_error(&err).json()["code"],
+            "context_length_exceeded"
+        );
+        let anthropic = AnthropicDialect::error_body(&err);
+        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+        assert!(anthropic["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("prompt is too long: This model's maximum context length"));
+        assert_eq!(
+            GeminiDialect::error_body(&err)["error"]["status"],
+            "INVALID_ARGUMENT"
+        );
+    }
+    // Other 4xx stay plain invalid requests, with no code.
+    let other = UpstreamError::Status {
+        status: 400,
+        body: json!({"error": {"message": "top_p must be in (0, 1]"}}).to_string(),
+    }
+    .dialect_error();
+    assert_eq!(other.kind, ErrorKind::InvalidRequest);
+    assert_eq!(
+        OpenAiChatDialect::error_body(&other)["error"]["code"],
+        Value::Null
+    );
+}
+
+#[test]
+fn max_tokens_clamp() {
+    use forgelog_producers::server::clamp_max_tokens;
+    let asked = |n: Option<i64>| SamplingParams {
+        max_tokens: n,
+        ..Default::default()
+    };
+    let sent = |n, session, context| clamp_max_tokens(asked(n), session, context).max_tokens;
+    assert_eq!(sent(Some(100), None, None), Some(100));
+    assert_eq!(sent(Some(100), Some(7), None), Some(7));
+    assert_eq!(sent(Some(5), Some(7), None), Some(5));
+    assert_eq!(sent(None, Some(7), None), Some(7));
+    // More than the upstream's whole context: unset, the upstream fills what is left.
+    assert_eq!(sent(Some(128000), None, Some(8192)), None);
+    assert_eq!(sent(Some(128000), Some(512), Some(8192)), Some(512));
+    assert_eq!(sent(Some(1000), None, Some(8192)), Some(1000));
+}

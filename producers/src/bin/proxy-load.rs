@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
             let options = FakeOptions {
                 delay: Duration::from_millis(delay_ms),
                 without_ids,
-                keep_answers: false,
+                ..Default::default()
             };
             let (addr, _) = fake_upstream::spawn(listen, options).await?;
             eprintln!("fake upstream on http://{addr} ({delay_ms} ms per call)");

@@ -57,6 +57,8 @@ fn push(messages: &mut Vec<Message>, role: Role, part: Part) {
 fn decode_message(v: &Value, out: &mut Vec<Message>) -> Result<(), DialectError> {
     let o = obj(v, "message")?;
     let role = match req_str(o, "role")? {
+        // Not in Anthropic's reference, but sent (Claude Code): a system turn mid-conversation.
+        "system" => Role::System,
         "user" => Role::User,
         "assistant" => Role::Assistant,
         other => return Err(DialectError::invalid(format!("unknown role '{other}'"))),
@@ -168,24 +170,21 @@ impl Dialect for AnthropicDialect {
         for m in opt_array(o, "messages")? {
             decode_message(m, &mut messages)?;
         }
-        let tools = opt_array(o, "tools")?
-            .iter()
-            .map(|t| {
-                let t = obj(t, "tool")?;
-                if let Some(kind) = opt_str(t, "type")? {
-                    if kind != "custom" {
-                        return Err(DialectError::invalid(format!(
-                            "server tool '{kind}' is not supported"
-                        )));
-                    }
-                }
-                Ok(ToolSpec {
-                    name: req_str(t, "name")?.to_string(),
-                    description: opt_str(t, "description")?.map(str::to_string),
-                    parameters: t.get("input_schema").cloned().unwrap_or(json!({})),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Server tools (`web_search_20250305`...) run on Anthropic's side: the
+        // engine cannot call them, so they stay out of the prompt (the raw
+        // request keeps them) rather than failing the call.
+        let mut tools = Vec::new();
+        for t in opt_array(o, "tools")? {
+            let t = obj(t, "tool")?;
+            if opt_str(t, "type")?.is_some_and(|kind| kind != "custom") {
+                continue;
+            }
+            tools.push(ToolSpec {
+                name: req_str(t, "name")?.to_string(),
+                description: opt_str(t, "description")?.map(str::to_string),
+                parameters: t.get("input_schema").cloned().unwrap_or(json!({})),
+            });
+        }
         let tool_choice = match o.get("tool_choice") {
             None | Some(Value::Null) => None,
             Some(v) => {
@@ -244,10 +243,10 @@ impl Dialect for AnthropicDialect {
                     continue;
                 }
             }
-            let role = if m.role == Role::Assistant {
-                "assistant"
-            } else {
-                "user"
+            let role = match m.role {
+                Role::Assistant => "assistant",
+                Role::System => "system",
+                Role::User | Role::Tool => "user",
             };
             out.push(json!({"role": role, "content": blocks}));
             prev = Some(m.role);
@@ -377,7 +376,7 @@ impl Dialect for AnthropicDialect {
 
     fn error_body(err: &DialectError) -> Value {
         let kind = match err.kind {
-            ErrorKind::InvalidRequest => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::TooLarge => "request_too_large",
@@ -385,7 +384,12 @@ impl Dialect for AnthropicDialect {
             ErrorKind::Upstream | ErrorKind::Timeout => "overloaded_error",
             ErrorKind::Internal => "api_error",
         };
-        json!({"type": "error", "error": {"type": kind, "message": err.message}})
+        // Anthropic's own wording, which clients match to start compacting.
+        let message = match err.kind {
+            ErrorKind::ContextLength => format!("prompt is too long: {}", err.message),
+            _ => err.message.clone(),
+        };
+        json!({"type": "error", "error": {"type": kind, "message": message}})
     }
 
     fn stream_error(err: &DialectError) -> SseEvent {

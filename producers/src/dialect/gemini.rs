@@ -399,7 +399,9 @@ impl Dialect for GeminiDialect {
 
     fn error_body(err: &DialectError) -> Value {
         let status = match err.kind {
-            ErrorKind::InvalidRequest | ErrorKind::TooLarge => "INVALID_ARGUMENT",
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::TooLarge => {
+                "INVALID_ARGUMENT"
+            }
             ErrorKind::Authentication => "UNAUTHENTICATED",
             ErrorKind::NotFound => "NOT_FOUND",
             ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",

@@ -22,6 +22,8 @@ use sse::SseEvent;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     InvalidRequest,
+    /// The prompt (plus the completion asked for) does not fit the model's context.
+    ContextLength,
     Authentication,
     NotFound,
     TooLarge,
@@ -34,7 +36,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
-            ErrorKind::InvalidRequest => 400,
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength => 400,
             ErrorKind::Authentication => 401,
             ErrorKind::NotFound => 404,
             ErrorKind::TooLarge => 413,

@@ -266,6 +266,14 @@ pub(crate) fn encode_sampling(o: &mut Map<String, Value>, s: &SamplingParams) {
     }
 }
 
+/// OpenAI's error `code`: set where clients act on it.
+pub(crate) fn error_code(err: &DialectError) -> Value {
+    match err.kind {
+        ErrorKind::ContextLength => json!("context_length_exceeded"),
+        _ => Value::Null,
+    }
+}
+
 fn chat_id(resp: &ChatResponse) -> String {
     format!("chatcmpl-{}", resp.id)
 }
@@ -437,14 +445,15 @@ impl Dialect for OpenAiChatDialect {
 
     fn error_body(err: &DialectError) -> Value {
         let kind = match err.kind {
-            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
-                "invalid_request_error"
-            }
+            ErrorKind::InvalidRequest
+            | ErrorKind::ContextLength
+            | ErrorKind::NotFound
+            | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::RateLimited => "rate_limit_error",
             _ => "api_error",
         };
-        json!({"error": {"message": err.message, "type": kind, "param": null, "code": null}})
+        json!({"error": {"message": err.message, "type": kind, "param": null, "code": error_code(err)}})
     }
 
     fn stream_end() -> Option<SseEvent> {

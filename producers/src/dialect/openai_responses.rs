@@ -134,6 +134,26 @@ fn decode_input(v: Option<&Value>, messages: &mut Vec<Message>) -> Result<(), Di
     Ok(())
 }
 
+/// Function tools, with those of a `namespace` group flattened in. Hosted
+/// tools (`web_search`, `file_search`, `code_interpreter`, `custom`...) run on
+/// OpenAI's side; the engine cannot call them, so they are left out of the
+/// prompt (the raw request keeps them) rather than failing the call.
+fn decode_tools(tools: &[Value], out: &mut Vec<ToolSpec>) -> Result<(), DialectError> {
+    for t in tools {
+        let t = obj(t, "tool")?;
+        match opt_str(t, "type")? {
+            Some("function") => out.push(ToolSpec {
+                name: req_str(t, "name")?.to_string(),
+                description: opt_str(t, "description")?.map(str::to_string),
+                parameters: t.get("parameters").cloned().unwrap_or(json!({})),
+            }),
+            Some("namespace") => decode_tools(opt_array(t, "tools")?, out)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn decode_tool_choice(v: Option<&Value>) -> Result<Option<ToolChoice>, DialectError> {
     Ok(match v {
         None | Some(Value::Null) => None,
@@ -248,22 +268,8 @@ impl Dialect for OpenAiResponsesDialect {
             messages.push(Message::text(Role::System, instructions));
         }
         decode_input(o.get("input"), &mut messages)?;
-        let tools = opt_array(o, "tools")?
-            .iter()
-            .map(|t| {
-                let t = obj(t, "tool")?;
-                match opt_str(t, "type")? {
-                    Some("function") => Ok(ToolSpec {
-                        name: req_str(t, "name")?.to_string(),
-                        description: opt_str(t, "description")?.map(str::to_string),
-                        parameters: t.get("parameters").cloned().unwrap_or(json!({})),
-                    }),
-                    other => Err(DialectError::invalid(format!(
-                        "tool type {other:?} is not supported (function tools only)"
-                    ))),
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut tools = Vec::new();
+        decode_tools(opt_array(o, "tools")?, &mut tools)?;
         Ok(ChatRequest {
             model: opt_str(o, "model")?.unwrap_or_default().to_string(),
             messages,
@@ -492,7 +498,7 @@ impl Dialect for OpenAiResponsesDialect {
     fn stream_error(err: &DialectError) -> SseEvent {
         SseEvent::named(
             "error",
-            json!({"type": "error", "code": null, "message": err.message, "param": null, "sequence_number": 0}),
+            json!({"type": "error", "code": super::openai_chat::error_code(err), "message": err.message, "param": null, "sequence_number": 0}),
         )
     }
 }

@@ -135,9 +135,16 @@ impl Rig {
 
     /// Creates a session; returns (session_id, api_key).
     pub async fn session(&self, rollout: &str) -> (String, String) {
-        let (status, v) = self
-            .post("/sessions", Some(ADMIN), &json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2}))
-            .await;
+        self.session_with(rollout, json!({})).await
+    }
+
+    /// A session with more fields (`max_model_calls`, `max_tokens`...).
+    pub async fn session_with(&self, rollout: &str, extra: Value) -> (String, String) {
+        let mut body = json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        let (status, v) = self.post("/sessions", Some(ADMIN), &body).await;
         assert_eq!(status, 200, "{v}");
         (
             v["session_id"].as_str().unwrap().to_string(),
@@ -176,7 +183,11 @@ impl Rig {
     /// Every ok CallFinished in `calls` carries what some upstream answer had.
     pub fn assert_calls_match_upstream(&self, calls: &[CallFinished]) {
         let answers = self.upstream.answers();
-        assert_calls_match(calls, &answers, self.upstream.policy_version());
+        forgelog_producers::fake_upstream::assert_calls_match(
+            calls,
+            &answers,
+            self.upstream.policy_version(),
+        );
     }
 }
 
@@ -286,46 +297,6 @@ pub async fn read_events(
     })
     .await
     .unwrap()
-}
-
-/// Every ok CallFinished carries exactly the ids and logprobs some upstream
-/// answer had, and the policy version it reported.
-pub fn assert_calls_match(calls: &[CallFinished], answers: &[Value], policy_version: i64) {
-    for c in calls
-        .iter()
-        .filter(|c| c.status == forgelog_schemas::CallStatus::Ok)
-    {
-        let found = answers.iter().find(|a| {
-            let ids = |v: &Value| {
-                v.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap() as u32)
-                    .collect::<Vec<_>>()
-            };
-            ids(&a["prompt_token_ids"]) == c.prompt_token_ids
-                && ids(&a["choices"][0]["token_ids"]) == c.completion_token_ids
-        });
-        let a = found.unwrap_or_else(|| {
-            panic!("call {} has token ids no upstream answer had", c.call_index)
-        });
-        let lps: Vec<f32> = a["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["logprob"].as_f64().unwrap() as f32)
-            .collect();
-        assert_eq!(c.completion_logprobs, lps, "call {}", c.call_index);
-        assert!(
-            c.trainable,
-            "call {}: {:?}",
-            c.call_index, c.untrainable_reason
-        );
-        assert_eq!(c.policy_version, Some(policy_version));
-        assert_eq!(c.sampling_sent.top_p, Some(1.0));
-        assert_eq!(c.sampling_sent.top_k, Some(-1));
-        assert!(!c.response_body.is_empty());
-    }
 }
 
 pub fn calls_of(events: &[Event], session: &str) -> (usize, Vec<CallFinished>) {

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs the four harnesses forgelog is tested with, at pinned versions, into
+# $FORGELOG_HOME/harnesses (outside the clone): node 22 (npm package `node`),
+# Claude Code, Codex and OpenCode (npm --prefix), mini-swe-agent (its own venv).
+# Idempotent: a harness whose pinned version is already there is skipped.
+# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent ...] (default: all)
+set -euo pipefail
+FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
+H="$FORGELOG_HOME/harnesses"
+# shellcheck source=versions.sh
+. "$(dirname "$0")/versions.sh"
+
+mkdir -p "$H"
+stamp_ok() { [ "$(cat "$1/.forgelog-version" 2>/dev/null)" = "$2" ]; }
+timed() { local what=$1 t0=$SECONDS; shift; "$@"; echo "install: $what ready ($((SECONDS - t0)) s)" >&2; }
+
+npm_install() { # DIR VERSION PACKAGE@VERSION
+  local dir=$1 version=$2 spec=$3
+  if stamp_ok "$dir" "$version"; then echo "install: $spec present" >&2; return; fi
+  rm -rf "$dir"; mkdir -p "$dir"
+  PATH="$H/node/bin:$PATH" npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "$spec" >&2
+  echo "$version" >"$dir/.forgelog-version"
+}
+
+node22() {
+  npm_install "$H/node" "$NODE_VERSION" "node@$NODE_VERSION"
+  # The `node` package's bin is a launcher; link the real binary where PATH can find it.
+  mkdir -p "$H/node/bin"
+  ln -sf ../node_modules/node/bin/node "$H/node/bin/node"
+  "$H/node/bin/node" --version | grep -q "^v${NODE_VERSION}$" || { echo "install: node $NODE_VERSION did not install" >&2; exit 1; }
+}
+
+mini_swe_agent() {
+  local dir="$H/mini-swe-agent"
+  if stamp_ok "$dir" "$MINI_SWE_AGENT_VERSION"; then echo "install: mini-swe-agent present" >&2; return; fi
+  rm -rf "$dir"
+  python3 -m venv "$dir"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check "mini-swe-agent==$MINI_SWE_AGENT_VERSION" >&2
+  echo "$MINI_SWE_AGENT_VERSION" >"$dir/.forgelog-version"
+}
+
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent)
+for w in "${want[@]}"; do
+  case $w in
+    claude-code) timed "node $NODE_VERSION" node22; timed "claude-code $CLAUDE_CODE_VERSION" npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
+    codex) timed "codex $CODEX_VERSION" npm_install "$H/codex" "$CODEX_VERSION" "@openai/codex@$CODEX_VERSION" ;;
+    opencode) timed "opencode $OPENCODE_VERSION" npm_install "$H/opencode" "$OPENCODE_VERSION" "opencode-ai@$OPENCODE_VERSION" ;;
+    mini-swe-agent) timed "mini-swe-agent $MINI_SWE_AGENT_VERSION" mini_swe_agent ;;
+    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent)" >&2; exit 2 ;;
+  esac
+done
+echo "install: harnesses ready in $H" >&2

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Runs one harness, unmodified and non-interactively, on a small task in a fresh
+# temporary directory, pointed at a forgelog proxy with a session key, with no
+# network but the proxy: the harness runs in a network namespace of its own
+# whose only route out is a veth pair to this host, where a relay forwards one
+# port to the proxy. Telemetry and update checks are switched off.
+#
+# Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
+#   HARNESS    claude-code | codex | opencode | mini-swe-agent
+#   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
+#   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
+#              (claude-code: stdout is --output-format json; codex: stdout is
+#              --json events; mini-swe-agent: trajectory.json)
+# Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
+# Exits with the harness's exit status.
+set -euo pipefail
+[ $# -ge 4 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+HARNESS=$1 PROXY_URL=$2 KEY=$3 OUT=$4
+TASK=${5:-"Create a file hello.txt containing the word hello, then say done."}
+HERE=$(cd "$(dirname "$0")" && pwd)
+FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
+H="$FORGELOG_HOME/harnesses"
+# shellcheck source=versions.sh
+. "$HERE/versions.sh"
+TIMEOUT=${FORGELOG_HARNESS_TIMEOUT:-300}
+
+case $HARNESS in
+  claude-code) want=$CLAUDE_CODE_VERSION dir=$H/claude-code ;;
+  codex) want=$CODEX_VERSION dir=$H/codex ;;
+  opencode) want=$OPENCODE_VERSION dir=$H/opencode ;;
+  mini-swe-agent) want=$MINI_SWE_AGENT_VERSION dir=$H/mini-swe-agent ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent)" >&2; exit 2 ;;
+esac
+if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
+  echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2
+  exit 3
+fi
+
+[ "$(id -u)" = 0 ] || { echo "run: needs root (ip netns, veth) to cut $HARNESS off the network" >&2; exit 4; }
+command -v ip >/dev/null || { echo "run: needs iproute2's ip" >&2; exit 4; }
+
+hostport=${PROXY_URL#*://}; hostport=${hostport%%/*}
+PROXY_HOST=${hostport%:*} PROXY_PORT=${hostport##*:}
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d -t "forgelog-$HARNESS.XXXXXX")
+ns="" host_if="" relay=""
+cleanup() {
+  if [ -n "$relay" ]; then kill "$relay" 2>/dev/null || true; wait "$relay" 2>/dev/null || true; fi
+  if [ -n "$ns" ]; then ip netns del "$ns" 2>/dev/null || true; fi
+  if [ -n "$host_if" ]; then ip link del "$host_if" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# A namespace with lo and one veth to the host: 10.213.N.2 there, 10.213.N.1 here.
+for n in $(seq 1 250); do
+  if ip link add "flh$n" type veth peer name "fln$n" 2>/dev/null; then host_if="flh$n"; break; fi
+done
+[ -n "$host_if" ] || { echo "run: cannot create a veth pair (flh1..flh250 all taken, or no CAP_NET_ADMIN)" >&2; exit 1; }
+ns="forgelog-$HARNESS-$n"
+ip netns add "$ns"
+ip link set "fln$n" netns "$ns"
+ip addr add "10.213.$n.1/30" dev "$host_if"
+ip link set "$host_if" up
+ip netns exec "$ns" ip addr add "10.213.$n.2/30" dev "fln$n"
+ip netns exec "$ns" ip link set "fln$n" up
+ip netns exec "$ns" ip link set lo up
+python3 -u "$HERE/relay.py" "10.213.$n.1" "$PROXY_PORT" "$PROXY_HOST" "$PROXY_PORT" >"$WORK/relay.log" 2>&1 &
+relay=$!
+for _ in $(seq 1 50); do grep -q ready "$WORK/relay.log" 2>/dev/null && break; sleep 0.1; done
+URL="http://10.213.$n.1:$PROXY_PORT"
+# Checked, not assumed: the proxy is reachable from inside, the internet is not.
+reach() { ip netns exec "$ns" timeout 3 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
+reach "10.213.$n.1" "$PROXY_PORT" || { echo "run: the proxy is not reachable from the namespace" >&2; exit 1; }
+if reach 1.1.1.1 443; then echo "run: the namespace reaches the internet; refusing to run" >&2; exit 1; fi
+
+# A fresh home and project directory: nothing of this machine's configuration leaks in.
+mkdir -p "$WORK/home" "$WORK/project"
+env_common=(HOME="$WORK/home" PATH="$H/node/bin:/usr/local/bin:/usr/bin:/bin" TERM=dumb NO_COLOR=1
+            XDG_CONFIG_HOME="$WORK/home/.config" XDG_DATA_HOME="$WORK/home/.local/share"
+            XDG_CACHE_HOME="$WORK/home/.cache" XDG_STATE_HOME="$WORK/home/.local/state")
+case $HARNESS in
+  claude-code)
+    env_h=(ANTHROPIC_BASE_URL="$URL" ANTHROPIC_API_KEY="$KEY" CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1
+           DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 IS_SANDBOX=1)
+    cmd=("$dir/node_modules/.bin/claude" -p "$TASK" --output-format json --dangerously-skip-permissions)
+    ;;
+  codex)
+    mkdir -p "$WORK/home/codex"
+    cat >"$WORK/home/codex/config.toml" <<TOML
+model = "forgelog"
+model_provider = "forgelog"
+check_for_update_on_startup = false
+[analytics]
+enabled = false
+[model_providers.forgelog]
+name = "forgelog"
+base_url = "$URL/v1"
+env_key = "FORGELOG_API_KEY"
+wire_api = "responses"
+[features]
+plugins = false
+TOML
+    env_h=(CODEX_HOME="$WORK/home/codex" FORGELOG_API_KEY="$KEY")
+    cmd=("$H/node/bin/node" "$dir/node_modules/.bin/codex" exec --skip-git-repo-check
+         --dangerously-bypass-approvals-and-sandbox --json "$TASK")
+    ;;
+  opencode)
+    cat >"$WORK/project/opencode.json" <<JSON
+{
+  "\$schema": "https://opencode.ai/config.json",
+  "autoupdate": false,
+  "share": "disabled",
+  "model": "forgelog/forgelog",
+  "provider": {
+    "forgelog": {
+      "npm": "@ai-sdk/openai-compatible",
+      "name": "forgelog",
+      "options": {"baseURL": "$URL/v1", "apiKey": "$KEY"},
+      "models": {"forgelog": {"name": "forgelog"}}
+    }
+  }
+}
+JSON
+    env_h=(OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1)
+    cmd=("$dir/node_modules/.bin/opencode" run "$TASK")
+    ;;
+  mini-swe-agent)
+    env_h=(MSWEA_CONFIGURED=true MSWEA_COST_TRACKING=ignore_errors LITELLM_LOCAL_MODEL_COST_MAP=True
+           OPENAI_API_KEY="$KEY" OPENAI_API_BASE="$URL/v1")
+    cmd=("$dir/bin/mini" -m openai/forgelog -t "$TASK" -y --exit-immediately -o "$OUT/trajectory.json"
+         -c mini.yaml -c "model.model_kwargs.api_base=$URL/v1" -c "model.model_kwargs.api_key=$KEY")
+    ;;
+esac
+
+echo "run: $HARNESS $want in $WORK/project, netns $ns, proxy $URL" >&2
+set +e
+(cd "$WORK/project" && ip netns exec "$ns" timeout "$TIMEOUT" env -i "${env_common[@]}" "${env_h[@]}" "${cmd[@]}" \
+  </dev/null >"$OUT/stdout" 2>"$OUT/stderr")
+code=$?
+set -e
+echo "$code" >"$OUT/exit_code"
+echo "run: $HARNESS exited $code (output in $OUT)" >&2
+exit "$code"

@@ -1,0 +1,396 @@
+//! The four real harnesses (Claude Code, Codex, OpenCode, mini-swe-agent),
+//! installed by `deploy/harnesses/install.sh` and run unmodified by
+//! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
+//! proxy: each runs once through `forgelog proxy` (in front of the fake
+//! vLLM-compatible upstream, playing an agent that never stops calling its
+//! shell tool) with a budget of 6 model calls. Each must exit 0 after the
+//! budget stop; the log must hold every call with its token ids and logprobs;
+//! the trajectory core must build each harness's tree; and the calls the
+//! harness itself reports must match what the proxy recorded.
+
+use forgelog_consumers::{Processor, TrajectoryBuilder};
+use forgelog_producers::fake_upstream::{self, FakeOptions};
+use forgelog_schemas::{CallFinished, CallStatus, Event, Topic, TrajectoryBuilt};
+use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
+use forgelog_stream::{ReplayReader, StreamConfig};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
+const BUDGET: usize = 6;
+const ADMIN: &str = "harness-test-admin";
+/// More steps than the budget: every harness is ended by the budget stop. Where
+/// a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
+/// `task`), the first step is delegated to a sub-agent.
+const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
+
+fn kit() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/harnesses")
+}
+
+/// Fails with a clear message when install.sh has not installed a harness.
+fn require_installed() {
+    let home = std::env::var("FORGELOG_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
+        });
+    let versions = std::fs::read_to_string(kit().join("versions.sh")).unwrap();
+    let pinned = |var: &str| {
+        versions
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("{var} in versions.sh"))
+            .to_string()
+    };
+    for (h, var) in [
+        ("claude-code", "CLAUDE_CODE_VERSION"),
+        ("codex", "CODEX_VERSION"),
+        ("opencode", "OPENCODE_VERSION"),
+        ("mini-swe-agent", "MINI_SWE_AGENT_VERSION"),
+    ] {
+        let stamp = home.join("harnesses").join(h).join(".forgelog-version");
+        let have = std::fs::read_to_string(&stamp).unwrap_or_default();
+        assert_eq!(
+            have.trim(),
+            pinned(var),
+            "{h} {} is not installed ({}): run deploy/harnesses/install.sh (scripts/setup.sh does)",
+            pinned(var),
+            stamp.display()
+        );
+    }
+}
+
+/// Kills the proxy on every exit path.
+struct Proxy(Child);
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proxy {
+    /// SIGTERM: the proxy stops serving and flushes its spool to the broker.
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                assert!(status.success(), "proxy exited {status}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the proxy did not stop within 60 s of SIGTERM");
+    }
+}
+
+fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
+    let reader = ReplayReader::new(stream).unwrap();
+    let mut marks = Vec::new();
+    for topic in [Topic::Calls, Topic::Rollouts] {
+        for p in reader.partitions(topic.name()).unwrap() {
+            marks.push((topic, p, reader.end(topic.name(), p).unwrap()));
+        }
+    }
+    marks
+}
+
+/// The run's events past `marks` (calls first, then rollouts).
+fn read_events(stream: &StreamConfig, run: &str, marks: &[(Topic, i32, i64)]) -> Vec<Event> {
+    let reader = ReplayReader::new(stream).unwrap();
+    let mut out = Vec::new();
+    for &(topic, p, from) in marks {
+        let to = reader.end(topic.name(), p).unwrap();
+        let _all_read = reader
+            .for_each_in(topic.name(), p, from, to, |r| {
+                if r.in_run(Some(run)) {
+                    out.push(r.event.expect("decodable event"));
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .unwrap();
+    }
+    out
+}
+
+async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
+    let r = http
+        .post(url)
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .expect("proxy answers");
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {v}");
+    v
+}
+
+/// What a harness's own transcript says of its run.
+#[derive(Debug, Clone, Copy)]
+struct Reported {
+    /// Model calls of the main agent.
+    calls: usize,
+    /// Sub-agents it started.
+    sub_agents: usize,
+}
+
+/// The harness's own account, where it writes a transcript.
+fn reported(harness: &str, out: &Path) -> Option<Reported> {
+    let stdout = std::fs::read_to_string(out.join("stdout")).unwrap_or_default();
+    let count = |v: &Value| v.as_u64().map(|n| n as usize);
+    match harness {
+        // --output-format json: one result object; num_turns counts the main
+        // agent's model turns, subagent_stats the sub-agents.
+        "claude-code" => {
+            let v: Value = serde_json::from_str(&stdout).expect("claude -p prints JSON");
+            assert_eq!(v["is_error"], false, "{v}");
+            Some(Reported {
+                calls: count(&v["num_turns"])?,
+                sub_agents: count(&v["subagent_stats"]["spawned"]).unwrap_or(0),
+            })
+        }
+        // --json events: every answer of this upstream carries text, one agent_message each.
+        "codex" => Some(Reported {
+            calls: stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
+                .count(),
+            sub_agents: 0,
+        }),
+        // The trajectory file counts API calls (format-error retries included).
+        "mini-swe-agent" => {
+            let t: Value = serde_json::from_str(
+                &std::fs::read_to_string(out.join("trajectory.json")).unwrap(),
+            )
+            .unwrap();
+            Some(Reported {
+                calls: count(&t["info"]["model_stats"]["api_calls"])?,
+                sub_agents: 0,
+            })
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
+    require_installed();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let run = unique_run_id("harnesses");
+    let marks = topic_ends(&stream);
+    let (upstream, fake) = rt
+        .block_on(fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            FakeOptions {
+                keep_answers: true,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let listen = free_local_addr();
+    let spool = tempfile::tempdir().unwrap();
+    let proxy = Proxy(
+        Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["proxy", "--upstream", &format!("http://{upstream}")])
+            .args([
+                "--listen",
+                &listen.to_string(),
+                "--brokers",
+                &stream.brokers,
+            ])
+            .args(["--run-id", &run, "--admin-token", ADMIN])
+            .arg("--spool")
+            .arg(spool.path())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    rt.block_on(async {
+        for _ in 0..300 {
+            if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the proxy did not come up");
+    });
+
+    let outs = tempfile::tempdir().unwrap();
+    let mut transcripts = std::collections::BTreeMap::new();
+    for h in HARNESSES {
+        let session = rt.block_on(post(
+            &http,
+            format!("{url}/sessions"),
+            json!({"rollout_id": h, "task_id": "hello", "harness": h, "group_id": "g",
+                   "max_model_calls": BUDGET}),
+        ));
+        let key = session["api_key"].as_str().unwrap();
+        let out = outs.path().join(h);
+        let started = Instant::now();
+        let status = Command::new(kit().join("run.sh"))
+            .args([h, &url, key])
+            .arg(&out)
+            .arg(TASK)
+            .env("FORGELOG_HARNESS_TIMEOUT", "240")
+            .status()
+            .unwrap();
+        eprintln!("{h}: {status} in {:.1} s", started.elapsed().as_secs_f64());
+        let stderr = std::fs::read_to_string(out.join("stderr")).unwrap_or_default();
+        let tail = &stderr[stderr.len().saturating_sub(3000)..];
+        assert!(
+            status.success(),
+            "{h} exited {status}; its stderr ends:\n{tail}"
+        );
+        let done = rt.block_on(post(
+            &http,
+            format!(
+                "{url}/sessions/{}/finish",
+                session["session_id"].as_str().unwrap()
+            ),
+            json!({"exit_status": 0}),
+        ));
+        eprintln!("{h}: {} model calls recorded", done["model_calls"]);
+        transcripts.insert(h, reported(h, &out));
+    }
+    proxy.stop();
+
+    let events = read_events(&stream, &run, &marks);
+    let answers = fake.answers.lock().unwrap().clone();
+    let mut trajectories = TrajectoryBuilder::default();
+    let mut built = Vec::new();
+    for e in events.iter().cloned() {
+        trajectories.process(e, &mut built);
+    }
+    for h in HARNESSES {
+        let started = events
+            .iter()
+            .filter(|e| matches!(e, Event::CallStarted(s) if s.rollout_id == h))
+            .count();
+        let calls: Vec<&CallFinished> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::CallFinished(c) if c.rollout_id == h => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            started,
+            calls.len(),
+            "{h}: every call started also finished"
+        );
+        let (ok, stops): (Vec<&CallFinished>, Vec<&CallFinished>) =
+            calls.iter().partition(|c| c.status == CallStatus::Ok);
+        assert_eq!(
+            ok.len(),
+            BUDGET,
+            "{h}: the budget's calls all reached the upstream"
+        );
+        assert!(!stops.is_empty(), "{h}: ended by the budget stop");
+        for c in &stops {
+            assert_eq!(
+                c.status,
+                CallStatus::BudgetStop,
+                "{h} call {}: {:?}",
+                c.call_index,
+                c.error
+            );
+            assert!(!c.trainable);
+            assert_eq!(c.untrainable_reason.as_deref(), Some("budget exhausted"));
+            assert!(
+                c.call_index >= BUDGET as i64,
+                "budget stops come after the budget"
+            );
+        }
+        for c in &ok {
+            assert!(!c.prompt_token_ids.is_empty() && !c.completion_token_ids.is_empty());
+        }
+        // Trainable, with exactly the ids and logprobs the upstream answered.
+        let ok_calls: Vec<CallFinished> = ok.iter().map(|c| (*c).clone()).collect();
+        fake_upstream::assert_calls_match(&ok_calls, &answers, fake_upstream::POLICY_VERSION);
+        let tree: &TrajectoryBuilt = built
+            .iter()
+            .find_map(|e| match e {
+                Event::TrajectoryBuilt(t) if t.rollout_id == h => Some(t),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{h}: no trajectory built"));
+        assert_eq!(tree.calls, calls.len() as i64, "{h}");
+        let roots: std::collections::BTreeSet<i64> =
+            tree.sequences.iter().map(|s| s.root).collect();
+        eprintln!(
+            "{h}: {} calls, {} sequences, {} roots, {} tool calls, findings {:?}",
+            tree.calls,
+            tree.sequences.len(),
+            roots.len(),
+            tree.tool_calls,
+            tree.findings.iter().map(|f| f.kind).collect::<Vec<_>>()
+        );
+        // Every sampled token of every trainable call is on a path, with its logprob.
+        for c in &ok {
+            let on = tree
+                .sequences
+                .iter()
+                .find(|s| s.call_indices.contains(&c.call_index))
+                .unwrap_or_else(|| panic!("{h}: call {} is on no path", c.call_index));
+            assert!(!on.discarded, "{h}: call {} was discarded", c.call_index);
+        }
+        for s in &tree.sequences {
+            let sampled: usize = s.loss_mask.iter().map(|&m| m as usize).sum();
+            let expected: usize = ok
+                .iter()
+                .filter(|c| s.call_indices.contains(&c.call_index))
+                .map(|c| c.completion_token_ids.len())
+                .sum();
+            assert_eq!(
+                sampled, expected,
+                "{h}: sampled tokens of path {:?}",
+                s.call_indices
+            );
+        }
+        assert!(
+            tree.tool_calls >= 1,
+            "{h}: the agent's tool calls are counted"
+        );
+        // The harness's own count: the main agent's calls are those on call 0's
+        // root (budget stops included), sub-agents' calls are on roots of their own.
+        if let Some(said) = transcripts[h] {
+            let root_of = |i: i64| {
+                tree.sequences
+                    .iter()
+                    .find(|s| s.call_indices.contains(&i))
+                    .map(|s| s.root)
+            };
+            let main = root_of(0).expect("call 0 is on a path");
+            let sub_agent_calls = ok
+                .iter()
+                .filter(|c| root_of(c.call_index) != Some(main))
+                .count();
+            assert_eq!(
+                said.calls,
+                calls.len() - sub_agent_calls,
+                "{h} reports {said:?}; the proxy recorded {} calls, {sub_agent_calls} of them off the main root",
+                calls.len()
+            );
+            assert!(
+                roots.len() > said.sub_agents,
+                "{h}: {} sub-agents, {} roots",
+                said.sub_agents,
+                roots.len()
+            );
+            assert_eq!(said.sub_agents > 0, sub_agent_calls > 0, "{h}: {said:?}");
+        }
+    }
+}
