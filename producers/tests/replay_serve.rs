@@ -29,6 +29,19 @@ async fn post(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) 
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
+/// `replay serve` of the rig's run, which recorded `sessions` sessions.
+async fn replay_of(rig: &Rig, sessions: usize) -> RunningProxy {
+    let recording = load_recording(&rig.stream, &rig.run_id).await.unwrap();
+    assert_eq!(recording.sessions.len(), sessions);
+    RunningProxy::replay(
+        config("unused".into(), &rig.run_id),
+        recording,
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named() {
     let rig = Rig::start(
@@ -53,15 +66,7 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
         "3 calls per session, started and finished"
     );
 
-    let recording = load_recording(&rig.stream, &rig.run_id).await.unwrap();
-    assert_eq!(recording.sessions.len(), 2);
-    let replay = RunningProxy::replay(
-        config("unused".into(), &rig.run_id),
-        recording,
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
+    let replay = replay_of(&rig, 2).await;
     let http = reqwest::Client::new();
     let sessions = format!("{}/sessions", replay.url());
     for (sdk, session, responses) in &recorded {
@@ -216,14 +221,7 @@ async fn responses_and_gemini_calls_replay_byte_for_byte() {
     rig.finish(&session, Value::Null).await;
     rig.flush().await;
 
-    let recording = load_recording(&rig.stream, &rig.run_id).await.unwrap();
-    let replay = RunningProxy::replay(
-        config("unused".into(), &rig.run_id),
-        recording,
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
+    let replay = replay_of(&rig, 1).await;
     let (_, v) = post(
         &reqwest::Client::new(),
         format!("{}/sessions", replay.url()),
