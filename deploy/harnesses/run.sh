@@ -15,7 +15,7 @@
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 HARNESS=$1 PROXY_URL=$2 KEY=$3 OUT=$4
 TASK=${5:-"Create a file hello.txt containing the word hello, then say done."}
 HERE=$(cd "$(dirname "$0")" && pwd)
