@@ -10,11 +10,12 @@
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code: stdout is --output-format json; codex: stdout is
-#              --json events; mini-swe-agent: trajectory.json)
+#              --json events; opencode: --format json events; mini-swe-agent:
+#              trajectory.json)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 HARNESS=$1 PROXY_URL=$2 KEY=$3 OUT=$4
 TASK=${5:-"Create a file hello.txt containing the word hello, then say done."}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -123,7 +124,7 @@ TOML
 }
 JSON
     env_h=(OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1)
-    cmd=("$dir/node_modules/.bin/opencode" run "$TASK")
+    cmd=("$dir/node_modules/.bin/opencode" run --format json "$TASK")
     ;;
   mini-swe-agent)
     env_h=(MSWEA_CONFIGURED=true MSWEA_COST_TRACKING=ignore_errors LITELLM_LOCAL_MODEL_COST_MAP=True
