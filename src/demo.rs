@@ -35,8 +35,7 @@ pub async fn run(config: &StreamConfig, base: &str, run_id: &str, export_to: &Pa
     bar.finish();
     let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
 
-    let spinner = ProgressBar::new_spinner().with_message("consumers: building trees and groups");
-    spinner.enable_steady_tick(Duration::from_millis(120));
+    let spinner = crate::spinner("consumers: building trees and groups".into());
     let events = wait_for_groups(config, run_id, plan.groups.len()).await?;
     spinner.finish_with_message("consumers: done");
 

@@ -2,6 +2,8 @@
 //! consumers and broker: it runs to its summary, the summary agrees with the
 //! log, the run rebuilds identically, and the SFT export it leaves is sound.
 
+mod support;
+
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
 use std::process::Command;
 
@@ -95,6 +97,10 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
             assert!(r["reward"].is_number(), "{line}");
             rows += 1;
         }
+        // What a user does next: load it with Hugging Face datasets.
+        let loaded = support::load_with_datasets(&dir.join(harness).join("sft.jsonl"));
+        assert_eq!(loaded["rows"], jsonl.lines().count(), "{loaded}");
+        assert_eq!(loaded["roles"][0], "system", "{loaded}");
     }
     assert!(rows >= 16, "a row per path, at least one per rollout");
     let sum = |field: &str| -> u64 {

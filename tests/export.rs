@@ -3,6 +3,8 @@
 //! `moto[server]`, started here): the S3 objects are byte-for-byte the files,
 //! and every JSONL split loads with Hugging Face `datasets`.
 
+mod support;
+
 use forgelog_consumers::{rebuild::rebuild, RewardConfig};
 use forgelog_replay_tests::{by_topic, decode, fixture_dir, RUN};
 use forgelog_stream::testing::{self, venv_python, PrivateBroker};
@@ -144,28 +146,9 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .collect();
     assert_eq!(jsonl.len(), 2, "one split per harness: {jsonl:?}");
-    let cache = tempfile::tempdir().unwrap();
     for p in jsonl {
         let harness = p.parent().unwrap().to_str().unwrap();
-        let out = run(Command::new(venv_python())
-            .args([
-                "-c",
-                "import datasets, json, sys\n\
-                 ds = datasets.load_dataset('json', data_files=sys.argv[1], split='train')\n\
-                 m = ds[0]['messages']\n\
-                 print(json.dumps({'rows': len(ds), 'columns': ds.column_names, 'roles': [x['role'] for x in m]}))",
-            ])
-            .arg(local.path().join(p))
-            .current_dir(cache.path())
-            .env("HF_DATASETS_CACHE", cache.path())
-            .env("HF_HUB_OFFLINE", "1"));
-        let loaded: serde_json::Value = serde_json::from_slice(
-            out.stdout
-                .split(|b| *b == b'\n')
-                .rfind(|l| !l.is_empty())
-                .unwrap(),
-        )
-        .unwrap();
+        let loaded = support::load_with_datasets(&local.path().join(p));
         assert_eq!(loaded["rows"], manifest["jsonl_rows"][harness], "{loaded}");
         assert!(
             loaded["columns"]

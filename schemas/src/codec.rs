@@ -133,12 +133,11 @@ impl Codec {
             kind: kind.name(),
             source: Box::new(e),
         };
-        // Through `Value`: the schemas name-reference their own records
-        // (`sampling_sent: SamplingParams`), which resolution handles.
-        let value = event
-            .to_avro()
-            .and_then(|v| v.resolve(schema))
-            .map_err(schema_err)?;
+        // Through `Value` (the schemas name-reference their own records, e.g.
+        // `sampling_sent: SamplingParams`, which the datum writer resolves).
+        // `to_avro` already builds the schema's exact shape (unions included),
+        // so no `Value::resolve` pass: `to_avro_datum` validates it anyway.
+        let value = event.to_avro().map_err(schema_err)?;
         let body = apache_avro::to_avro_datum(schema, value).map_err(schema_err)?;
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(fp);
