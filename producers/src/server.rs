@@ -488,15 +488,8 @@ async fn serve<D: Dialect>(
             "unknown or ended session key",
         ));
     };
-    let Ok(permit) = session.in_flight.clone().try_acquire_owned() else {
-        return error_response::<D>(&DialectError::new(
-            ErrorKind::RateLimited,
-            format!(
-                "more than {} calls in flight in this session",
-                session.max_in_flight
-            ),
-        ));
-    };
+    // Taken now, refused below once the call is recorded: a 429 is a failed call too.
+    let permit = session.in_flight.clone().try_acquire_owned();
     let index = session.next_call_index();
     let call = Call {
         st: st.clone(),
@@ -531,6 +524,17 @@ async fn serve<D: Dialect>(
             "the proxy cannot record calls right now (spool full?)",
         ));
     }
+    let Ok(permit) = permit else {
+        let err = DialectError::new(
+            ErrorKind::RateLimited,
+            format!(
+                "more than {} calls in flight in this session",
+                session.max_in_flight
+            ),
+        );
+        call.fail(&err, None);
+        return error_response::<D>(&err);
+    };
     let decoded = raw.and_then(|raw| {
         serde_json::from_slice::<Value>(&raw)
             .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))

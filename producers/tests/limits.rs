@@ -73,7 +73,8 @@ async fn failures_are_answered_in_dialect_and_recorded() {
         "{text}"
     );
 
-    // More calls in flight than the session allows (4): the fifth is refused with 429, not recorded.
+    // More calls in flight than the session allows (4): the fifth is refused
+    // with 429 and recorded as a failed call.
     let slow = chat("[slow]");
     let posts: Vec<_> = (0..5)
         .map(|_| rig.post("/v1/chat/completions", Some(&key), &slow))
@@ -95,7 +96,7 @@ async fn failures_are_answered_in_dialect_and_recorded() {
     );
 
     let finished = rig.finish(&session, json!(null)).await;
-    assert_eq!(finished["model_calls"], 8);
+    assert_eq!(finished["model_calls"], 9);
     // An ended session's key is refused, in Gemini's shape here.
     let r = rig
         .http
@@ -112,7 +113,15 @@ async fn failures_are_answered_in_dialect_and_recorded() {
 
     rig.flush().await;
     let (started, done) = calls_of(&rig.events(Topic::Calls).await, &session);
-    assert_eq!((started, done.len()), (8, 8));
+    assert_eq!((started, done.len()), (9, 9));
+    let concurrent: Vec<_> = done.iter().filter(|c| c.call_index >= 4).collect();
+    let refused: Vec<_> = concurrent
+        .iter()
+        .filter(|c| c.status == CallStatus::ClientError)
+        .collect();
+    assert_eq!((concurrent.len(), refused.len()), (5, 1));
+    assert!(refused[0].error.as_deref().unwrap().contains("in flight"));
+    assert!(!refused[0].trainable && refused[0].completion_token_ids.is_empty());
     let status = |i: usize| {
         done.iter()
             .find(|c| c.call_index == i as i64)
