@@ -5,7 +5,8 @@
 //!
 //! Behaviour is steered by the last user message, so tests need no setup:
 //! with tools offered it calls the first tool (`[hermes]` in the message: as
-//! Hermes `<tool_call>` text instead of `tool_calls`); `[fail]` answers 500;
+//! Hermes `<tool_call>` text instead of `tool_calls`; `[badtool]`: such text
+//! with JSON that does not parse); `[fail]` answers 500;
 //! `[slow]` waits 3 s.
 //!
 //! `[agent:N]` in any user message plays a tiny agent for real harnesses: while
@@ -177,6 +178,9 @@ impl FakeUpstream {
                 let (text, calls) = agent.expect("checked");
                 tool_calls = calls;
                 text
+            }
+            (Some(name), false) if last_user.contains("[badtool]") => {
+                format!("Let me check.<tool_call>{{\"name\": \"{name}\", \"arguments\": {{city: Paris}}</tool_call>")
             }
             (Some(name), false) if last_user.contains("[hermes]") => {
                 format!("Let me check.<tool_call>{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"Paris\"}}}}</tool_call>")

@@ -318,6 +318,7 @@ impl Call {
             chat_response: String::new(),
             latency_ms: self.received.elapsed().as_millis() as i64,
             finished_at_ms: now_ms(),
+            unparsed_tool_calls: 0,
         }
     }
 
@@ -441,9 +442,10 @@ impl Call {
             finish_reason,
             policy_version,
             untrainable_reason,
-            ..
+            unparsed_tool_calls,
         } = sampled;
         let mut e = self.finished(CallStatus::Ok, None);
+        e.unparsed_tool_calls = unparsed_tool_calls as i64;
         e.model = answer["model"]
             .as_str()
             .unwrap_or(&self.st.upstream_model)

@@ -268,3 +268,36 @@ async fn compressed_request_bodies_are_decoded_and_recorded_decoded() {
     let ok = done.iter().filter(|c| c.status == CallStatus::Ok).count();
     assert_eq!(ok, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparseable_tool_call_goes_back_as_text_and_is_flagged() {
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-badtool",
+    )
+    .await;
+    let (session, key) = rig.session("r-badtool").await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let body = json!({"model": "m", "tools": tools, "messages": [{"role": "user", "content": "[badtool] weather?"}]});
+    let (status, v) = rig.post("/v1/chat/completions", Some(&key), &body).await;
+    assert_eq!(status, 200, "{v}");
+    let message = &v["choices"][0]["message"];
+    assert!(message["tool_calls"].is_null(), "{v}");
+    assert!(
+        message["content"]
+            .as_str()
+            .unwrap()
+            .contains("<tool_call>{\"name\": \"get_weather\""),
+        "the text goes back as it was sampled: {v}"
+    );
+    rig.finish(&session, json!(null)).await;
+    rig.flush().await;
+    let (_, done) = calls_of(&rig.events(Topic::Calls).await, &session);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].unparsed_tool_calls, 1);
+    assert!(
+        done[0].trainable,
+        "the sampled tokens are still the policy's"
+    );
+}

@@ -103,6 +103,10 @@ pub struct CallFinished {
     pub chat_response: String,
     pub latency_ms: i64,
     pub finished_at_ms: i64,
+    /// `<tool_call>` texts in the completion the proxy could not parse, passed on
+    /// as text (schema v2; 0 in events written by v1).
+    #[serde(default)]
+    pub unparsed_tool_calls: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -51,6 +51,7 @@ pub fn call_finished(
         chat_response: String::new(),
         latency_ms: 50,
         finished_at_ms: 1_790_000_000_000 + call_index,
+        unparsed_tool_calls: 0,
     }
 }
 

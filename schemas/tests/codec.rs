@@ -20,19 +20,34 @@ fn every_kind_has_a_sample_and_round_trips() {
     }
 }
 
-/// Events written by the v1 schemas (committed bytes) still decode into today's
-/// types. Regenerate only when adding a new version: FORGELOG_WRITE_FIXTURES=1.
+/// The schema version today's code writes; `tests/fixtures/vN` holds events
+/// written by each version (committed bytes, never rewritten once released).
+const CURRENT: &str = "v2";
+
+/// Events written by every schema version still decode into today's types (v1
+/// CallFinished lacks `unparsed_tool_calls`: it reads as 0, as in the samples).
+/// FORGELOG_WRITE_FIXTURES=1 writes the current version's files only.
 #[test]
-fn v1_fixtures_decode_with_current_schemas() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
-    for e in samples::all() {
-        let path = dir.join(format!("{}.avro", e.kind().name()));
-        if std::env::var_os("FORGELOG_WRITE_FIXTURES").is_some() {
-            std::fs::write(&path, codec().encode(&e).unwrap()).unwrap();
+fn fixtures_of_every_schema_version_decode_with_current_schemas() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for version in ["v1", "v2"] {
+        let dir = root.join(version);
+        for e in samples::all() {
+            let path = dir.join(format!("{}.avro", e.kind().name()));
+            if version == CURRENT && std::env::var_os("FORGELOG_WRITE_FIXTURES").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, codec().encode(&e).unwrap()).unwrap();
+            }
+            let bytes =
+                std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+            assert_eq!(codec().decode(&bytes).unwrap(), e, "{}", path.display());
         }
-        let bytes = std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
-        assert_eq!(codec().decode(&bytes).unwrap(), e, "{}", path.display());
     }
+    // The versions differ where the schema did: v1's CallFinished carries its own fingerprint.
+    let v1 = std::fs::read(root.join("v1/CallFinished.avro")).unwrap();
+    let v2 = std::fs::read(root.join("v2/CallFinished.avro")).unwrap();
+    assert_ne!(v1[2..10], v2[2..10]);
+    assert_eq!(v2.len(), v1.len() + 1, "one zig-zag 0 more");
 }
 
 #[test]
@@ -263,7 +278,7 @@ fn event() -> impl Strategy<Value = Event> {
                 opt(any::<i64>()),
                 any::<bool>(),
                 opt(text()),
-                any::<(i64, i64, i64)>()
+                any::<(i64, i64, i64, i64)>()
             )
         )
             .prop_map(
@@ -279,7 +294,7 @@ fn event() -> impl Strategy<Value = Event> {
                         policy_version,
                         trainable,
                         untrainable_reason,
-                        (latency_ms, finished_at_ms, call_index),
+                        (latency_ms, finished_at_ms, call_index, unparsed_tool_calls),
                     ),
                 )| {
                     CallFinished {
@@ -309,6 +324,7 @@ fn event() -> impl Strategy<Value = Event> {
                         chat_response: "{}".into(),
                         latency_ms,
                         finished_at_ms,
+                        unparsed_tool_calls,
                     }
                     .into()
                 }

@@ -78,6 +78,7 @@ pub fn all() -> Vec<Event> {
             chat_response: r#"{"role":"assistant","content":"4"}"#.into(),
             latency_ms: 12,
             finished_at_ms: 1_790_000_000_012,
+            unparsed_tool_calls: 0,
         }
         .into(),
         RolloutStarted {
