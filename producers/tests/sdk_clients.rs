@@ -68,7 +68,8 @@ async fn run_client_on(
     done
 }
 
-/// Both SDKs, every dialect they speak, streamed and not, against SmolLM2.
+/// Both SDKs, every dialect they speak, and Gemini over raw HTTP, streamed and
+/// not, against SmolLM2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdks_against_the_real_engine() {
     let rig = Rig::start_on_engine(
@@ -77,10 +78,10 @@ async fn sdks_against_the_real_engine() {
     )
     .await;
     let done = run_client_on(&rig, "engine_sdks.py", "r-engine").await;
-    assert_eq!(done.len(), 9);
+    assert_eq!(done.len(), 11);
     assert!(done.iter().all(|c| c.status == CallStatus::Ok), "{done:?}");
     // The probe at start, then one engine answer per call.
-    assert_eq!(rig.upstream.answers().len(), 10);
+    assert_eq!(rig.upstream.answers().len(), 12);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-"""The official SDKs through the proxy to the real engine (SmolLM2, greedy).
+"""The official SDKs (and raw HTTP for Gemini) through the proxy to the real engine (SmolLM2, greedy).
 Usage: engine_sdks.py BASE_URL API_KEY. Prints {"calls": N}.
 
 The model decides what it says, so this checks shapes and consistency: every
@@ -7,6 +7,7 @@ call not streamed said (greedy decoding), and tool definitions, tool calls and
 tool results in the history are accepted in each dialect."""
 import json
 import sys
+import urllib.request
 
 from anthropic import Anthropic
 from openai import OpenAI
@@ -88,4 +89,25 @@ r = ant.messages.create(model="smollm2", extra_body={"temperature": 0}, max_toke
     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]}])
 calls += 1
 assert r.content, r
+# Gemini over raw HTTP (no SDK here): generateContent, then the same streamed as SSE.
+def gemini(action, query=""):
+    body = {"systemInstruction": {"parts": [{"text": "Answer briefly."}]},
+            "contents": [{"role": "user", "parts": [{"text": QUESTION}]}],
+            "generationConfig": {"temperature": 0, "maxOutputTokens": 12}}
+    req = urllib.request.Request(f"{base}/v1beta/models/smollm2:{action}{query}", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json", "x-goog-api-key": key})
+    with urllib.request.urlopen(req) as r:
+        return r.headers.get("content-type"), r.read().decode()
+
+_, raw = gemini("generateContent")
+calls += 1
+r = json.loads(raw)
+said = "".join(p.get("text", "") for p in r["candidates"][0]["content"]["parts"])
+assert said and r["candidates"][0]["finishReason"] in ("STOP", "MAX_TOKENS"), r
+kind, raw = gemini("streamGenerateContent", "?alt=sse")
+calls += 1
+assert kind.startswith("text/event-stream"), kind
+chunks = [json.loads(line[len("data: "):]) for line in raw.splitlines() if line.startswith("data: ")]
+streamed = "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"])
+assert streamed == said, (streamed, said)
 print(json.dumps({"calls": calls}))
