@@ -172,7 +172,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         proxy_args.config(),
         config,
         proxy_args.spool.clone(),
-        proxy_args.listen,
+        proxy_args.serve.listen,
     )
     .await?;
     let base = format!("http://{}", proxy.addr);

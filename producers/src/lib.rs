@@ -20,12 +20,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// `forgelog proxy`: the capture proxy.
+/// What `forgelog proxy` and `forgelog replay serve` both take: where to listen
+/// and read/write the log, who may create sessions, how large a body may be.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ProxyArgs {
-    /// Base URL of the vLLM-compatible inference engine, e.g. http://127.0.0.1:8000
-    #[arg(long, env = "FORGELOG_UPSTREAM")]
-    pub upstream: String,
+pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8100")]
     pub listen: SocketAddr,
     /// Kafka bootstrap servers (comma-separated host:port)
@@ -34,15 +32,25 @@ pub struct ProxyArgs {
     /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
+    /// Largest request body accepted, in MiB
+    #[arg(long, default_value_t = 32)]
+    pub body_limit_mib: usize,
+}
+
+/// `forgelog proxy`: the capture proxy.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Base URL of the vLLM-compatible inference engine, e.g. http://127.0.0.1:8000
+    #[arg(long, env = "FORGELOG_UPSTREAM")]
+    pub upstream: String,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// Local spool directory: events wait here while the broker is away
     #[arg(long, default_value = ".forgelog/proxy-spool")]
     pub spool: PathBuf,
     /// Run id for sessions created without one
     #[arg(long, env = "FORGELOG_RUN_ID")]
     pub run_id: Option<String>,
-    /// Largest request body accepted, in MiB
-    #[arg(long, default_value_t = 32)]
-    pub body_limit_mib: usize,
     /// Calls one session may have in flight at once (more get 429)
     #[arg(long, default_value_t = 16)]
     pub max_calls_per_session: u32,
@@ -62,8 +70,8 @@ impl ProxyArgs {
         ProxyConfig {
             upstream: self.upstream.clone(),
             run_id: self.run_id.clone(),
-            admin_token: self.admin_token.clone(),
-            body_limit: self.body_limit_mib << 20,
+            admin_token: self.serve.admin_token.clone(),
+            body_limit: self.serve.body_limit_mib << 20,
             max_calls_per_session: self.max_calls_per_session.max(1),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
@@ -78,17 +86,8 @@ pub struct ReplayServeArgs {
     /// The recorded run to answer from
     #[arg(long)]
     pub run: String,
-    #[arg(long, default_value = "127.0.0.1:8100")]
-    pub listen: SocketAddr,
-    /// Kafka bootstrap servers (comma-separated host:port)
-    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-    /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
-    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
-    pub admin_token: Option<String>,
-    /// Largest request body accepted, in MiB
-    #[arg(long, default_value_t = 32)]
-    pub body_limit_mib: usize,
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 impl ReplayServeArgs {
@@ -96,8 +95,8 @@ impl ReplayServeArgs {
         ProxyConfig {
             upstream: format!("recorded run {}", self.run),
             run_id: Some(self.run.clone()),
-            admin_token: self.admin_token.clone(),
-            body_limit: self.body_limit_mib << 20,
+            admin_token: self.serve.admin_token.clone(),
+            body_limit: self.serve.body_limit_mib << 20,
             max_calls_per_session: 16,
             upstream_timeout: Duration::from_secs(60),
             keep_alive: Duration::from_secs(5),
@@ -138,7 +137,7 @@ pub async fn load_recording(
 
 /// `forgelog replay serve`: answers from the recording until Ctrl-C or SIGTERM.
 pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
-    let stream = StreamConfig::new(&args.brokers);
+    let stream = StreamConfig::new(&args.serve.brokers);
     let recording = load_recording(&stream, &args.run).await?;
     let (sessions, calls) = (
         recording.sessions.len(),
@@ -148,7 +147,7 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
             .map(|s| s.calls.len())
             .sum::<usize>(),
     );
-    let proxy = RunningProxy::replay(args.config(), recording, args.listen).await?;
+    let proxy = RunningProxy::replay(args.config(), recording, args.serve.listen).await?;
     eprintln!(
         "forgelog replay serve on {}: run {} ({sessions} sessions, {calls} calls), nothing recorded\n\
          start a replay session with POST /sessions {{\"replay_of\": \"<session or rollout id>\"}} \
@@ -333,11 +332,16 @@ impl RunningProxy {
 
 /// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
-    let stream = StreamConfig::new(&args.brokers);
+    let stream = StreamConfig::new(&args.serve.brokers);
     raise_fd_limit();
-    let proxy =
-        RunningProxy::start(args.config(), &stream, args.spool.clone(), args.listen).await?;
-    if args.admin_token.is_none() {
+    let proxy = RunningProxy::start(
+        args.config(),
+        &stream,
+        args.spool.clone(),
+        args.serve.listen,
+    )
+    .await?;
+    if args.serve.admin_token.is_none() {
         eprintln!(
             "forgelog proxy: no --admin-token: anyone who reaches {} can create sessions",
             proxy.addr
@@ -347,7 +351,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
         "forgelog proxy on {} -> {} (events to {}, spool {})",
         proxy.url(),
         args.upstream,
-        args.brokers,
+        args.serve.brokers,
         args.spool.display()
     );
     shutdown_signal().await;
