@@ -124,6 +124,19 @@ fn broker_command_runs_tansu_and_stops_it_on_sigterm() {
         String::from_utf8_lossy(&list.stderr)
     );
     assert!(data.path().join("tansu.db").exists());
+    // A second broker on the busy address is refused, saying how to use the first.
+    let other = tempfile::tempdir().unwrap();
+    let second = forgelog()
+        .args(["broker", "--listen", &addr.to_string(), "--data"])
+        .arg(other.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(
+        err.contains("already in use") && err.contains(&format!("--brokers {addr}")),
+        "{err}"
+    );
     sigterm(&child);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");

@@ -25,6 +25,10 @@ pub enum BrokerError {
         secs: u64,
         log: String,
     },
+    #[error(
+        "{addr} is already in use (another broker?): stop it, or use it with --brokers {addr}"
+    )]
+    AddressInUse { addr: SocketAddr },
     #[error("broker data directory {dir}: {source}")]
     DataDir {
         dir: PathBuf,
@@ -103,6 +107,11 @@ impl LocalBroker {
             dir: data_dir.to_path_buf(),
             source,
         };
+        // On a busy port tansu exits (AddrInUse) while the readiness check below
+        // would connect to whatever listens there and call it ready. Refuse first.
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+            return Err(BrokerError::AddressInUse { addr });
+        }
         std::fs::create_dir_all(data_dir).map_err(data_err)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
