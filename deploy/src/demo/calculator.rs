@@ -1,23 +1,31 @@
 //! The demo agent's one real tool: an arithmetic calculator.
 
+use forgelog_producers::canonical::ToolSpec;
 use serde_json::Value;
 
 pub const NAME: &str = "calculator";
-pub const DESCRIPTION: &str =
-    "Evaluates an arithmetic expression such as (12 + 5) * 3 and returns the result.";
 
-/// The tool's JSON-schema parameters, as both dialects declare them.
-pub fn parameters() -> Value {
-    serde_json::json!({
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "the arithmetic expression"}},
-        "required": ["expression"],
-    })
+/// The tool as the agent declares it.
+pub fn spec() -> ToolSpec {
+    ToolSpec {
+        name: NAME.into(),
+        description: Some(
+            "Evaluates an arithmetic expression such as (12 + 5) * 3 and returns the result."
+                .into(),
+        ),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "the arithmetic expression"}},
+            "required": ["expression"],
+        }),
+    }
 }
 
-/// Runs the tool on the model's arguments; what goes back to the model as the
-/// tool result, errors included (a model learns from its failed calls too).
-pub fn call(arguments: &Value) -> String {
+/// Runs the tool on the model's arguments (JSON text, as the model wrote it);
+/// returns what goes back to the model as the tool result, errors included (a
+/// model learns from its failed calls too).
+pub fn call(arguments: &str) -> String {
+    let arguments: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
     let Some(expr) = arguments.get("expression").and_then(Value::as_str) else {
         return "error: missing string argument 'expression'".into();
     };
@@ -59,7 +67,8 @@ mod tests {
             .unwrap_err()
             .contains("unsupported character"));
         assert!(evaluate("2 +").is_err());
-        assert_eq!(call(&serde_json::json!({"expression": "6*7"})), "42");
-        assert!(call(&serde_json::json!({"expr": "6*7"})).starts_with("error:"));
+        assert_eq!(call(r#"{"expression": "6*7"}"#), "42");
+        assert!(call(r#"{"expr": "6*7"}"#).starts_with("error:"));
+        assert!(call("not json").starts_with("error:"));
     }
 }

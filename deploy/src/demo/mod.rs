@@ -9,10 +9,12 @@ pub mod conversation;
 pub mod summary;
 pub mod tasks;
 
-pub use conversation::{AgentDialect, Sampling};
+pub use conversation::AgentDialect;
 pub use tasks::{Task, TASKS};
 
-use conversation::{ToolCall, Turn};
+use forgelog_producers::canonical::{ChatRequest, Message, Part, Role, ToolCall};
+use forgelog_producers::dialect::DialectError;
+use forgelog_schemas::SamplingParams;
 use serde_json::{json, Value};
 
 /// What the demo runs.
@@ -24,7 +26,7 @@ pub struct DemoPlan {
     pub group_size: usize,
     /// Model calls one rollout may make.
     pub max_calls: usize,
-    pub sampling: Sampling,
+    pub sampling: SamplingParams,
 }
 
 impl DemoPlan {
@@ -40,9 +42,10 @@ impl DemoPlan {
             groups,
             group_size: 4,
             max_calls: 4,
-            sampling: Sampling {
-                max_tokens: 64,
-                temperature: 0.7,
+            sampling: SamplingParams {
+                max_tokens: Some(64),
+                temperature: Some(0.7),
+                ..Default::default()
             },
         }
     }
@@ -56,25 +59,26 @@ pub const SYSTEM_PROMPT: &str = "You answer arithmetic questions. For every comp
 calculator tool: write <tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"...\"}}</tool_call> \
 and wait for its result. Then reply with the final answer as a number.";
 
-/// A worked example ahead of the task, as small models need: the call, the
-/// tool's result, the answer.
-fn example() -> Vec<Turn> {
-    let id = "example-call".to_string();
+/// The system prompt, then a worked example ahead of the task, as small
+/// models need: the call, the tool's result, the answer.
+fn opening() -> Vec<Message> {
+    let call = ToolCall {
+        id: "example-call".into(),
+        name: calculator::NAME.into(),
+        arguments: json!({"expression": "12 * 4"}).to_string(),
+    };
     vec![
-        Turn::User("What is 12 times 4?".into()),
-        Turn::Assistant {
-            text: String::new(),
-            tool_calls: vec![ToolCall {
-                id: id.clone(),
-                name: calculator::NAME.into(),
-                arguments: json!({"expression": "12 * 4"}),
-            }],
+        Message::text(Role::System, SYSTEM_PROMPT),
+        Message::text(Role::User, "What is 12 times 4?"),
+        Message {
+            role: Role::Assistant,
+            parts: vec![Part::ToolCall(call.clone())],
         },
-        Turn::ToolResults(vec![(id, "48".into())]),
-        Turn::Assistant {
-            text: "48".into(),
-            tool_calls: Vec::new(),
+        Message {
+            role: Role::Tool,
+            parts: vec![tool_result(&call, "48".into())],
         },
+        Message::text(Role::Assistant, "48"),
     ]
 }
 
@@ -107,8 +111,8 @@ pub enum DemoError {
         status: u16,
         body: String,
     },
-    #[error(transparent)]
-    Response(#[from] conversation::ResponseError),
+    #[error("unexpected response: {0}")]
+    Response(#[from] DialectError),
 }
 
 /// Talks to one capture proxy.
@@ -258,32 +262,43 @@ async fn converse(
     key: &str,
     outcome: &mut RolloutOutcome,
 ) -> Result<String, DemoError> {
-    let mut turns = example();
-    turns.push(Turn::User(task.question.to_string()));
+    let mut req = ChatRequest {
+        model: "forgelog-demo".into(),
+        messages: opening(),
+        tools: vec![calculator::spec()],
+        sampling: plan.sampling.clone(),
+        ..Default::default()
+    };
+    req.messages
+        .push(Message::text(Role::User, task.question.to_string()));
     let mut nudged = false;
     let mut answer = String::new();
     while outcome.model_calls < plan.max_calls {
-        let body = conversation::request(dialect, SYSTEM_PROMPT, &turns, plan.sampling);
         let what = format!(
             "model call {} of {}",
             outcome.model_calls, outcome.rollout_id
         );
-        let response = proxy.post(&what, dialect.path(), Some(key), &body).await?;
+        let body = proxy
+            .post(&what, dialect.path(), Some(key), &dialect.encode(&req))
+            .await?;
         outcome.model_calls += 1;
-        let turn = conversation::reply(dialect, &response)?;
-        let Turn::Assistant { text, tool_calls } = &turn else {
-            unreachable!("reply() returns assistant turns")
-        };
-        answer = text.clone();
-        let results: Vec<(String, String)> = tool_calls.iter().map(run_tool).collect();
+        let response = dialect.decode(&body)?;
+        answer = response.text();
+        let results: Vec<Part> = response.tool_calls().map(run_tool).collect();
         outcome.tool_calls += results.len();
         let number_given = answer.chars().any(|c| c.is_ascii_digit());
-        turns.push(turn);
+        req.messages.push(Message {
+            role: Role::Assistant,
+            parts: response.parts,
+        });
         if !results.is_empty() {
-            turns.push(Turn::ToolResults(results));
+            req.messages.push(Message {
+                role: Role::Tool,
+                parts: results,
+            });
         } else if !number_given && !nudged {
             nudged = true;
-            turns.push(Turn::User(NUDGE.to_string()));
+            req.messages.push(Message::text(Role::User, NUDGE));
         } else {
             break;
         }
@@ -291,7 +306,7 @@ async fn converse(
     Ok(answer)
 }
 
-fn run_tool(call: &ToolCall) -> (String, String) {
+fn run_tool(call: &ToolCall) -> Part {
     let result = if call.name == calculator::NAME {
         calculator::call(&call.arguments)
     } else {
@@ -301,5 +316,70 @@ fn run_tool(call: &ToolCall) -> (String, String) {
             calculator::NAME
         )
     };
-    (call.id.clone(), result)
+    tool_result(call, result)
+}
+
+fn tool_result(call: &ToolCall, content: String) -> Part {
+    Part::ToolResult {
+        call_id: call.id.clone(),
+        name: Some(call.name.clone()),
+        content,
+        is_error: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ChatRequest {
+        ChatRequest {
+            messages: opening(),
+            tools: vec![calculator::spec()],
+            sampling: DemoPlan::new("r").sampling,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_opening_is_written_in_both_dialects_with_its_tool_call_and_result() {
+        let chat = AgentDialect::OpenAiChat.encode(&request());
+        let m = &chat["messages"];
+        assert_eq!(m[0]["role"], "system");
+        assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "calculator");
+        assert_eq!(m[3]["tool_call_id"], "example-call");
+        assert_eq!(
+            (m[4]["role"].as_str(), chat["max_tokens"].as_i64()),
+            (Some("assistant"), Some(64))
+        );
+        let ant = AgentDialect::Anthropic.encode(&request());
+        let m = &ant["messages"];
+        assert_eq!(ant["system"], SYSTEM_PROMPT);
+        assert_eq!(m[1]["content"][0]["input"]["expression"], "12 * 4");
+        assert_eq!(m[2]["content"][0]["tool_use_id"], "example-call");
+        assert_eq!(ant["tools"][0]["input_schema"]["required"][0], "expression");
+        assert_eq!(ant["max_tokens"], 64);
+    }
+
+    #[test]
+    fn replies_are_read_and_their_tool_calls_run() {
+        let openai = json!({"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "c9", "type": "function",
+            "function": {"name": "calculator", "arguments": "{\"expression\": \"6*7\"}"}}]}}]});
+        let anthropic = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "text", "text": "Let me compute."},
+            {"type": "tool_use", "id": "c9", "name": "calculator", "input": {"expression": "6*7"}}],
+            "usage": {"input_tokens": 1, "output_tokens": 1}});
+        for (dialect, body) in [
+            (AgentDialect::OpenAiChat, openai),
+            (AgentDialect::Anthropic, anthropic),
+        ] {
+            let reply = dialect.decode(&body).unwrap();
+            let results: Vec<Part> = reply.tool_calls().map(run_tool).collect();
+            assert_eq!(results.len(), 1, "{dialect:?}");
+            assert!(
+                matches!(&results[0], Part::ToolResult { call_id, content, .. } if call_id == "c9" && content == "42")
+            );
+        }
+    }
 }
