@@ -11,6 +11,7 @@ pub mod api;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod testing;
 pub mod tool_calls;
 
 use candle_core::{DType, Device};

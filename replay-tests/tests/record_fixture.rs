@@ -15,7 +15,6 @@ use forgelog_stream::testing::{python_json, PrivateBroker};
 use forgelog_stream::{ReplayReader, StartAt};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,12 +46,7 @@ async fn record() {
     forgelog_stream::admin::create_topics(&config, &Default::default())
         .await
         .unwrap();
-    let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let engine = forgelog_engine::Engine::start(policy);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let engine_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, forgelog_engine::server::router(engine)).into_future());
+    let engine_url = forgelog_engine::testing::smollm2().0.base.clone();
     let spool = tempfile::tempdir().unwrap();
     let proxy = RunningProxy::start(
         ProxyConfig {

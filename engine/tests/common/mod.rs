@@ -1,48 +1,12 @@
-//! Starting an engine on an ephemeral port for a test binary. The server runs
-//! on its own thread and runtime so that it outlives each `#[tokio::test]`.
+//! Shared by the engine's integration tests: the engine serving on an
+//! ephemeral port ([`forgelog_engine::testing`]) and readers of its answers.
 
 #![allow(dead_code)]
 
-use forgelog_engine::Engine;
+#[allow(unused_imports)] // not every test binary uses each
+pub use forgelog_engine::testing::{serve, smollm2, Server};
 use forgelog_model::Policy;
 use serde_json::Value;
-use std::sync::OnceLock;
-
-pub struct Server {
-    pub base: String,
-    pub engine: Engine,
-}
-
-/// Serves `policy` until the test process exits.
-pub fn serve(policy: Policy) -> Server {
-    let engine = Engine::start(policy);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = forgelog_engine::server::router(engine.clone());
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, router).await.unwrap();
-        });
-    });
-    Server { base, engine }
-}
-
-/// The default model, loaded once per test binary; the test fails (naming
-/// `scripts/fetch-model.sh`) when the model file is absent.
-pub fn smollm2() -> &'static (Server, Policy) {
-    static SERVER: OnceLock<(Server, Policy)> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
-            .unwrap_or_else(|e| panic!("{e}"));
-        (serve(policy.clone()), policy)
-    })
-}
 
 pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
     let response = reqwest::Client::new()

@@ -82,7 +82,8 @@ impl Rig {
 
     /// A proxy in front of the real engine on SmolLM2 (through a recording relay).
     pub async fn start_on_engine(stream: StreamConfig, run_prefix: &str) -> Rig {
-        let (url, answers) = recording_relay(smollm2_engine().to_string()).await;
+        let (url, answers) =
+            recording_relay(forgelog_engine::testing::smollm2().0.base.clone()).await;
         Rig::with_upstream(stream, url, Upstream::Engine(answers), run_prefix).await
     }
 
@@ -224,29 +225,6 @@ pub async fn recording_relay(target: String) -> (String, Answers) {
     let app = axum::Router::new().fallback(forward);
     tokio::spawn(async move { axum::serve(listener, app).await });
     (format!("http://{addr}"), answers)
-}
-
-/// The real engine on SmolLM2, once per test binary, on a thread and runtime
-/// of its own (it outlives each `#[tokio::test]`). Returns its base URL.
-pub fn smollm2_engine() -> &'static str {
-    static BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BASE.get_or_init(|| {
-        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let engine = forgelog_engine::Engine::start(policy);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let router = forgelog_engine::server::router(engine);
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Runtime::new().unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                axum::serve(listener, router).await.unwrap();
-            });
-        });
-        base
-    })
 }
 
 /// The end offset of every partition of the proxy's topics.
