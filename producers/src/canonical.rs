@@ -29,14 +29,19 @@ impl Message {
 
     /// The text parts, concatenated.
     pub fn joined_text(&self) -> String {
-        self.parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Text(t) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
+        text_of(&self.parts)
     }
+}
+
+/// The text parts of `parts`, concatenated.
+fn text_of(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// An image, carried opaquely: the proxy never decodes it.
@@ -169,13 +174,7 @@ pub struct ChatResponse {
 
 impl ChatResponse {
     pub fn text(&self) -> String {
-        self.parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Text(t) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
+        text_of(&self.parts)
     }
 
     pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {

@@ -14,7 +14,7 @@ pub use gemini::GeminiDialect;
 pub use openai_chat::OpenAiChatDialect;
 pub use openai_responses::OpenAiResponsesDialect;
 
-use crate::canonical::{ChatRequest, ChatResponse};
+use crate::canonical::{ChatRequest, ChatResponse, ToolChoice};
 use serde_json::{Map, Value};
 use sse::SseEvent;
 
@@ -100,6 +100,29 @@ pub trait Dialect: Send + Sync + 'static {
     fn stream_end() -> Option<SseEvent> {
         None
     }
+}
+
+/// OpenAI's `tool_choice` (Chat and Responses): "auto", "none", "required",
+/// or an object naming one tool, whose name `named` reads (the two APIs nest
+/// it differently).
+pub(crate) fn decode_openai_tool_choice(
+    v: Option<&Value>,
+    named: impl FnOnce(&Map<String, Value>) -> Result<String, DialectError>,
+) -> Result<Option<ToolChoice>, DialectError> {
+    Ok(match v {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(DialectError::invalid(format!(
+                    "unknown tool_choice '{other}'"
+                )))
+            }
+        }),
+        Some(v) => Some(ToolChoice::Named(named(obj(v, "tool_choice")?)?)),
+    })
 }
 
 // Small JSON readers that turn wrong types into clear client errors.

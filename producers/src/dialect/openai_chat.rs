@@ -121,28 +121,14 @@ fn decode_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, DialectError> {
         .collect()
 }
 
+/// `tool_choice`; a named tool is `{"type": "function", "function": {"name": ..}}`.
 fn decode_tool_choice(v: Option<&Value>) -> Result<Option<ToolChoice>, DialectError> {
-    Ok(match v {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(DialectError::invalid(format!(
-                    "unknown tool_choice '{other}'"
-                )))
-            }
-        }),
-        Some(v) => {
-            let f = obj(
-                obj(v, "tool_choice")?
-                    .get("function")
-                    .unwrap_or(&Value::Null),
-                "tool_choice.function",
-            )?;
-            Some(ToolChoice::Named(req_str(f, "name")?.to_string()))
-        }
+    decode_openai_tool_choice(v, |o| {
+        let f = obj(
+            o.get("function").unwrap_or(&Value::Null),
+            "tool_choice.function",
+        )?;
+        Ok(req_str(f, "name")?.to_string())
     })
 }
 

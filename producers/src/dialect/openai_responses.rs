@@ -154,23 +154,9 @@ fn decode_tools(tools: &[Value], out: &mut Vec<ToolSpec>) -> Result<(), DialectE
     Ok(())
 }
 
+/// `tool_choice`; a named tool is `{"type": "function", "name": ..}`.
 fn decode_tool_choice(v: Option<&Value>) -> Result<Option<ToolChoice>, DialectError> {
-    Ok(match v {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(DialectError::invalid(format!(
-                    "unknown tool_choice '{other}'"
-                )))
-            }
-        }),
-        Some(v) => Some(ToolChoice::Named(
-            req_str(obj(v, "tool_choice")?, "name")?.to_string(),
-        )),
-    })
+    decode_openai_tool_choice(v, |o| Ok(req_str(o, "name")?.to_string()))
 }
 
 fn resp_id(resp: &ChatResponse) -> String {
