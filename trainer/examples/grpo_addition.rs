@@ -17,7 +17,7 @@ use forgelog_engine::sampling::SamplingParams;
 use forgelog_engine::scheduler::GenerationRequest;
 use forgelog_engine::Engine;
 use forgelog_schemas::{event_id, Event, RolloutFinished, RolloutStarted, VerifierResult};
-use forgelog_trainer::checkpoint::{CheckpointStore, TrainerState};
+use forgelog_trainer::checkpoint::CheckpointStore;
 use forgelog_trainer::{AdamWConfig, Learner, LearnerConfig};
 use serde_json::json;
 use std::time::Instant;
@@ -163,13 +163,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         reward_means.push(m.reward_mean);
         if m.tokens > 0 {
             // Publish: the engine samples the next group from the new weights.
-            learner.version += 1;
-            let state = TrainerState {
-                version: learner.version,
-                step: learner.step,
-                optimizer_steps: learner.optimizer.steps,
-                ..Default::default()
-            };
+            let state = learner.next_version();
             let uri = store
                 .save(&learner.weights(), &learner.optimizer.moments, &state)
                 .await?;

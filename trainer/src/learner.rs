@@ -226,6 +226,18 @@ impl Learner {
             .collect()
     }
 
+    /// Starts the next policy version: bumps `version` and returns the state to
+    /// checkpoint with its weights (no consumer offsets: the caller adds its own).
+    pub fn next_version(&mut self) -> crate::checkpoint::TrainerState {
+        self.version += 1;
+        crate::checkpoint::TrainerState {
+            version: self.version,
+            step: self.step,
+            optimizer_steps: self.optimizer.steps,
+            ..Default::default()
+        }
+    }
+
     /// How many versions behind the learner `batch` was sampled (0 when unknown).
     pub fn staleness(&self, batch: &TrainingBatch) -> u64 {
         sampled_at(batch).map_or(0, |v| self.version.saturating_sub(v))

@@ -294,13 +294,10 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
             "step"
         );
         if moved.step % args.publish_every == 0 {
-            moved.version += 1;
             state = TrainerState {
-                version: moved.version,
-                step: moved.step,
-                optimizer_steps: moved.optimizer.steps,
                 offsets: positions.clone(),
                 dropped_stale: assembler.dropped_stale,
+                ..moved.next_version()
             };
             let uri = store
                 .save(&moved.weights(), &moved.optimizer.moments, &state)

@@ -8,7 +8,7 @@ use forgelog_engine::scheduler::GenerationRequest;
 use forgelog_engine::Engine;
 use forgelog_model::Policy;
 use forgelog_schemas::{GroupMember, Sequence, TrainingBatch};
-use forgelog_trainer::checkpoint::{CheckpointStore, TrainerState};
+use forgelog_trainer::checkpoint::CheckpointStore;
 use forgelog_trainer::learner::{SampledSequence, StepAssembler};
 use forgelog_trainer::{Learner, LearnerConfig};
 
@@ -254,13 +254,7 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         assert_eq!(m.clip_fraction, 0.0);
         assert!(m.grad_norm > 0.0 && m.loss.is_finite());
         // Publish the step as the next version and have the engine serve it.
-        learner.version += 1;
-        let state = TrainerState {
-            version: learner.version,
-            step: learner.step,
-            optimizer_steps: learner.optimizer.steps,
-            ..Default::default()
-        };
+        let state = learner.next_version();
         let uri = store
             .save(&learner.weights(), &learner.optimizer.moments, &state)
             .await
