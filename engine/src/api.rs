@@ -251,15 +251,27 @@ pub fn chat_response(
             .collect();
         json!({"content": content})
     });
-    let mut choice =
+    let choice =
         json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason});
+    envelope(meta, "chat.completion", prompt, generation, choice, include)
+}
+
+/// The response around its one `choice`; with token ids asked for, the sampled
+/// ids on the choice and the prompt's on the body (vLLM's fields).
+fn envelope(
+    meta: &Meta,
+    object: &str,
+    prompt: &[u32],
+    generation: &Generation,
+    mut choice: Value,
+    include: Include,
+) -> Value {
     let mut body = json!({
         "id": meta.id,
-        "object": "chat.completion",
+        "object": object,
         "created": meta.created,
         "model": meta.model,
         "policy_version": generation.policy_version,
-        "choices": [],
         "usage": usage(prompt, generation),
     });
     if include.token_ids {
@@ -291,22 +303,11 @@ pub fn completion_response(
         "logprobs": logprobs,
         "finish_reason": finish_reason(generation.finish_reason),
     });
-    let mut body = json!({
-        "id": meta.id,
-        "object": "text_completion",
-        "created": meta.created,
-        "model": meta.model,
-        "policy_version": generation.policy_version,
-        "choices": [],
-        "usage": usage(prompt, generation),
-    });
     if include.token_ids {
-        choice["token_ids"] = json!(generation.tokens);
+        // Legacy completions also carry the prompt's ids on the choice.
         choice["prompt_token_ids"] = json!(prompt);
-        body["prompt_token_ids"] = json!(prompt);
     }
-    body["choices"] = json!([choice]);
-    body
+    envelope(meta, "text_completion", prompt, generation, choice, include)
 }
 
 #[cfg(test)]
