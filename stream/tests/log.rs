@@ -226,3 +226,36 @@ async fn broker_killed_sends_never_wait_and_everything_arrives_once_in_order() {
     .unwrap();
     assert_exactly_once_in_order(&got.0, &got.1, n, 100);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_the_broker_and_the_checkpoint_follows_once_quiet() {
+    let config = shared_broker().await;
+    let run = unique_run_id("checkpoint");
+    let spool = tempfile::tempdir().unwrap();
+    let producer = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
+    for i in 0..20 {
+        producer.send(&event(&run, i, 10)).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(producer.spool().acked(), 20);
+    assert_eq!(producer.spool().pending(), 0);
+    // The durable checkpoint is saved when the drainer has been quiet a moment
+    // (not after every delivery: that was an fsync per event at low rates).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let saved = forgelog_stream::spool::Checkpoint::load(spool.path()).unwrap();
+        if saved.acked_through == 20 {
+            assert!(saved.scan_from.contains_key(Topic::Calls.name()));
+            break;
+        }
+        assert!(Instant::now() < deadline, "checkpoint still at {saved:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // More events, then close: close saves the checkpoint on its way out.
+    for i in 20..30 {
+        producer.send(&event(&run, i, 10)).unwrap();
+    }
+    producer.close(Duration::from_secs(30)).await.unwrap();
+    let saved = forgelog_stream::spool::Checkpoint::load(spool.path()).unwrap();
+    assert_eq!(saved.acked_through, 30);
+}

@@ -6,7 +6,15 @@
 //! proxy as child processes (so the proxy's CPU and RSS are its own, read
 //! from /proc/PID), then for each N runs N concurrent sessions of 4
 //! multi-turn calls whose prompts extend the previous turn: first straight
-//! against the upstream (the baseline), then through the proxy.
+//! against the upstream (the baseline), then through the proxy. With
+//! `--upstream URL --proxy URL [--proxy-pid PID] [--no-sessions]` the same load
+//! goes to servers already running: forgelog's or any other proxy, for comparison.
+//!
+//! A real harness runs tools between its calls. `--think-ms` models that
+//! pause: with it, the N sessions start spread over one call-and-think cycle
+//! and N / (delay + think) calls per second are offered; with 0 every session
+//! calls back to back, which saturates the machine from a few hundred
+//! sessions on, and the added latency is then queueing for CPU.
 
 use clap::{Parser, Subcommand};
 
@@ -43,17 +51,7 @@ enum Cmd {
     /// Serve the proxy (what `forgelog proxy` runs)
     Proxy(ProxyArgs),
     /// Run the load test
-    Run {
-        /// Concurrent sessions per round
-        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
-        sessions: Vec<usize>,
-        #[arg(long, default_value_t = 4)]
-        calls: usize,
-        #[arg(long, default_value_t = 50)]
-        delay_ms: u64,
-        #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
-        brokers: String,
-    },
+    Run(RunArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,13 +80,37 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Cmd::Proxy(args) => rt.block_on(async { Ok(forgelog_producers::run(args).await?) }),
-        Cmd::Run {
-            sessions,
-            calls,
-            delay_ms,
-            brokers,
-        } => rt.block_on(run(sessions, calls, delay_ms, brokers)),
+        Cmd::Run(args) => rt.block_on(run(args)),
     }
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Concurrent sessions per round
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+    sessions: Vec<usize>,
+    #[arg(long, default_value_t = 4)]
+    calls: usize,
+    /// Pause between a session's calls (its harness running tools), per round
+    #[arg(long, value_delimiter = ',', default_value = "1000,0")]
+    think_ms: Vec<u64>,
+    /// Delay of the fake upstream started here
+    #[arg(long, default_value_t = 50)]
+    delay_ms: u64,
+    /// Load this upstream instead of starting a fake one
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Load this proxy (in front of `--upstream`) instead of starting one
+    #[arg(long, requires = "upstream")]
+    proxy: Option<String>,
+    /// With `--proxy`: it is not forgelog, so open no forgelog sessions
+    #[arg(long, requires = "proxy")]
+    no_sessions: bool,
+    /// The process to measure CPU and memory of, with `--proxy`
+    #[arg(long, requires = "proxy")]
+    proxy_pid: Option<u32>,
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
 }
 
 /// Kills the child processes on every exit path.
@@ -155,15 +177,36 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
 }
 
-/// N sessions at once, each `calls` calls whose prompts extend the previous turn.
-async fn round(base: &str, n: usize, calls: usize, with_sessions: bool) -> Round {
+/// The shape of one round's load.
+#[derive(Clone, Copy)]
+struct Load {
+    sessions: usize,
+    calls: usize,
+    /// Pause between a session's calls.
+    think: Duration,
+    /// Upstream delay plus think: sessions start spread over it.
+    cycle: Duration,
+}
+
+/// N sessions, each `calls` calls whose prompts extend the previous turn.
+async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
+    let Load {
+        sessions: n,
+        calls,
+        think,
+        cycle,
+    } = load;
     // A client per round: its connections close with it (fds are finite).
     let http = &client();
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (http, base) = (http.clone(), base.to_string());
+            // Without think time all sessions start at once (the saturating
+            // case); with it their starts are spread evenly over a cycle.
+            let offset = if think.is_zero() { Duration::ZERO } else { cycle.mul_f64(i as f64 / n as f64) };
             tokio::spawn(async move {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(start + offset)).await;
                 let mut latencies = Vec::with_capacity(calls);
                 let mut errors = 0;
                 let mut key = String::from("none");
@@ -180,6 +223,9 @@ async fn round(base: &str, n: usize, calls: usize, with_sessions: bool) -> Round
                 }
                 let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": format!("Task {i}: do the thing")})];
                 for turn in 0..calls {
+                    if turn > 0 && !think.is_zero() {
+                        tokio::time::sleep(think).await;
+                    }
                     let body = json!({"model": "m", "messages": messages, "max_tokens": 64});
                     let t = Instant::now();
                     match post(&http, &format!("{base}/v1/chat/completions"), &key, &body).await {
@@ -213,6 +259,29 @@ async fn round(base: &str, n: usize, calls: usize, with_sessions: bool) -> Round
     out
 }
 
+/// Waits (up to 5 minutes) until a forgelog proxy has delivered every event it
+/// sent, as its `/metrics` count them.
+async fn drained(http: &reqwest::Client, base: &str) {
+    let count = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    for _ in 0..3000 {
+        let Ok(r) = http.get(format!("{base}/metrics")).send().await else {
+            return;
+        };
+        let text = r.text().await.unwrap_or_default();
+        let sent = count(&text, "forgelog_events_sent_total");
+        if sent <= count(&text, "forgelog_events_delivered_total") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("warning: events still draining after 5 minutes");
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(usize::MAX)
@@ -243,61 +312,67 @@ async fn post(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Opt
     }
 }
 
-async fn run(
-    sessions: Vec<usize>,
-    calls: usize,
-    delay_ms: u64,
-    brokers: String,
-) -> anyhow::Result<()> {
+async fn run(args: RunArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
-    let (up_addr, proxy_addr) = (free_addr(), free_addr());
     let spool = tempfile::tempdir()?;
     let mut children = Children(Vec::new());
-    children.0.push(
-        Command::new(&exe)
-            .args([
-                "fake-upstream",
-                "--listen",
-                &up_addr.to_string(),
-                "--delay-ms",
-                &delay_ms.to_string(),
-            ])
-            .spawn()?,
-    );
-    let upstream = format!("http://{up_addr}");
     let http = client();
+    let upstream = match &args.upstream {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => {
+            let addr = free_addr();
+            let delay = args.delay_ms.to_string();
+            children.0.push(
+                Command::new(&exe)
+                    .args(["fake-upstream", "--listen", &addr.to_string()])
+                    .args(["--delay-ms", &delay])
+                    .spawn()?,
+            );
+            format!("http://{addr}")
+        }
+    };
     wait_ready(&http, &format!("{upstream}/v1/models")).await?;
-    let run_id = forgelog_stream::testing::unique_run_id("proxy-load");
-    children.0.push(
-        Command::new(&exe)
-            .args([
-                "proxy",
-                "--upstream",
-                &upstream,
-                "--listen",
-                &proxy_addr.to_string(),
-                "--brokers",
-                &brokers,
-                "--run-id",
-                &run_id,
-            ])
-            .args([
-                "--spool",
-                &spool.path().display().to_string(),
-                "--max-calls-per-session",
-                "4",
-            ])
-            .spawn()?,
-    );
-    let proxy_pid = children.0[1].id();
-    let base = format!("http://{proxy_addr}");
-    wait_ready(&http, &format!("{base}/healthz")).await?;
+    let (base, proxy_pid, with_sessions) = match &args.proxy {
+        Some(url) => (
+            url.trim_end_matches('/').to_string(),
+            args.proxy_pid,
+            !args.no_sessions,
+        ),
+        None => {
+            let addr = free_addr();
+            let run_id = forgelog_stream::testing::unique_run_id("proxy-load");
+            let child = Command::new(&exe)
+                .args(["proxy", "--upstream", &upstream])
+                .args(["--listen", &addr.to_string(), "--brokers", &args.brokers])
+                .args(["--run-id", &run_id])
+                .args(["--spool", &spool.path().display().to_string()])
+                .args(["--max-calls-per-session", &args.calls.to_string()])
+                .spawn()?;
+            println!("forgelog proxy pid {}, run {run_id}", child.id());
+            let pid = child.id();
+            children.0.push(child);
+            let base = format!("http://{addr}");
+            wait_ready(&http, &format!("{base}/healthz")).await?;
+            (base, Some(pid), true)
+        }
+    };
+    let calls = args.calls;
     // Unmeasured: connections, pools and the allocator's arenas warm up here.
-    let warm = round(&base, 50, calls, true).await;
-    println!("proxy pid {proxy_pid}, upstream delay {delay_ms} ms, {calls} calls per session, run {run_id} (warm-up: {} calls)", warm.latencies_us.len());
+    let warm_load = Load {
+        sessions: 50,
+        calls,
+        think: Duration::ZERO,
+        cycle: Duration::ZERO,
+    };
+    let warm = round(&base, warm_load, with_sessions).await;
     println!(
-        "{:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>7}",
+        "{base} -> {upstream}, {calls} calls per session (warm-up: {} calls)",
+        warm.latencies_us.len()
+    );
+    println!(
+        "{:>7} {:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>7}",
         "N",
+        "think",
         "calls/s",
         "up p50",
         "up p99",
@@ -307,15 +382,33 @@ async fn run(
         "peak MiB",
         "errors"
     );
-    for n in sessions {
-        let direct = round(&upstream, n, calls, false).await;
-        let (cpu0, _) = proc_usage(proxy_pid);
-        let proxied = round(&base, n, calls, true).await;
-        let (cpu1, rss) = proc_usage(proxy_pid);
+    let usage = |pid: Option<u32>| pid.map(proc_usage).unwrap_or((f64::NAN, f64::NAN));
+    for (think_ms, n) in args
+        .think_ms
+        .iter()
+        .flat_map(|&t| args.sessions.iter().map(move |&n| (t, n)))
+    {
+        let think = Duration::from_millis(think_ms);
+        let load = Load {
+            sessions: n,
+            calls,
+            think,
+            cycle: Duration::from_millis(args.delay_ms) + think,
+        };
+        let direct = round(&upstream, load, false).await;
+        let (cpu0, _) = usage(proxy_pid);
+        let proxied = round(&base, load, with_sessions).await;
+        if with_sessions {
+            // The round's events are still draining to the broker: their CPU is
+            // the round's, and must not land in the next one.
+            drained(&http, &base).await;
+        }
+        let (cpu1, rss) = usage(proxy_pid);
         let done = proxied.latencies_us.len().max(1);
         println!(
-            "{:>7} {:>9.0} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>12.3} {:>9.0} {:>7}",
+            "{:>7} {:>7} {:>9.0} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>12.3} {:>9.0} {:>7}",
             n,
+            think_ms,
             proxied.latencies_us.len() as f64 / proxied.wall.as_secs_f64(),
             percentile(&direct.latencies_us, 0.5),
             percentile(&direct.latencies_us, 0.99),

@@ -321,6 +321,13 @@ impl Spool {
         self.shared.drained.notified().await
     }
 
+    /// Records that the broker has acknowledged everything below `seq`
+    /// (`flush` waits for this), before the checkpoint that makes it durable.
+    pub fn delivered_through(&self, seq: u64) {
+        self.shared.acked.fetch_max(seq, Ordering::AcqRel);
+        self.shared.drained.notify_waiters();
+    }
+
     /// Records that everything below `seq` is acknowledged, saves `checkpoint`
     /// and deletes the segments that hold nothing newer.
     pub fn acknowledge(&self, checkpoint: &Checkpoint) -> Result<(), SpoolError> {
@@ -331,7 +338,7 @@ impl Spool {
         checkpoint.store(&self.dir).map_err(io_err)?;
         self.shared
             .acked
-            .store(checkpoint.acked_through, Ordering::Release);
+            .fetch_max(checkpoint.acked_through, Ordering::AcqRel);
         let active_first = self
             .active
             .lock()
