@@ -221,6 +221,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A broken properties file is refused before anything connects without it.
+    forgelog_stream::env_properties()?;
     let rt = tokio::runtime::Runtime::new()?;
     match cli.command {
         Command::Broker { data, listen } => run_broker(&rt, &data, listen),

@@ -250,3 +250,37 @@ fn sigterm(child: &std::process::Child) {
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
 }
+
+#[test]
+fn kafka_properties_file_reaches_the_clients_and_a_broken_one_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let dir = tempfile::tempdir().unwrap();
+    let topics_with = |properties: &str| {
+        let path = dir.path().join("client.properties");
+        std::fs::write(&path, properties).unwrap();
+        let out = forgelog()
+            .args(["topics", "list"])
+            .env("FORGELOG_BROKERS", &config.brokers)
+            .env(forgelog_stream::PROPERTIES_ENV, &path)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        (out.status.success(), stdout, stderr)
+    };
+    // Tuning that the broker does not notice: the topics are listed.
+    let (ok, stdout, stderr) = topics_with("# tuning\nsocket.keepalive.enable = true\n");
+    assert!(ok && stdout.contains("forgelog.calls"), "{stderr}");
+    // A property librdkafka does not know fails at the client: the file is applied.
+    let (ok, _, stderr) = topics_with("no.such.property=1\n");
+    assert!(!ok && stderr.contains("no.such.property"), "{stderr}");
+    // A line that is not key=value is refused before anything connects, by line.
+    let (ok, _, stderr) = topics_with("socket.keepalive.enable=true\nsasl.mechanism PLAIN\n");
+    assert!(
+        !ok && stderr.contains("FORGELOG_KAFKA_CONFIG=") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+}

@@ -9,7 +9,10 @@ pub mod producer;
 pub mod spool;
 pub mod testing;
 
-pub use config::{StreamConfig, MAX_MESSAGE_BYTES};
+pub use config::{
+    env_properties, parse_properties, PropertiesError, StreamConfig, MAX_MESSAGE_BYTES,
+    PROPERTIES_ENV,
+};
 pub use consumer::{ConsumeError, EventConsumer, Received, ReplayReader, StartAt};
 pub use producer::{EventProducer, FlushTimeout, SendError};
 pub use spool::{FsyncPolicy, Spool, SpoolError, SpoolOptions};
