@@ -317,18 +317,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let spool = tempfile::tempdir()?;
     let mut children = Children(Vec::new());
     let http = client();
-    let upstream = match &args.upstream {
-        Some(url) => url.trim_end_matches('/').to_string(),
+    let (upstream, upstream_pid) = match &args.upstream {
+        Some(url) => (url.trim_end_matches('/').to_string(), None),
         None => {
             let addr = free_addr();
             let delay = args.delay_ms.to_string();
-            children.0.push(
-                Command::new(&exe)
-                    .args(["fake-upstream", "--listen", &addr.to_string()])
-                    .args(["--delay-ms", &delay])
-                    .spawn()?,
-            );
-            format!("http://{addr}")
+            let child = Command::new(&exe)
+                .args(["fake-upstream", "--listen", &addr.to_string()])
+                .args(["--delay-ms", &delay])
+                .spawn()?;
+            let pid = child.id();
+            children.0.push(child);
+            (format!("http://{addr}"), Some(pid))
         }
     };
     wait_ready(&http, &format!("{upstream}/v1/models")).await?;
@@ -369,8 +369,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "{base} -> {upstream}, {calls} calls per session (warm-up: {} calls)",
         warm.latencies_us.len()
     );
+    // `up CPU`: the fake upstream's own CPU per call in the direct round, what
+    // one bare HTTP hop with JSON costs here, for scale.
     println!(
-        "{:>7} {:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9} {:>7}",
+        "{:>7} {:>7} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>7} {:>9} {:>7}",
         "N",
         "think",
         "calls/s",
@@ -379,6 +381,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "+p50 ms",
         "+p99 ms",
         "CPU ms/call",
+        "up CPU",
         "peak MiB",
         "errors"
     );
@@ -395,7 +398,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             think,
             cycle: Duration::from_millis(args.delay_ms) + think,
         };
+        let (up0, _) = usage(upstream_pid);
         let direct = round(&upstream, load, false).await;
+        let (up1, _) = usage(upstream_pid);
         let (cpu0, _) = usage(proxy_pid);
         let proxied = round(&base, load, with_sessions).await;
         if with_sessions {
@@ -406,7 +411,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let (cpu1, rss) = usage(proxy_pid);
         let done = proxied.latencies_us.len().max(1);
         println!(
-            "{:>7} {:>7} {:>9.0} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>12.3} {:>9.0} {:>7}",
+            "{:>7} {:>7} {:>9.0} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>12.3} {:>7.3} {:>9.0} {:>7}",
             n,
             think_ms,
             proxied.latencies_us.len() as f64 / proxied.wall.as_secs_f64(),
@@ -415,6 +420,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             percentile(&proxied.latencies_us, 0.5) - percentile(&direct.latencies_us, 0.5),
             percentile(&proxied.latencies_us, 0.99) - percentile(&direct.latencies_us, 0.99),
             (cpu1 - cpu0) / done as f64,
+            (up1 - up0) / direct.latencies_us.len().max(1) as f64,
             rss,
             proxied.errors + direct.errors,
         );
