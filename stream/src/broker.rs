@@ -103,6 +103,17 @@ impl LocalBroker {
         data_dir: &Path,
         addr: SocketAddr,
     ) -> Result<LocalBroker, BrokerError> {
+        Self::start_advertising(binary, data_dir, addr, addr)
+    }
+
+    /// As [`LocalBroker::start`], telling clients to connect to `advertised`
+    /// instead (a TLS front, say: clients reconnect to what metadata names).
+    pub fn start_advertising(
+        binary: &Path,
+        data_dir: &Path,
+        addr: SocketAddr,
+        advertised: SocketAddr,
+    ) -> Result<LocalBroker, BrokerError> {
         let data_err = |source| BrokerError::DataDir {
             dir: data_dir.to_path_buf(),
             source,
@@ -118,7 +129,7 @@ impl LocalBroker {
             .append(true)
             .open(data_dir.join("broker.log"))
             .map_err(data_err)?;
-        let url = format!("tcp://{addr}");
+        let (url, advertised) = (format!("tcp://{addr}"), format!("tcp://{advertised}"));
         // The SQLite path is relative to the working directory: run inside the data dir.
         let child = Command::new(binary)
             .args([
@@ -126,7 +137,7 @@ impl LocalBroker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
                 "--storage-engine",
                 "sqlite://tansu.db",
             ])
