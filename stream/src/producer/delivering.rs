@@ -42,6 +42,7 @@ impl ProducerContext for Reports {
 pub(super) struct DeliveringProducer {
     producer: Arc<BaseProducer<Reports>>,
     stop: Arc<AtomicBool>,
+    poller: Option<std::thread::JoinHandle<()>>,
 }
 
 impl DeliveringProducer {
@@ -51,7 +52,7 @@ impl DeliveringProducer {
         let (p, s) = (producer.clone(), stop.clone());
         // Not joined on drop: it notices `stop` within a round, then lets the
         // client go (its own drop purges what is left).
-        std::thread::Builder::new()
+        let poller = std::thread::Builder::new()
             .name("kafka-deliveries".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
@@ -61,7 +62,11 @@ impl DeliveringProducer {
             .map_err(|e| {
                 rdkafka::error::KafkaError::ClientCreation(format!("polling thread: {e}"))
             })?;
-        Ok(DeliveringProducer { producer, stop })
+        Ok(DeliveringProducer {
+            producer,
+            stop,
+            poller: Some(poller),
+        })
     }
 
     /// Queues one message; the future resolves with its delivery report
@@ -80,10 +85,17 @@ impl DeliveringProducer {
         Ok(async move { rx.await.ok() })
     }
 
-    /// Drops what is queued or in flight; their reports say so.
-    pub(super) fn purge(&self) {
+    /// Drops what is queued or in flight, then waits (blocking, up to a poll
+    /// round) until the client is gone: afterwards nothing of this producer
+    /// reaches the broker but requests already on the wire.
+    pub(super) fn shut_down(mut self) {
         self.producer
             .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        let poller = self.poller.take();
+        drop(self); // the polling thread now holds the last handle to the client
+        if let Some(poller) = poller {
+            let _ = poller.join();
+        }
     }
 }
 

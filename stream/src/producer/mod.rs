@@ -259,8 +259,7 @@ impl Drainer {
         if result.is_err() {
             // Messages of this producer still queued must not land after the next
             // session's recovery scan: purge them and let in-flight requests settle.
-            producer.purge();
-            drop(producer);
+            let _ = tokio::task::spawn_blocking(move || producer.shut_down()).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         result
