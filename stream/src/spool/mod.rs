@@ -328,17 +328,15 @@ impl Spool {
         self.shared.drained.notify_waiters();
     }
 
-    /// Records that everything below `seq` is acknowledged, saves `checkpoint`
-    /// and deletes the segments that hold nothing newer.
+    /// Saves `checkpoint`, records what it acknowledges as delivered and
+    /// deletes the segments that hold nothing newer.
     pub fn acknowledge(&self, checkpoint: &Checkpoint) -> Result<(), SpoolError> {
         let io_err = |source| SpoolError::Io {
             dir: self.dir.clone(),
             source,
         };
         checkpoint.store(&self.dir).map_err(io_err)?;
-        self.shared
-            .acked
-            .fetch_max(checkpoint.acked_through, Ordering::AcqRel);
+        self.delivered_through(checkpoint.acked_through);
         let active_first = self
             .active
             .lock()
@@ -354,7 +352,6 @@ impl Spool {
                 metrics::gauge!("forgelog_spool_bytes").set(left as f64);
             }
         }
-        self.shared.drained.notify_waiters();
         Ok(())
     }
 }
