@@ -6,8 +6,9 @@
 //! `forgelog.calls`, `forgelog.rollouts` and `forgelog.rewards` topics in log
 //! order, each as a little-endian `u32` length and the event's Avro
 //! single-object encoding. `golden/` holds what the pure cores derive from it
-//! and what the SDKs received when it was recorded. `tests/record_fixture.rs`
-//! re-records it with `FORGELOG_WRITE_FIXTURES=1`; see the README.
+//! and what the SDKs received when it was recorded. The examples
+//! `record-fixture` (records it again) and `write-golden` (derives the golden
+//! outputs again, after an intended change to the cores) rewrite them.
 
 use forgelog_consumers::rebuild::Rebuilt;
 use forgelog_schemas::{Codec, DecodeError, EncodeError, Event, Topic};
@@ -17,6 +18,14 @@ use std::path::PathBuf;
 /// The run id of the committed fixture.
 pub const RUN: &str = "fixture-smollm2";
 
+/// The fixture's rollouts: (group, rollout, sdk, seed, verifier ran).
+pub const FIXTURE_ROLLOUTS: [(&str, &str, &str, &str, bool); 4] = [
+    ("g0", "g0-openai", "openai", "0", true),
+    ("g0", "g0-anthropic", "anthropic", "0", true),
+    ("g1", "g1-openai", "openai", "10", true),
+    ("g1", "g1-anthropic", "anthropic", "10", false),
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {
     #[error("fixture cut short at byte {0}")]
@@ -25,6 +34,11 @@ pub enum FixtureError {
     Decode { at: usize, source: DecodeError },
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The fixture's directory.
@@ -86,6 +100,23 @@ pub fn golden(rebuilt: &Rebuilt) -> BTreeMap<&'static str, String> {
         ("trajectories.json", doc(&rebuilt.trajectories)),
         ("batches.json", doc(&rebuilt.batches)),
     ])
+}
+
+/// The committed fixture's events.
+pub fn fixture() -> Result<Vec<Event>, FixtureError> {
+    let path = fixture_dir().join("events.bin");
+    let bytes = std::fs::read(&path).map_err(|source| FixtureError::Read { path, source })?;
+    decode(&bytes)
+}
+
+/// Writes [`golden`] of `rebuilt` into the fixture's `golden/`.
+pub fn write_golden(rebuilt: &Rebuilt) -> std::io::Result<()> {
+    let dir = fixture_dir().join("golden");
+    std::fs::create_dir_all(&dir)?;
+    for (name, text) in golden(rebuilt) {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
 }
 
 /// `event` (a `TrajectoryBuilt`) with one bit of token `token` of sequence

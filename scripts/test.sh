@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against a real broker: a private tansu started here
 # (unless FORGELOG_BROKERS points at one), stopped by its PID at the end.
+#
+#   scripts/test.sh                 every test, each within its budget (scripts/test-budgets.toml)
+#   scripts/test.sh --soak          the kill/chaos tests 10x longer, budgets 10x (not in CI)
+#   scripts/test.sh [--soak] ARGS   ARGS go to `cargo nextest run` (a filter, `-p CRATE`, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FORGELOG_HOME/target}
+soak=()
+if [ "${1:-}" = --soak ]; then
+  soak=(--soak)
+  export FORGELOG_SOAK=10
+  shift
+fi
+command -v cargo-nextest >/dev/null || { echo "test: cargo-nextest is missing; scripts/setup.sh installs it" >&2; exit 2; }
 
-cargo build --workspace --all-targets
+# One build of every test binary (and the forgelog binary they run).
+t0=$SECONDS
+cargo nextest run --workspace --no-run
+echo "test: build took $((SECONDS - t0)) s" >&2
 
 pid=""
 data=""
@@ -31,4 +45,15 @@ fi
 echo "test: broker at $FORGELOG_BROKERS" >&2
 "$CARGO_TARGET_DIR/debug/forgelog" topics create
 
-cargo test --workspace -- --test-threads 2
+budgets="$CARGO_TARGET_DIR/nextest-budgets.toml"
+python3 scripts/test-budgets.py config "$CARGO_TARGET_DIR/nextest" "${soak[@]}" >"$budgets"
+junit="$CARGO_TARGET_DIR/nextest/default/junit.xml"
+rm -f "$junit"
+t0=$SECONDS
+status=0
+cargo nextest run --workspace --config-file "$budgets" "$@" || status=$?
+echo "test: tests took $((SECONDS - t0)) s" >&2
+if [ -f "$junit" ]; then
+  python3 scripts/test-budgets.py report "$junit" "${soak[@]}" || status=1
+fi
+exit "$status"

@@ -1,18 +1,18 @@
 //! `forgelog up`: the whole loop on one machine — broker, engine, capture proxy
 //! and consumers — with a session key per dialect and a live status line.
 
-use crate::{reward_config, shutdown_signal, start_local_broker};
-use anyhow::{Context, Result};
-use clap::Parser;
-use forgelog_consumers::{shell, RewardJoin, ShellOptions, TrajectoryBuilder};
-use forgelog_producers::{ProxyArgs, RunningProxy};
+use crate::broker::start_local_broker;
+use anyhow::Result;
+use forgelog_api::{NewSession, SessionClient};
+use forgelog_consumers::{run_consumers, Consumers, RewardConfig, ShellOptions};
+use forgelog_producers::server::ProxyConfig;
+use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -46,16 +46,6 @@ pub struct UpArgs {
     /// Score correct answers with the efficiency bonus in the reward join
     #[arg(long)]
     pub efficiency_bonus: bool,
-}
-
-/// Parses a component's own CLI arguments, so `up` uses the same defaults as the subcommands.
-fn component_args<A: clap::Args>(args: &[&str]) -> Result<A> {
-    #[derive(Parser)]
-    struct Wrap<A: clap::Args> {
-        #[command(flatten)]
-        inner: A,
-    }
-    Ok(Wrap::<A>::try_parse_from(std::iter::once("forgelog").chain(args.iter().copied()))?.inner)
 }
 
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {
@@ -97,7 +87,7 @@ pub fn up(rt: &tokio::runtime::Runtime, args: UpArgs) -> Result<()> {
     let (config, local) = match &args.brokers {
         Some(b) => (StreamConfig::new(b), None),
         None => {
-            let listen: SocketAddr = "127.0.0.1:9092".parse()?;
+            let listen: SocketAddr = forgelog_stream::DEFAULT_BROKERS.parse()?;
             let data = args.home.join("broker");
             let b = start_local_broker(&data, listen)?;
             eprintln!("broker    tansu on {listen}, data in {}", data.display());
@@ -113,7 +103,7 @@ pub fn up(rt: &tokio::runtime::Runtime, args: UpArgs) -> Result<()> {
 }
 
 async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
-    let stop = shutdown_signal()?;
+    let stop = forgelog_stream::shutdown_signal()?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -130,15 +120,13 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let upstream = match &args.upstream {
         Some(u) => u.clone(),
         None => {
-            let listen = args.engine_listen.to_string();
-            let engine: forgelog_engine::EngineArgs = component_args(&[
-                "--model",
-                &args.model,
-                "--listen",
-                &listen,
-                "--brokers",
-                &config.brokers,
-            ])?;
+            let engine = forgelog_engine::EngineArgs {
+                model: args.model.clone(),
+                listen: args.engine_listen,
+                device: forgelog_engine::DeviceKind::Cpu,
+                brokers: Some(config.brokers.clone()),
+                run: None,
+            };
             let shutdown = async {
                 let _ = engine_stopped.await;
             };
@@ -147,55 +135,35 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
                     eprintln!("engine stopped: {e}");
                 }
             }));
-            let url = format!("http://{listen}");
+            let url = format!("http://{}", args.engine_listen);
             wait_healthy(&format!("{url}/healthz"), "the engine").await?;
             eprintln!("engine    {} on {url}", args.model);
             url
         }
     };
 
-    let spool = args.home.join("proxy-spool").display().to_string();
-    let listen = args.proxy_listen.to_string();
-    let proxy_args: ProxyArgs = component_args(&[
-        "--upstream",
-        &upstream,
-        "--listen",
-        &listen,
-        "--brokers",
-        &config.brokers,
-        "--spool",
-        &spool,
-        "--run-id",
-        &run,
-    ])?;
-    let proxy = RunningProxy::start(
-        proxy_args.config(),
-        config,
-        proxy_args.spool.clone(),
-        proxy_args.serve.listen,
-    )
-    .await?;
+    let proxy_config = ProxyConfig {
+        run_id: Some(run.clone()),
+        ..ProxyConfig::new(&upstream)
+    };
+    let spool = args.home.join("proxy-spool");
+    let proxy = RunningProxy::start(proxy_config, config, spool, args.proxy_listen).await?;
     let base = format!("http://{}", proxy.addr);
     eprintln!("proxy     {base} → {upstream}");
 
-    let stop_consumers = Arc::new(AtomicBool::new(false));
-    let mut consumers = Vec::new();
-    for (name, processor) in [("trajectories", 0), ("rewards", 1)] {
-        let options = ShellOptions {
-            stop: stop_consumers.clone(),
-            ..ShellOptions::new(args.home.join("consumers").join(name))
-        };
-        let (config, rewards) = (config.clone(), reward_config(args.efficiency_bonus));
-        consumers.push(tokio::task::spawn_blocking(move || {
-            let result = match processor {
-                0 => shell::run(&config, TrajectoryBuilder::default(), &options),
-                _ => shell::run(&config, RewardJoin::new(rewards), &options),
-            };
-            if let Err(e) = result {
-                eprintln!("consumer {name} stopped: {e}");
+    let options = ShellOptions::new(args.home.join("consumers"));
+    let stop_consumers = options.stop.clone();
+    let consumers = {
+        let (config, rewards) = (
+            config.clone(),
+            RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = run_consumers(&config, Consumers::All, &options, rewards).await {
+                eprintln!("consumers stopped: {e}");
             }
-        }));
-    }
+        })
+    };
 
     eprintln!(
         "consumers trajectories, rewards (state in {})",
@@ -213,9 +181,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
     proxy.shutdown(Duration::from_secs(10)).await?;
     stop_consumers.store(true, Ordering::Relaxed);
-    for c in consumers {
-        let _ = c.await;
-    }
+    let _ = consumers.await;
     let _ = stop_engine.send(());
     if let Some(engine) = engine_task {
         let _ = engine.await;
@@ -234,23 +200,22 @@ async fn serve(
     println!(
         "\nforgelog is up. Point a harness at the proxy with one of these session keys (run {run}):"
     );
-    let client = reqwest::Client::new();
+    let sessions = SessionClient::new(base, None);
     for (dialect, how) in DIALECTS {
-        let body = serde_json::json!({
-            "run_id": run, "rollout_id": format!("{dialect}-{stamp}"), "task_id": "interactive",
-            "harness": dialect, "group_id": format!("interactive-{dialect}-{stamp}"), "group_size": 1,
-        });
-        let session: serde_json::Value = client
-            .post(format!("{base}/sessions"))
-            .json(&body)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await
-            .context("creating a session")?;
-        let key = session["api_key"].as_str().unwrap_or_default();
-        println!("  {}", how.replace("{base}", base).replace("{key}", key));
+        let new = NewSession::new(
+            format!("{dialect}-{stamp}"),
+            "interactive",
+            dialect,
+            format!("interactive-{dialect}-{stamp}"),
+        )
+        .in_run(run)
+        .group_size(1);
+        let session = sessions.create(&new).await?;
+        println!(
+            "  {}",
+            how.replace("{base}", base)
+                .replace("{key}", &session.api_key)
+        );
     }
     println!("(Ctrl-C to stop)\n");
 

@@ -3,6 +3,7 @@
 //! context-length error in each harness dialect, and a harness's 128000
 //! `max_tokens` (Claude Code's) is served, clamped by the session's `max_tokens`.
 
+use forgelog_api::{NewSession, SessionClient};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
@@ -65,7 +66,7 @@ async fn over_long_prompts_to_the_real_engine_are_context_length_errors_in_each_
             run_id: Some(run),
             admin_token: None,
             body_limit: 8 << 20,
-            max_calls_per_session: 4,
+            max_calls_in_flight: 4,
             upstream_timeout: Duration::from_secs(300),
             keep_alive: Duration::from_secs(5),
             max_upstream_requests: 4,
@@ -79,16 +80,11 @@ async fn over_long_prompts_to_the_real_engine_are_context_length_errors_in_each_
     assert_eq!(proxy.state.upstream_context, Some(8192));
     assert_eq!(proxy.state.probe_warning, None, "the engine is trainable");
     let url = proxy.url();
-    let session: Value = http
-        .post(format!("{url}/sessions"))
-        .json(&json!({"rollout_id": "r", "task_id": "t", "harness": "h", "group_id": "g", "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
+    let session = SessionClient::new(&url, None)
+        .create(&NewSession::new("r", "t", "h", "g").max_tokens(4))
         .await
         .unwrap();
-    let key = session["api_key"].as_str().unwrap();
+    let key = session.api_key.as_str();
     // Well over 8192 tokens whatever the tokenizer does with it.
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(1500);
 

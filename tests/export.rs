@@ -1,7 +1,9 @@
-//! `forgelog export sft` of the recorded SmolLM2 run (replay-tests' fixture)
-//! to `file://` and to `s3://` on moto's S3-compatible server (PyPI
-//! `moto[server]`, started here): the S3 objects are byte-for-byte the files,
-//! and every JSONL split loads with Hugging Face `datasets`.
+//! Object storage, on moto's S3-compatible server (PyPI `moto[server]`, started
+//! here): `forgelog export sft` of the recorded SmolLM2 run (replay-tests'
+//! fixture) to a plain path, to `file://` and to `s3://` (the S3 objects are
+//! byte-for-byte the files, and every JSONL split loads with Hugging Face
+//! `datasets`); and `forgelog engine` reloading a checkpoint from `s3://` with
+//! the environment's credentials and endpoint, as the trainer writes them.
 
 mod support;
 
@@ -15,17 +17,17 @@ use std::time::{Duration, Instant};
 
 const BUCKET: &str = "forgelog-exports";
 
-/// moto's server, stopped (by its pid) when dropped.
-struct Moto(Child);
+/// A child process (moto's server, an engine), killed when dropped.
+struct Killed(Child);
 
-impl Drop for Moto {
+impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
-fn start_moto() -> (Moto, String) {
+fn start_moto() -> (Killed, String) {
     let addr = testing::free_local_addr();
     let child = Command::new(venv_python())
         .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
@@ -34,7 +36,7 @@ fn start_moto() -> (Moto, String) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("moto server (scripts/python-env.sh)");
-    let moto = Moto(child);
+    let moto = Killed(child);
     let started = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
         assert!(
@@ -55,6 +57,15 @@ fn run(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// The AWS variables that point a process at moto.
+fn aws_env<'a>(cmd: &'a mut Command, endpoint: &str) -> &'a mut Command {
+    cmd.env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
 }
 
 fn s3_tool(endpoint: &str, args: &[&str]) -> Output {
@@ -97,17 +108,18 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
     s3_tool(&endpoint, &["mkbucket", BUCKET]);
 
     let export = |to: &str| {
-        run(Command::new(env!("CARGO_BIN_EXE_forgelog"))
-            .args(["export", "sft", "--run", RUN, "--to", to, "--brokers"])
-            .arg(&config.brokers)
-            .env("AWS_ENDPOINT_URL", &endpoint)
-            .env("AWS_ALLOW_HTTP", "true")
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1"))
+        run(aws_env(
+            Command::new(env!("CARGO_BIN_EXE_forgelog"))
+                .args(["export", "sft", "--run", RUN, "--to", to, "--brokers"])
+                .arg(&config.brokers),
+            &endpoint,
+        ))
     };
     let local = tempfile::tempdir().unwrap();
     let file_out = export(&format!("file://{}", local.path().display()));
+    let plain = tempfile::tempdir().unwrap();
+    export(&plain.path().join("out").display().to_string());
+    assert_eq!(files(&plain.path().join("out")), files(local.path()));
     let s3_out = export(&format!("s3://{BUCKET}/runs/{RUN}"));
     let listed = |o: &Output| String::from_utf8_lossy(&o.stdout).lines().count();
     assert_eq!(listed(&file_out), listed(&s3_out));
@@ -159,4 +171,79 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         );
         assert_eq!(loaded["roles"][0], "system", "{loaded}");
     }
+}
+
+/// What the trainer writes to S3 the engine reloads, with the credentials and
+/// endpoint of its environment (as object_store's S3 client reads them).
+#[test]
+fn the_engine_reloads_a_checkpoint_from_s3() {
+    let (_moto, endpoint) = start_moto();
+    s3_tool(&endpoint, &["mkbucket", BUCKET]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = forgelog_model::testing::write_tiny_llama(&dir.path().join("model"), 5).unwrap();
+    let mut weights = forgelog_model::testing::tiny_weights(&config, 5);
+    let scaled = weights["lm_head.weight"].affine(1.5, 0.0).unwrap();
+    weights.insert("lm_head.weight".into(), scaled);
+    let file = dir.path().join("model.safetensors");
+    candle_core::safetensors::save(&weights, &file).unwrap();
+    let key = "checkpoints/run/v000003/model.safetensors";
+    s3_tool(&endpoint, &["upload", BUCKET, key, file.to_str().unwrap()]);
+
+    let listen = testing::free_local_addr();
+    let engine = aws_env(
+        Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["engine", "--listen", &listen.to_string(), "--model"])
+            .arg(dir.path().join("model")),
+        &endpoint,
+    )
+    .spawn()
+    .unwrap();
+    let _engine = Killed(engine);
+    let base = format!("http://{listen}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    rt.block_on(async {
+        let started = Instant::now();
+        while http.get(format!("{base}/healthz")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "engine did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let reload = |uri: String, version: u64| {
+            let http = http.clone();
+            let url = format!("{base}/admin/reload");
+            async move {
+                let body = serde_json::json!({"checkpoint_uri": uri, "version": version});
+                let r = http.post(url).json(&body).send().await.unwrap();
+                (
+                    r.status().as_u16(),
+                    r.json::<serde_json::Value>().await.unwrap(),
+                )
+            }
+        };
+        let (status, body) = reload(format!("s3://{BUCKET}/{key}"), 3).await;
+        assert_eq!(
+            (status, &body["policy_version"]),
+            (200, &serde_json::json!(3)),
+            "{body}"
+        );
+        // A key that is not there: a clean 400 naming it, the policy unchanged.
+        let (status, body) = reload(
+            format!("s3://{BUCKET}/checkpoints/nope/model.safetensors"),
+            4,
+        )
+        .await;
+        assert_eq!(status, 400, "{body}");
+        let models: serde_json::Value = http
+            .get(format!("{base}/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(models["data"][0]["policy_version"], 3);
+    });
 }

@@ -8,12 +8,13 @@
 //! the trajectory core must build each harness's tree; and the calls the
 //! harness itself reports must match what the proxy recorded.
 
+use forgelog_api::{Finish, NewSession, SessionClient};
 use forgelog_consumers::{Processor, TrajectoryBuilder};
 use forgelog_producers::fake_upstream::{self, FakeOptions};
 use forgelog_schemas::{CallFinished, CallStatus, Event, Topic, TrajectoryBuilt};
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StreamConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -118,20 +119,6 @@ fn read_events(stream: &StreamConfig, run: &str, marks: &[(Topic, i32, i64)]) ->
             .unwrap();
     }
     out
-}
-
-async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
-    let r = http
-        .post(url)
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .expect("proxy answers");
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert!(status.is_success(), "{status}: {v}");
-    v
 }
 
 /// What a harness's own transcript says of its run.
@@ -244,16 +231,13 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
         panic!("the proxy did not come up");
     });
 
+    let sessions = SessionClient::with_http(&url, Some(ADMIN.into()), http.clone());
     let outs = tempfile::tempdir().unwrap();
     let mut transcripts = std::collections::BTreeMap::new();
     for h in HARNESSES {
-        let session = rt.block_on(post(
-            &http,
-            format!("{url}/sessions"),
-            json!({"rollout_id": h, "task_id": "hello", "harness": h, "group_id": "g",
-                   "max_model_calls": BUDGET}),
-        ));
-        let key = session["api_key"].as_str().unwrap();
+        let new = NewSession::new(h, "hello", h, "g").max_model_calls(BUDGET as u32);
+        let session = rt.block_on(sessions.create(&new)).unwrap();
+        let key = &session.api_key;
         let out = outs.path().join(h);
         let started = Instant::now();
         let status = Command::new(kit().join("run.sh"))
@@ -270,15 +254,14 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
             status.success(),
             "{h} exited {status}; its stderr ends:\n{tail}"
         );
-        let done = rt.block_on(post(
-            &http,
-            format!(
-                "{url}/sessions/{}/finish",
-                session["session_id"].as_str().unwrap()
-            ),
-            json!({"exit_status": 0}),
-        ));
-        eprintln!("{h}: {} model calls recorded", done["model_calls"]);
+        let exited = Finish {
+            exit_status: Some(0),
+            verifier: None,
+        };
+        let done = rt
+            .block_on(sessions.finish(&session.session_id, &exited))
+            .unwrap();
+        eprintln!("{h}: {} model calls recorded", done.model_calls);
         transcripts.insert(h, reported(h, &out));
     }
     proxy.stop();

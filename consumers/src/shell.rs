@@ -43,6 +43,8 @@ pub enum ShellError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("consumer thread: {0}")]
+    Thread(String),
     #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
     Settings {
         path: PathBuf,

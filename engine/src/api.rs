@@ -1,9 +1,9 @@
 //! The OpenAI/vLLM wire format: request fields, their validation into a
 //! [`GenerationRequest`], response bodies and errors. No I/O.
 
-use crate::sampling::SamplingParams;
-use crate::scheduler::{FinishReason, Generation, GenerationRequest};
-use crate::tool_calls::parse_tool_calls;
+use crate::sampling::SamplerConfig;
+use crate::scheduler::{Generation, GenerationRequest};
+use forgelog_dialects::hermes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -181,7 +181,7 @@ pub fn generation_request(
     let request = GenerationRequest {
         prompt,
         max_tokens,
-        sampling: SamplingParams {
+        sampling: SamplerConfig {
             temperature,
             top_p,
             top_k,
@@ -200,13 +200,6 @@ pub fn generation_request(
 /// vLLM's `--return-tokens-as-token-ids` spelling of a token.
 pub fn token_name(id: u32) -> String {
     format!("token_id:{id}")
-}
-
-fn finish_reason(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
 }
 
 fn usage(prompt: &[u32], generation: &Generation) -> Value {
@@ -232,12 +225,18 @@ pub fn chat_response(
     parse_tools: bool,
 ) -> Value {
     let (content, tool_calls) = if parse_tools {
-        parse_tool_calls(&generation.text, &format!("call-{}", meta.id))
+        let parsed = hermes::parse(&generation.text, &format!("call-{}-", meta.id));
+        let calls: Vec<Value> = parsed
+            .calls
+            .into_iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        (parsed.text, calls)
     } else {
         (Some(generation.text.clone()), Vec::new())
     };
     let mut message = json!({"role": "assistant", "content": content});
-    let mut reason = finish_reason(generation.finish_reason);
+    let mut reason = generation.finish_reason.openai();
     if !tool_calls.is_empty() {
         message["tool_calls"] = json!(tool_calls);
         reason = "tool_calls";
@@ -301,7 +300,7 @@ pub fn completion_response(
         "index": 0,
         "text": generation.text,
         "logprobs": logprobs,
-        "finish_reason": finish_reason(generation.finish_reason),
+        "finish_reason": generation.finish_reason.openai(),
     });
     if include.token_ids {
         // Legacy completions also carry the prompt's ids on the choice.
@@ -313,6 +312,7 @@ pub fn completion_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::FinishReason;
 
     fn fields(json: Value) -> SamplingFields {
         serde_json::from_value(json).unwrap()
@@ -399,7 +399,7 @@ mod tests {
         let (request, include) =
             generation_request(&fields(json!({"logprobs": true})), vec![1, 2], 10).unwrap();
         assert_eq!(request.max_tokens, 8);
-        assert_eq!(request.sampling, SamplingParams::default());
+        assert_eq!(request.sampling, SamplerConfig::default());
         assert_eq!(
             include,
             Include {

@@ -3,7 +3,8 @@
 //! processed logprobs), batches concurrent requests, and swaps in new weights
 //! when the trainer publishes a policy.
 //!
-//! The pure core is [`sampling`], [`tool_calls`] and [`api`]; [`scheduler`]
+//! The pure core is [`sampling`] and [`api`] (tool calls are parsed by
+//! `forgelog_dialects::hermes`); [`scheduler`]
 //! owns the model on its own thread; [`server`] and [`follow_policy`] are the
 //! thin HTTP and Kafka shells.
 
@@ -12,7 +13,6 @@ pub mod sampling;
 pub mod scheduler;
 pub mod server;
 pub mod testing;
-pub mod tool_calls;
 
 use candle_core::{DType, Device};
 use forgelog_model::{ChatTemplate, Llama, LlamaConfig, Policy};
@@ -124,6 +124,12 @@ impl Engine {
         self.0.scheduler.version()
     }
 
+    /// Requests the scheduler has admitted so far (a request is stamped with
+    /// the policy version serving when it is admitted).
+    pub fn requests_admitted(&self) -> u64 {
+        self.0.scheduler.admitted()
+    }
+
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.0.tokenizer
     }
@@ -177,8 +183,20 @@ async fn fetch_checkpoint(uri: &str) -> Result<bytes::Bytes, EngineError> {
     if url.path().ends_with('/') {
         url = url.join("model.safetensors").map_err(|e| err(&e))?;
     }
-    let (store, path) = object_store::parse_url(&url).map_err(|e| err(&e))?;
-    let object = store.get(&path).await.map_err(|e| err(&e))?;
+    // The file's folder is the location (opened as the trainer wrote it: with
+    // the environment's credentials and endpoint), the file its one object.
+    let file = url
+        .path_segments()
+        .and_then(|mut s| s.next_back())
+        .unwrap_or_default()
+        .to_string();
+    let folder = url.join(".").map_err(|e| err(&e))?;
+    let location = forgelog_stream::store::open(folder.as_str()).map_err(|e| err(&e))?;
+    let object = location
+        .store
+        .get(&location.path(&file))
+        .await
+        .map_err(|e| err(&e))?;
     object.bytes().await.map_err(|e| err(&e))
 }
 
@@ -233,26 +251,10 @@ fn device(kind: DeviceKind) -> Result<Device, EngineError> {
     }
 }
 
-/// Ctrl-C, or SIGTERM (how Kubernetes stops a pod).
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// `forgelog engine`: loads the model, serves until Ctrl-C, and follows the
 /// policy topic when `--brokers` is given.
 pub async fn run(args: EngineArgs) -> Result<(), EngineError> {
-    serve(args, shutdown_signal()).await
+    serve(args, forgelog_stream::shutdown_signal()?).await
 }
 
 /// [`run`], stopping when `shutdown` completes (how `forgelog up` embeds it:

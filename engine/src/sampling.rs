@@ -11,7 +11,7 @@ use forgelog_model::log_softmax;
 pub const GREEDY_BELOW: f32 = 1e-5;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
+pub struct SamplerConfig {
     /// `0` (anything below [`GREEDY_BELOW`]) means greedy.
     pub temperature: f32,
     pub top_p: f32,
@@ -20,9 +20,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
 }
 
-impl Default for SamplingParams {
-    fn default() -> SamplingParams {
-        SamplingParams {
+impl Default for SamplerConfig {
+    fn default() -> SamplerConfig {
+        SamplerConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
@@ -69,7 +69,7 @@ pub fn processed_logprobs(logits: &[f32], temperature: f32) -> Vec<f32> {
     }
 }
 
-pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> Sampled {
+pub fn sample(logits: &[f32], params: &SamplerConfig, rng: &mut Rng) -> Sampled {
     let logprobs = processed_logprobs(logits, params.temperature);
     let token = if params.temperature < GREEDY_BELOW {
         argmax(&logprobs)
@@ -94,7 +94,7 @@ fn argmax(values: &[f32]) -> usize {
 }
 
 /// Inverse-CDF draw with `u` in `[0, 1)` over the tokens top-k/top-p keep.
-fn draw(logprobs: &[f32], params: &SamplingParams, u: f64) -> usize {
+fn draw(logprobs: &[f32], params: &SamplerConfig, u: f64) -> usize {
     let top_k = params.top_k.filter(|&k| k > 0 && k < logprobs.len());
     let restricted = top_k.is_some() || params.top_p < 1.0;
     let candidates: Vec<usize> = if restricted {
@@ -134,7 +134,7 @@ mod tests {
     fn greedy_takes_the_argmax_with_its_raw_logprob() {
         let logits = [1.0, 3.0, 2.0];
         for temperature in [0.0, 1e-30] {
-            let params = SamplingParams {
+            let params = SamplerConfig {
                 temperature,
                 ..Default::default()
             };
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn temperature_scales_before_log_softmax() {
         let logits = [0.5, 1.5, -1.0];
-        let params = SamplingParams {
+        let params = SamplerConfig {
             temperature: 0.5,
             seed: Some(7),
             ..Default::default()
@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn seeded_draws_repeat_and_follow_the_distribution() {
         let logits = [0.0f32, (3.0f32).ln()]; // p = [0.25, 0.75]
-        let params = SamplingParams::default();
+        let params = SamplerConfig::default();
         let run = |seed| {
             let mut rng = Rng::new(seed);
             (0..4000)
@@ -179,7 +179,7 @@ mod tests {
         for _ in 0..200 {
             let k1 = sample(
                 &logits,
-                &SamplingParams {
+                &SamplerConfig {
                     top_k: Some(1),
                     ..Default::default()
                 },
@@ -188,7 +188,7 @@ mod tests {
             assert_eq!(k1.token, 0);
             let p = sample(
                 &logits,
-                &SamplingParams {
+                &SamplerConfig {
                     top_p: 0.5,
                     ..Default::default()
                 },

@@ -5,7 +5,9 @@
 //! weight swaps are taken between steps, so a swap is atomic with respect to
 //! steps and in-flight sequences simply continue on the new weights.
 
-use crate::sampling::{sample, Rng, SamplingParams};
+use crate::sampling::{sample, Rng, SamplerConfig};
+/// Why a generation ended: the engine uses `Stop` and `Length` of the shared one.
+pub use forgelog_dialects::canonical::FinishReason;
 use forgelog_model::{KvCache, Llama, Logits};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,17 +19,11 @@ use tokio::sync::{mpsc, oneshot};
 pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
-    pub sampling: SamplingParams,
+    pub sampling: SamplerConfig,
     /// Strings that end the completion; the text is cut before them.
     pub stop: Vec<String>,
     /// Keep sampling past stop tokens (vLLM's `ignore_eos`), e.g. for benchmarks.
     pub ignore_eos: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +54,7 @@ enum Command {
 pub struct Scheduler {
     commands: mpsc::UnboundedSender<Command>,
     version: Arc<AtomicU64>,
+    admitted: Arc<AtomicU64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +75,13 @@ impl Scheduler {
     ) -> Scheduler {
         let (commands, receiver) = mpsc::unbounded_channel();
         let version = Arc::new(AtomicU64::new(version));
+        let admitted = Arc::new(AtomicU64::new(0));
         let state = Loop {
             model,
             tokenizer,
             stop_token_ids,
             version: version.clone(),
+            admitted: admitted.clone(),
             active: Vec::new(),
             seeds: 0,
         };
@@ -90,7 +89,16 @@ impl Scheduler {
             .name("forgelog-scheduler".into())
             .spawn(move || state.run(receiver))
             .expect("spawn the scheduler thread");
-        Scheduler { commands, version }
+        Scheduler {
+            commands,
+            version,
+            admitted,
+        }
+    }
+
+    /// Requests admitted so far (each stamped with the version serving then).
+    pub fn admitted(&self) -> u64 {
+        self.admitted.load(Ordering::SeqCst)
     }
 
     /// The policy version now serving.
@@ -138,6 +146,7 @@ struct Loop {
     tokenizer: Arc<Tokenizer>,
     stop_token_ids: Vec<u32>,
     version: Arc<AtomicU64>,
+    admitted: Arc<AtomicU64>,
     active: Vec<Sequence>,
     /// Seeds for requests without one: distinct, so that unseeded requests differ.
     seeds: u64,
@@ -188,6 +197,7 @@ impl Loop {
                     logprobs: Vec::new(),
                     policy_version: self.version.load(Ordering::SeqCst),
                 });
+                self.admitted.fetch_add(1, Ordering::SeqCst);
             }
         }
     }

@@ -49,12 +49,15 @@ async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
     let uri = write_checkpoint(&dir.path().join("step-7"), vocab, 1.5);
 
     // A long request, admitted before the reload and still decoding during it.
+    let admitted = server.engine.requests_admitted();
     let base = server.base.clone();
     let in_flight = tokio::spawn(async move {
         let response = post(&base, "/v1/completions", &greedy(900)).await;
         (response, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    while server.engine.requests_admitted() == admitted {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let (status, reloaded) = post(
         &server.base,
         "/admin/reload",

@@ -1,6 +1,7 @@
 //! The model's chat template (Jinja, as in Hugging Face `tokenizer_config.json`
 //! or GGUF `tokenizer.chat_template`), rendered with minijinja.
 
+use forgelog_dialects::hermes;
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{json, Value};
 
@@ -104,10 +105,8 @@ fn normalize_message(message: &Value, renders_tool_calls: bool) -> Value {
             let hermes: String = calls
                 .iter()
                 .map(|c| {
-                    // Name first, as Hermes-trained models write it.
                     let f = &c["function"];
-                    let (name, arguments) = (&f["name"], &f["arguments"]);
-                    format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {arguments}}}\n</tool_call>")
+                    hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
                 })
                 .collect::<Vec<_>>()
                 .join("\n");

@@ -1,11 +1,9 @@
 //! forgelog-producers: the capture proxy between unmodified harnesses and the
-//! inference engine. [`canonical`] and [`dialect`] are the pure translation
-//! core; [`upstream`] reads and writes the vLLM-compatible engine API;
+//! inference engine. The pure translation core is `forgelog-dialects`;
+//! [`upstream`] reads and writes the vLLM-compatible engine API;
 //! [`server`] is the thin axum shell that records every call through the
 //! spool-backed [`forgelog_stream::EventProducer`].
 
-pub mod canonical;
-pub mod dialect;
 pub mod fake_upstream;
 pub mod replay;
 pub mod server;
@@ -27,13 +25,13 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8100")]
     pub listen: SocketAddr,
     /// Kafka bootstrap servers (comma-separated host:port)
-    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     pub brokers: String,
     /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
     /// Largest request body accepted, in MiB
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = ProxyConfig::BODY_LIMIT >> 20)]
     pub body_limit_mib: usize,
 }
 
@@ -51,17 +49,18 @@ pub struct ProxyArgs {
     /// Run id for sessions created without one
     #[arg(long, env = "FORGELOG_RUN_ID")]
     pub run_id: Option<String>,
-    /// Calls one session may have in flight at once (more get 429)
-    #[arg(long, default_value_t = 16)]
-    pub max_calls_per_session: u32,
+    /// Calls one session may have in flight at once, i.e. concurrent, not in
+    /// total (more get 429; the total is the session's `max_model_calls`)
+    #[arg(long, alias = "max-calls-per-session", default_value_t = ProxyConfig::MAX_CALLS_IN_FLIGHT)]
+    pub max_calls_in_flight: u32,
     /// Give up on the upstream after this many seconds
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = ProxyConfig::UPSTREAM_TIMEOUT.as_secs())]
     pub upstream_timeout_secs: u64,
     /// SSE keep-alive interval while the upstream works, in seconds
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = ProxyConfig::KEEP_ALIVE.as_secs())]
     pub keep_alive_secs: u64,
     /// Requests in flight to the upstream at most (more wait for a turn)
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = ProxyConfig::MAX_UPSTREAM_REQUESTS)]
     pub max_upstream_requests: usize,
 }
 
@@ -72,7 +71,7 @@ impl ProxyArgs {
             run_id: self.run_id.clone(),
             admin_token: self.serve.admin_token.clone(),
             body_limit: self.serve.body_limit_mib << 20,
-            max_calls_per_session: self.max_calls_per_session.max(1),
+            max_calls_in_flight: self.max_calls_in_flight.max(1),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
             max_upstream_requests: self.max_upstream_requests,
@@ -93,14 +92,11 @@ pub struct ReplayServeArgs {
 impl ReplayServeArgs {
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
-            upstream: format!("recorded run {}", self.run),
             run_id: Some(self.run.clone()),
             admin_token: self.serve.admin_token.clone(),
             body_limit: self.serve.body_limit_mib << 20,
-            max_calls_per_session: 16,
             upstream_timeout: Duration::from_secs(60),
-            keep_alive: Duration::from_secs(5),
-            max_upstream_requests: 1024,
+            ..ProxyConfig::new(format!("recorded run {}", self.run))
         }
     }
 }
@@ -137,6 +133,7 @@ pub async fn load_recording(
 
 /// `forgelog replay serve`: answers from the recording until Ctrl-C or SIGTERM.
 pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
+    let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
     let recording = load_recording(&stream, &args.run).await?;
     let (sessions, calls) = (
@@ -155,7 +152,7 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
         proxy.url(),
         args.run
     );
-    shutdown_signal().await;
+    stop.await;
     proxy.shutdown(Duration::from_secs(1)).await
 }
 
@@ -332,6 +329,7 @@ impl RunningProxy {
 
 /// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+    let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
     raise_fd_limit();
     let proxy = RunningProxy::start(
@@ -354,25 +352,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
         args.serve.brokers,
         args.spool.display()
     );
-    shutdown_signal().await;
+    stop.await;
     eprintln!("forgelog proxy: stopping; flushing events to the broker");
     proxy.shutdown(Duration::from_secs(30)).await
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

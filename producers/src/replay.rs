@@ -5,7 +5,7 @@
 //! that differs. The proxy around it is the live one with this as its upstream,
 //! so dialects, ids and stream shapes come out of the same code as recorded.
 
-use crate::sessions::NewSession;
+use forgelog_api::{NewSession, ReplaySession};
 use forgelog_schemas::diff::{clip, first_difference};
 use forgelog_schemas::{CallFinished, CallStatus, Event, RolloutStarted};
 use serde_json::{json, Value};
@@ -296,12 +296,10 @@ impl Recording {
     /// A replay session request: `{"replay_of": "<session or rollout id>"}`, or the
     /// same body the recorded session was created with (an unchanged orchestrator).
     /// Either way it must name a recorded session of this run.
-    pub fn new_session(&self, body: &Value) -> Result<NewSession, ReplayError> {
-        let session = match body.get("replay_of").and_then(Value::as_str) {
-            Some(id) => self.find(id),
-            None => {
-                let new: NewSession = serde_json::from_value(body.clone())
-                    .map_err(|e| ReplayError::BadSessionRequest(e.to_string()))?;
+    pub fn new_session(&self, request: &ReplaySession) -> Result<NewSession, ReplayError> {
+        let (session, named) = match request {
+            ReplaySession::Of { replay_of } => (self.find(replay_of), replay_of),
+            ReplaySession::Original(new) => {
                 let run = new.run_id.as_deref().unwrap_or(&self.run_id);
                 if run != self.run_id {
                     return Err(ReplayError::BadSessionRequest(format!(
@@ -309,32 +307,24 @@ impl Recording {
                         self.run_id
                     )));
                 }
-                self.sessions
+                let found = self
+                    .sessions
                     .values()
-                    .find(|s| s.rollout.rollout_id == new.rollout_id)
+                    .find(|s| s.rollout.rollout_id == new.rollout_id);
+                (found, &new.rollout_id)
             }
         };
         let s = session.ok_or_else(|| ReplayError::UnknownSession {
-            session_id: body
-                .get("replay_of")
-                .or_else(|| body.get("rollout_id"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
+            session_id: named.clone(),
             run_id: self.run_id.clone(),
         })?;
         let r = &s.rollout;
-        Ok(NewSession {
-            run_id: Some(self.run_id.clone()),
-            rollout_id: r.rollout_id.clone(),
-            task_id: r.task_id.clone(),
-            harness: r.harness.clone(),
-            group_id: r.group_id.clone(),
-            group_size: Some(r.group_size),
-            // Replayed answers are the recorded ones: no budget or clamp of its own.
-            max_model_calls: None,
-            max_tokens: None,
-        })
+        // Replayed answers are the recorded ones: no budget or clamp of its own.
+        Ok(
+            NewSession::new(&r.rollout_id, &r.task_id, &r.harness, &r.group_id)
+                .in_run(&self.run_id)
+                .group_size(r.group_size),
+        )
     }
 
     /// The upstream answer recorded for call `call_index` of session `session_id`,
@@ -556,20 +546,28 @@ mod tests {
     #[test]
     fn replay_sessions_are_asked_for_by_id_or_by_the_original_request() {
         let rec = recording();
-        let by_id = rec.new_session(&json!({"replay_of": "s2"})).unwrap();
+        let request = |v: Value| -> ReplaySession { serde_json::from_value(v).unwrap() };
+        let by_id = rec
+            .new_session(&request(json!({"replay_of": "s2"})))
+            .unwrap();
         assert_eq!(by_id.rollout_id, "r2");
-        let by_rollout = rec.new_session(&json!({"replay_of": "r1"})).unwrap();
+        let by_rollout = rec
+            .new_session(&request(json!({"replay_of": "r1"})))
+            .unwrap();
         assert_eq!(
             (by_rollout.run_id.as_deref(), by_rollout.group_size),
             (Some("run"), Some(2))
         );
         let original = json!({"rollout_id": "r1", "task_id": "t", "harness": "h", "group_id": "g"});
-        assert_eq!(rec.new_session(&original).unwrap().rollout_id, "r1");
+        assert_eq!(
+            rec.new_session(&request(original)).unwrap().rollout_id,
+            "r1"
+        );
         assert!(matches!(
-            rec.new_session(&json!({"replay_of": "nope"})),
+            rec.new_session(&request(json!({"replay_of": "nope"}))),
             Err(ReplayError::UnknownSession { .. })
         ));
         let other_run = json!({"run_id": "x", "rollout_id": "r1", "task_id": "t", "harness": "h", "group_id": "g"});
-        assert!(rec.new_session(&other_run).is_err());
+        assert!(rec.new_session(&request(other_run)).is_err());
     }
 }

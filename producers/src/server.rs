@@ -1,9 +1,6 @@
 //! The thin HTTP shell: axum routes, session auth, limits, the upstream call,
-//! event recording and SSE replay. All translation lives in [`crate::dialect`].
+//! event recording and SSE replay. All translation lives in [`forgelog_dialects::dialect`].
 
-use crate::canonical::{ChatRequest, ChatResponse, FinishReason, Part};
-use crate::dialect::sse::KEEP_ALIVE;
-use crate::dialect::*;
 use crate::sessions::{NewSession, Session, SessionError, Sessions};
 use crate::upstream::{
     read_response, rl_sampling, upstream_body, Sampled, Upstream, UpstreamClient,
@@ -14,6 +11,10 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use forgelog_api::{ApiError, Finish, Finished, ReplaySession, SessionCreated};
+use forgelog_dialects::canonical::{ChatRequest, ChatResponse, FinishReason, Part};
+use forgelog_dialects::dialect::sse::KEEP_ALIVE;
+use forgelog_dialects::dialect::*;
 use forgelog_schemas::{
     event_id, CallFinished, CallStarted, CallStatus, Event, RolloutFinished, RolloutStarted,
     SamplingParams, Usage, VerifierResult,
@@ -56,12 +57,37 @@ pub struct ProxyConfig {
     pub run_id: Option<String>,
     pub admin_token: Option<String>,
     pub body_limit: usize,
-    pub max_calls_per_session: u32,
+    /// Concurrent calls one session may have (not its total: that is the
+    /// session's `max_model_calls`).
+    pub max_calls_in_flight: u32,
     pub upstream_timeout: Duration,
     /// SSE keep-alive comment interval while the upstream is working.
     pub keep_alive: Duration,
     /// Upstream requests in flight at most (each holds a connection).
     pub max_upstream_requests: usize,
+}
+
+impl ProxyConfig {
+    pub const BODY_LIMIT: usize = 32 << 20;
+    pub const MAX_CALLS_IN_FLIGHT: u32 = 16;
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+    pub const MAX_UPSTREAM_REQUESTS: usize = 1024;
+
+    /// A proxy of `upstream` with the defaults of `forgelog proxy`'s flags: no
+    /// run id (sessions name theirs), no admin token.
+    pub fn new(upstream: impl Into<String>) -> ProxyConfig {
+        ProxyConfig {
+            upstream: upstream.into(),
+            run_id: None,
+            admin_token: None,
+            body_limit: Self::BODY_LIMIT,
+            max_calls_in_flight: Self::MAX_CALLS_IN_FLIGHT,
+            upstream_timeout: Self::UPSTREAM_TIMEOUT,
+            keep_alive: Self::KEEP_ALIVE,
+            max_upstream_requests: Self::MAX_UPSTREAM_REQUESTS,
+        }
+    }
 }
 
 pub struct ProxyState {
@@ -167,10 +193,18 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .with_state(state)
 }
 
-fn error_response<D: Dialect>(err: &DialectError) -> Response {
+fn error_response<D: DialectAdapter>(err: &DialectError) -> Response {
     let status =
         StatusCode::from_u16(err.kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(D::error_body(err))).into_response()
+    let mut response = (status, Json(D::error_body(err))).into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body was never read, so the connection ends here:
+        // say so, or a client's pool reuses it and its next request fails.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// The session key from `Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or Gemini's `?key=`.
@@ -187,7 +221,7 @@ fn api_key<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str
         .map(str::trim)
 }
 
-async fn call<D: Dialect>(
+async fn call<D: DialectAdapter>(
     State(st): State<Arc<ProxyState>>,
     headers: HeaderMap,
     req: Request,
@@ -356,7 +390,7 @@ impl Call {
     /// The session's budget is spent: a short final assistant message (plain
     /// text, no tool calls, finish `stop`) that ends any harness's loop,
     /// recorded as a budget stop, never as a trainable call.
-    fn budget_stop<D: Dialect>(self, req: &ChatRequest) -> (ChatResponse, Bytes) {
+    fn budget_stop<D: DialectAdapter>(self, req: &ChatRequest) -> (ChatResponse, Bytes) {
         let limit = self.session.max_model_calls.unwrap_or(0);
         let resp = ChatResponse {
             id: self.response_id(),
@@ -384,7 +418,7 @@ impl Call {
     }
 
     /// Asks the upstream, records the answer; returns it and the harness's response body.
-    async fn complete<D: Dialect>(
+    async fn complete<D: DialectAdapter>(
         self,
         req: &ChatRequest,
     ) -> Result<(ChatResponse, Bytes), DialectError> {
@@ -473,7 +507,7 @@ impl Call {
     }
 }
 
-async fn serve<D: Dialect>(
+async fn serve<D: DialectAdapter>(
     st: Arc<ProxyState>,
     headers: HeaderMap,
     path: String,
@@ -696,7 +730,13 @@ async fn prometheus(State(st): State<Arc<ProxyState>>) -> String {
 }
 
 fn admin_error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": message.into()}))).into_response()
+    (
+        status,
+        Json(ApiError {
+            error: message.into(),
+        }),
+    )
+        .into_response()
 }
 
 fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
@@ -721,7 +761,7 @@ async fn create_session(
                 return admin_error(StatusCode::BAD_REQUEST, format!("bad session request: {e}"))
             }
         },
-        Upstream::Recorded(rec) => match serde_json::from_slice(&body)
+        Upstream::Recorded(rec) => match serde_json::from_slice::<ReplaySession>(&body)
             .map_err(|e| crate::replay::ReplayError::BadSessionRequest(e.to_string()))
             .and_then(|b| rec.new_session(&b))
         {
@@ -734,7 +774,7 @@ async fn create_session(
     let (s, key) = match st.sessions.create(
         new,
         st.config.run_id.as_deref(),
-        st.config.max_calls_per_session,
+        st.config.max_calls_in_flight,
         now,
     ) {
         Ok(x) => x,
@@ -762,21 +802,11 @@ async fn create_session(
             "cannot record the rollout (spool full?)",
         );
     }
-    Json(json!({"session_id": s.id, "api_key": key})).into_response()
-}
-
-#[derive(serde::Deserialize)]
-struct Finish {
-    exit_status: Option<i64>,
-    verifier: Option<Verdict>,
-}
-
-#[derive(serde::Deserialize)]
-struct Verdict {
-    ok: bool,
-    reward: Option<f64>,
-    #[serde(default)]
-    details: Value,
+    Json(SessionCreated {
+        session_id: s.id.clone(),
+        api_key: key,
+    })
+    .into_response()
 }
 
 async fn finish_session(
@@ -812,15 +842,7 @@ async fn finish_session(
     };
     // A verifier that did not run is ok=false, reward=null: never a 0.
     let (ok, reward, details) = match finish.verifier {
-        Some(v) => (
-            v.ok,
-            if v.ok { v.reward } else { None },
-            match v.details {
-                Value::String(s) => s,
-                Value::Null => String::new(),
-                other => other.to_string(),
-            },
-        ),
+        Some(v) => (v.ok, if v.ok { v.reward } else { None }, v.details_text()),
         None => (false, None, "verifier did not run".to_string()),
     };
     let verdict = VerifierResult {
@@ -838,5 +860,31 @@ async fn finish_session(
             "cannot record the rollout's end (spool full?)",
         );
     }
-    Json(json!({"session_id": s.id, "model_calls": model_calls})).into_response()
+    Json(Finished {
+        session_id: s.id.clone(),
+        model_calls,
+    })
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_clamp() {
+        let asked = |n: Option<i64>| SamplingParams {
+            max_tokens: n,
+            ..Default::default()
+        };
+        let sent = |n, session, context| clamp_max_tokens(asked(n), session, context).max_tokens;
+        assert_eq!(sent(Some(100), None, None), Some(100));
+        assert_eq!(sent(Some(100), Some(7), None), Some(7));
+        assert_eq!(sent(Some(5), Some(7), None), Some(5));
+        assert_eq!(sent(None, Some(7), None), Some(7));
+        // More than the upstream's whole context: unset, the upstream fills what is left.
+        assert_eq!(sent(Some(128000), None, Some(8192)), None);
+        assert_eq!(sent(Some(128000), Some(512), Some(8192)), Some(512));
+        assert_eq!(sent(Some(1000), None, Some(8192)), Some(1000));
+    }
 }

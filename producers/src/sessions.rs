@@ -6,22 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Semaphore;
 
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct NewSession {
-    pub run_id: Option<String>,
-    pub rollout_id: String,
-    pub task_id: String,
-    pub harness: String,
-    pub group_id: String,
-    pub group_size: Option<i64>,
-    /// Model calls the session may make; past it the proxy answers with a
-    /// final "budget exhausted" message and records a budget stop.
-    #[serde(default)]
-    pub max_model_calls: Option<u32>,
-    /// The most completion tokens the proxy asks the upstream for per call.
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-}
+pub use forgelog_api::NewSession;
 
 #[derive(Debug)]
 pub struct Session {
@@ -168,16 +153,7 @@ mod tests {
     use super::*;
 
     fn new(rollout: &str) -> NewSession {
-        NewSession {
-            run_id: None,
-            rollout_id: rollout.into(),
-            task_id: "t".into(),
-            harness: "h".into(),
-            group_id: "g".into(),
-            group_size: None,
-            max_model_calls: None,
-            max_tokens: None,
-        }
+        NewSession::new(rollout, "t", "h", "g")
     }
 
     #[test]

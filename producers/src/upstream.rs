@@ -2,8 +2,9 @@
 //! non-streaming, asked for token ids and logprobs. Request building and
 //! response reading are pure; [`UpstreamClient`] is the thin HTTP part.
 
-use crate::canonical::*;
-use crate::dialect::{Dialect, DialectError, ErrorKind, OpenAiChatDialect};
+use forgelog_dialects::canonical::*;
+use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAiChatDialect};
+use forgelog_dialects::hermes;
 use forgelog_schemas::SamplingParams;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -119,91 +120,13 @@ pub fn read_response(
     if resp.usage.output == 0 {
         resp.usage.output = sampled.completion_token_ids.len() as u64;
     }
-    if !resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_))) {
-        let (parts, unparsed) = parse_hermes(std::mem::take(&mut resp.parts), call_id_prefix);
-        resp.parts = parts;
-        sampled.unparsed_tool_calls = unparsed;
-    }
+    sampled.unparsed_tool_calls = hermes::parse_parts(&mut resp.parts, call_id_prefix);
     if resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_)))
         && resp.finish == FinishReason::Stop
     {
         resp.finish = FinishReason::ToolCalls;
     }
     Ok((resp, sampled))
-}
-
-/// Splits Hermes `<tool_call>{"name": .., "arguments": {..}}</tool_call>` out of
-/// text parts. A block that does not parse stays text; returns how many did not.
-pub fn parse_hermes(parts: Vec<Part>, call_id_prefix: &str) -> (Vec<Part>, usize) {
-    const OPEN: &str = "<tool_call>";
-    const CLOSE: &str = "</tool_call>";
-    let mut out = Vec::new();
-    let (mut calls, mut unparsed) = (0usize, 0usize);
-    let push_text = |out: &mut Vec<Part>, t: &str| {
-        let t = t.trim();
-        if !t.is_empty() {
-            out.push(Part::Text(t.to_string()));
-        }
-    };
-    for p in parts {
-        let Part::Text(text) = p else {
-            out.push(p);
-            continue;
-        };
-        if !text.contains(OPEN) {
-            out.push(Part::Text(text));
-            continue;
-        }
-        let mut rest = text.as_str();
-        while let Some(start) = rest.find(OPEN) {
-            let after = &rest[start + OPEN.len()..];
-            let (inner, next) = match after.find(CLOSE) {
-                Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
-                None => (after, ""), // cut off by max_tokens or a stop string
-            };
-            let parsed = serde_json::from_str::<Value>(inner.trim())
-                .ok()
-                .and_then(|v| {
-                    let name = v["name"].as_str()?.to_string();
-                    let args = match &v["arguments"] {
-                        Value::String(s) => s.clone(),
-                        Value::Null => "{}".into(),
-                        a => a.to_string(),
-                    };
-                    Some((name, args))
-                });
-            match parsed {
-                Some((name, arguments)) => {
-                    push_text(&mut out, &rest[..start]);
-                    out.push(Part::ToolCall(ToolCall {
-                        id: format!("{call_id_prefix}{calls}"),
-                        name,
-                        arguments,
-                    }));
-                    calls += 1;
-                }
-                None => {
-                    unparsed += 1;
-                    let consumed = rest.len() - next.len();
-                    push_text(&mut out, &rest[..consumed]);
-                }
-            }
-            rest = next;
-        }
-        push_text(&mut out, rest);
-    }
-    // Merge adjacent text parts left by unparsed blocks.
-    let mut merged: Vec<Part> = Vec::with_capacity(out.len());
-    for p in out {
-        match (merged.last_mut(), p) {
-            (Some(Part::Text(a)), Part::Text(b)) => {
-                a.push('\n');
-                a.push_str(&b);
-            }
-            (_, p) => merged.push(p),
-        }
-    }
-    (merged, unparsed)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -403,4 +326,60 @@ async fn read_json(r: reqwest::Response) -> Result<Value, UpstreamError> {
         });
     }
     serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forgelog_dialects::dialect::*;
+
+    /// A context-length refusal from the engine (ours or vLLM) becomes each
+    /// dialect's own: OpenAI's `context_length_exceeded` code, Anthropic's
+    /// "prompt is too long", Gemini's INVALID_ARGUMENT; all 400.
+    #[test]
+    fn context_length_errors_in_each_dialect() {
+        let ours = json!({"error": {"message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8990 in the messages, 10 in the completion).", "type": "invalid_request_error", "code": "context_length_exceeded"}});
+        let vllm = json!({"object": "error", "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.", "type": "BadRequestError", "param": null, "code": 400});
+        for body in [ours, vllm] {
+            let err = UpstreamError::Status {
+                status: 400,
+                body: body.to_string(),
+            }
+            .dialect_error();
+            assert_eq!(err.kind, ErrorKind::ContextLength);
+            assert_eq!(err.kind.status(), 400);
+            assert!(err
+                .message
+                .starts_with("This model's maximum context length is 8192 tokens."));
+            let chat = OpenAiChatDialect::error_body(&err);
+            assert_eq!(chat["error"]["code"], "context_length_exceeded");
+            assert_eq!(chat["error"]["type"], "invalid_request_error");
+            assert_eq!(OpenAiResponsesDialect::error_body(&err), chat);
+            assert_eq!(
+                OpenAiResponsesDialect::stream_error(&err).json()["code"],
+                "context_length_exceeded"
+            );
+            let anthropic = AnthropicDialect::error_body(&err);
+            assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+            assert!(anthropic["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("prompt is too long: This model's maximum context length"));
+            assert_eq!(
+                GeminiDialect::error_body(&err)["error"]["status"],
+                "INVALID_ARGUMENT"
+            );
+        }
+        // Other 4xx stay plain invalid requests, with no code.
+        let other = UpstreamError::Status {
+            status: 400,
+            body: json!({"error": {"message": "top_p must be in (0, 1]"}}).to_string(),
+        }
+        .dialect_error();
+        assert_eq!(other.kind, ErrorKind::InvalidRequest);
+        assert_eq!(
+            OpenAiChatDialect::error_body(&other)["error"]["code"],
+            Value::Null
+        );
+    }
 }

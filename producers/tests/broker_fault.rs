@@ -2,6 +2,7 @@
 //! and once it is back every event is in the log exactly once.
 
 mod common;
+use forgelog_api::Verdict;
 
 use common::*;
 use forgelog_schemas::{Event, Topic};
@@ -35,11 +36,8 @@ async fn calls_succeed_while_the_broker_is_down_and_land_exactly_once() {
         answered += 1;
     }
     assert_eq!(answered, 30);
-    rig.finish(
-        &session,
-        json!({"ok": true, "reward": 0.5, "details": {"tests": 3}}),
-    )
-    .await;
+    rig.finish(&session, Some(Verdict::scored(0.5, json!({"tests": 3}))))
+        .await;
     rig.flush().await;
 
     let calls = rig.events(Topic::Calls).await;

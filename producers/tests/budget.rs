@@ -4,6 +4,7 @@
 //! upstream's context answered as each dialect's context-length error.
 
 mod common;
+use forgelog_api::Verdict;
 
 use common::*;
 use forgelog_producers::fake_upstream::FakeOptions;
@@ -46,7 +47,7 @@ async fn past_the_budget_every_dialect_gets_a_final_answer_recorded_as_a_budget_
     )
     .await;
     let (session, key) = rig
-        .session_with("r-budget", json!({"max_model_calls": 2, "max_tokens": 7}))
+        .session_with("r-budget", |s| s.max_model_calls(2).max_tokens(7))
         .await;
     let weather = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
 
@@ -134,10 +135,8 @@ async fn past_the_budget_every_dialect_gets_a_final_answer_recorded_as_a_budget_
 
     // The upstream answered the proxy's start-up probe and the budget's two calls only.
     assert_eq!(rig.upstream.answers().len(), 3);
-    let done = rig
-        .finish(&session, json!({"ok": true, "reward": 1.0}))
-        .await;
-    assert_eq!(done["model_calls"], 6);
+    let done = rig.finish(&session, Some(Verdict::scored(1.0, ""))).await;
+    assert_eq!(done.model_calls, 6);
     rig.flush().await;
     let (started, calls) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!((started, calls.len()), (6, 6));
@@ -230,7 +229,8 @@ async fn a_prompt_over_the_context_is_each_dialects_context_length_error() {
         .await;
     assert_eq!(status, 200, "{v}");
 
-    rig.finish(&session, json!({"ok": false})).await;
+    rig.finish(&session, Some(Verdict::failed(Value::Null)))
+        .await;
     rig.flush().await;
     let (_, calls) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!(calls.len(), 4);

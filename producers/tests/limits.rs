@@ -2,6 +2,7 @@
 //! the dialect's error shape (or a served call) and is recorded, nothing crashes.
 
 mod common;
+use forgelog_api::Verdict;
 
 use common::*;
 use forgelog_producers::fake_upstream::FakeOptions;
@@ -48,12 +49,19 @@ async fn failures_are_answered_in_dialect_and_recorded() {
         "{v}"
     );
 
-    // Too large: 413.
+    // Too large: 413, and the connection (its body unread) is closed, so a
+    // client's pool does not send the next request on it.
     let big = "x".repeat(2 << 20);
-    let (status, v) = rig
-        .post("/v1/chat/completions", Some(&key), &chat(&big))
-        .await;
-    assert_eq!(status, 413, "{v}");
+    let r = rig
+        .http
+        .post(format!("{}/v1/chat/completions", rig.proxy.url()))
+        .bearer_auth(&key)
+        .body(chat(&big).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["connection"], "close");
 
     // A slow upstream: the stream carries keep-alives, then the answer.
     let mut slow = chat("[slow]");
@@ -95,8 +103,8 @@ async fn failures_are_answered_in_dialect_and_recorded() {
         "{statuses:?}"
     );
 
-    let finished = rig.finish(&session, json!(null)).await;
-    assert_eq!(finished["model_calls"], 9);
+    let finished = rig.finish(&session, None).await;
+    assert_eq!(finished.model_calls, 9);
     // An ended session's key is refused, in Gemini's shape here.
     let r = rig
         .http
@@ -160,8 +168,7 @@ async fn a_backend_without_ids_serves_untrainable_calls() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(v["choices"][0]["message"]["content"], "Echo: hello");
-    rig.finish(&session, json!({"ok": true, "reward": 0.0}))
-        .await;
+    rig.finish(&session, Some(Verdict::scored(0.0, ""))).await;
     rig.flush().await;
     let (_, done) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!(done.len(), 1);
@@ -249,8 +256,7 @@ async fn compressed_request_bodies_are_decoded_and_recorded_decoded() {
     let (status, body) = send("/v1/chat/completions", "zstd", bomb).await;
     assert_eq!(status, 413, "{body}");
 
-    rig.finish(&session, json!({"ok": true, "reward": 1.0}))
-        .await;
+    rig.finish(&session, Some(Verdict::scored(1.0, ""))).await;
     rig.flush().await;
     let events = rig.events(Topic::Calls).await;
     let recorded: Vec<&[u8]> = events
@@ -291,7 +297,7 @@ async fn an_unparseable_tool_call_goes_back_as_text_and_is_flagged() {
             .contains("<tool_call>{\"name\": \"get_weather\""),
         "the text goes back as it was sampled: {v}"
     );
-    rig.finish(&session, json!(null)).await;
+    rig.finish(&session, None).await;
     rig.flush().await;
     let (_, done) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!(done.len(), 1);

@@ -5,6 +5,7 @@
 //! nothing is written to the log.
 
 mod common;
+use forgelog_api::{Finish, NewSession, ReplaySession, SessionClient, Verdict};
 
 use common::*;
 use forgelog_producers::{load_recording, RunningProxy};
@@ -18,15 +19,8 @@ async fn client(url: &str, key: &str, sdk: &str, mode: &str) -> Value {
     python_json(&script, &[url, key, sdk, mode]).await
 }
 
-async fn post(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
-    let r = http
-        .post(url)
-        .bearer_auth(ADMIN)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+fn sessions_of(replay: &RunningProxy) -> SessionClient {
+    SessionClient::new(replay.url(), Some(ADMIN.into()))
 }
 
 /// `replay serve` of the rig's run, which recorded `sessions` sessions.
@@ -55,8 +49,7 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
         let (session, key) = rig.session(&format!("r-{sdk}")).await;
         let responses = client(&rig.proxy.url(), &key, sdk, "run").await;
         assert_eq!(responses.as_array().unwrap().len(), 3, "{responses}");
-        rig.finish(&session, json!({"ok": true, "reward": 1.0}))
-            .await;
+        rig.finish(&session, Some(Verdict::scored(1.0, ""))).await;
         recorded.push((sdk, session, responses));
     }
     rig.flush().await;
@@ -68,36 +61,34 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
 
     let replay = replay_of(&rig, 2).await;
     let http = reqwest::Client::new();
-    let sessions = format!("{}/sessions", replay.url());
+    let sessions = sessions_of(&replay);
+    let exited = Finish {
+        exit_status: Some(0),
+        verifier: None,
+    };
     for (sdk, session, responses) in &recorded {
         // By the recorded session id, and by the original session request.
         let asks = [
-            json!({"replay_of": session}),
-            json!({"rollout_id": format!("r-{sdk}"), "task_id": "task-1", "harness": "sdk-test", "group_id": "g1"}),
+            ReplaySession::Of {
+                replay_of: session.clone(),
+            },
+            ReplaySession::Original(NewSession::new(
+                format!("r-{sdk}"),
+                "task-1",
+                "sdk-test",
+                "g1",
+            )),
         ];
         for ask in asks {
-            let (status, v) = post(&http, sessions.clone(), ask).await;
-            assert_eq!(status, 200, "{v}");
-            assert_eq!(v["session_id"], *session);
-            let key = v["api_key"].as_str().unwrap();
-            let replayed = client(&replay.url(), key, sdk, "run").await;
+            let created = sessions.replay(&ask).await.unwrap();
+            assert_eq!(&created.session_id, session);
+            let replayed = client(&replay.url(), &created.api_key, sdk, "run").await;
             assert_eq!(&replayed, responses, "{sdk}: replayed responses differ");
-            let (status, v) = post(
-                &http,
-                format!("{sessions}/{session}/finish"),
-                json!({"exit_status": 0}),
-            )
-            .await;
-            assert_eq!((status, v["model_calls"].as_i64()), (200, Some(3)), "{v}");
+            let done = sessions.finish(session, &exited).await.unwrap();
+            assert_eq!(done.model_calls, 3);
         }
-        let (_, v) = post(&http, sessions.clone(), json!({"replay_of": session})).await;
-        let refused = client(
-            &replay.url(),
-            v["api_key"].as_str().unwrap(),
-            sdk,
-            "diverge",
-        )
-        .await;
+        let created = sessions.replay_of(session).await.unwrap();
+        let refused = client(&replay.url(), &created.api_key, sdk, "diverge").await;
         // The second call streams: the refusal comes as the stream's error event
         // (openai raises APIError; anthropic an APIStatusError of the 200 stream).
         assert!(
@@ -111,11 +102,10 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
             )) && error.contains("field messages[3].content"),
             "{sdk}: {error}"
         );
-        post(&http, format!("{sessions}/{session}/finish"), json!({})).await;
+        sessions.finish(session, &Finish::default()).await.unwrap();
 
         // Not streamed: a 400 in the dialect's own error shape.
-        let (_, v) = post(&http, sessions.clone(), json!({"replay_of": session})).await;
-        let key = v["api_key"].as_str().unwrap();
+        let key = &sessions.replay_of(session).await.unwrap().api_key;
         let (path, body) = match *sdk {
             "openai" => (
                 "/v1/chat/completions",
@@ -143,10 +133,10 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
                 && message.contains("field messages[0]"),
             "{message}"
         );
-        post(&http, format!("{sessions}/{session}/finish"), json!({})).await;
+        sessions.finish(session, &Finish::default()).await.unwrap();
     }
-    let (status, v) = post(&http, sessions.clone(), json!({"replay_of": "nope"})).await;
-    assert_eq!(status, 404, "{v}");
+    let refused = sessions.replay_of("nope").await.unwrap_err();
+    assert_eq!(refused.status(), Some(404), "{refused}");
 
     replay
         .shutdown(std::time::Duration::from_secs(1))
@@ -218,17 +208,12 @@ async fn responses_and_gemini_calls_replay_byte_for_byte() {
         recorded[1]
     );
     assert!(recorded[2].contains("functionCall"), "{}", recorded[2]);
-    rig.finish(&session, Value::Null).await;
+    rig.finish(&session, None).await;
     rig.flush().await;
 
     let replay = replay_of(&rig, 1).await;
-    let (_, v) = post(
-        &reqwest::Client::new(),
-        format!("{}/sessions", replay.url()),
-        json!({"replay_of": "r-raw"}),
-    )
-    .await;
-    let replayed = send(replay.url(), v["api_key"].as_str().unwrap().to_string()).await;
+    let created = sessions_of(&replay).replay_of("r-raw").await.unwrap();
+    let replayed = send(replay.url(), created.api_key).await;
     for (i, (a, b)) in recorded.iter().zip(&replayed).enumerate() {
         assert!(a == b, "call {i}:\nrecorded {a}\nreplayed {b}");
     }

@@ -5,6 +5,7 @@
 //! logprobs the upstream returned, byte for byte.
 
 mod common;
+use forgelog_api::Verdict;
 
 use common::*;
 use forgelog_schemas::{CallStatus, Event, Topic};
@@ -38,12 +39,9 @@ async fn run_client_on(
     let expected = expected["calls"].as_u64().unwrap() as usize;
 
     let finished = rig
-        .finish(
-            &session,
-            json!({"ok": true, "reward": 1.0, "details": "passed"}),
-        )
+        .finish(&session, Some(Verdict::scored(1.0, "passed")))
         .await;
-    assert_eq!(finished["model_calls"], expected);
+    assert_eq!(finished.model_calls, expected as i64);
     rig.flush().await;
     let calls = rig.events(Topic::Calls).await;
     let (started, done) = calls_of(&calls, &session);
@@ -205,7 +203,7 @@ async fn gemini_raw_http() {
     assert_eq!(r.status(), 400);
     assert_eq!(r.json_value().await["error"]["status"], "INVALID_ARGUMENT");
 
-    rig.finish(&session, Value::Null).await;
+    rig.finish(&session, None).await;
     rig.flush().await;
     let (started, done) = calls_of(&rig.events(Topic::Calls).await, &session);
     assert_eq!((started, done.len()), (4, 4));

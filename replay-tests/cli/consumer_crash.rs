@@ -1,21 +1,46 @@
 //! The consumers over a recorded run: two clean runs give byte-identical output
-//! topics, and a run killed with SIGKILL at 20+ random points (restarted each
-//! time) gives exactly the same bytes as a clean one.
+//! topics, and a run killed with SIGKILL at 20 random points (restarted each
+//! time; 20 × `FORGELOG_SOAK` with the soak flag) gives exactly the same bytes
+//! as a clean one.
 
 use forgelog_schemas::{testing::recorded_run, Topic};
 use forgelog_stream::testing::{self, PrivateBroker};
 use forgelog_stream::{ReplayReader, StreamConfig};
+use std::path::Path;
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const RUN: &str = "crash-run";
 const GROUPS: usize = 40;
+/// A restarted consumer must checkpoint new progress within this.
+const RESTART_BUDGET: Duration = Duration::from_secs(30);
+
+/// Input events a consumer's checkpoint says it has consumed (0 before its first).
+fn consumed(state_file: &Path) -> i64 {
+    let Ok(bytes) = std::fs::read(state_file) else {
+        return 0;
+    };
+    let state: serde_json::Value = serde_json::from_slice(&bytes).expect("state.json is JSON");
+    state["inputs"]
+        .as_object()
+        .into_iter()
+        .flat_map(|topics| topics.values())
+        .filter_map(|partitions| partitions.as_object())
+        .flat_map(|partitions| partitions.values())
+        .filter_map(|offset| offset.as_i64())
+        .sum()
+}
+
+/// Groups in the recorded run: more with the soak flag, so that more kills fit.
+fn groups() -> usize {
+    GROUPS * testing::soak_scale()
+}
 
 /// A broker holding the recorded run's input topics.
 fn broker_with_run() -> PrivateBroker {
     let broker = PrivateBroker::start().unwrap();
     let config = broker.config();
-    let events = recorded_run(RUN, GROUPS, 4, 4, 40);
+    let events = recorded_run(RUN, groups(), 4, 4, 40);
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(testing::produce(&config, &events));
@@ -79,7 +104,7 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
         .iter()
         .filter(|m| m.0 == Topic::Batches.name())
         .count();
-    assert_eq!((trajectories, batches), (GROUPS * 4, GROUPS));
+    assert_eq!((trajectories, batches), (groups() * 4, groups()));
     assert_eq!(
         outputs(&clean_b.config()),
         reference,
@@ -88,21 +113,43 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
 
     let state = tempfile::tempdir().unwrap();
     let config = crashed.config();
+    let kills_each = 10 * testing::soak_scale();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut kills = 0;
-    // Each consumer in turn: SIGKILL at random points, restart, until it finishes.
+    let mut slowest_restart = Duration::ZERO;
+    // Each consumer in turn: restart it, wait until its checkpoint moves (so
+    // every restart is known to make progress), then SIGKILL it at a random
+    // point up to a few checkpoints later; until `kills_each` kills landed.
     for which in ["trajectories", "rewards"] {
+        let state_file = state.path().join(which).join("state.json");
         let mut kills_here = 0;
-        loop {
+        while kills_here < kills_each {
+            let before = consumed(&state_file);
+            let started = Instant::now();
             let mut child = consume(which, &config, state.path());
+            let finished = loop {
+                if child.try_wait().unwrap().is_some() {
+                    break true;
+                }
+                if consumed(&state_file) > before {
+                    break false;
+                }
+                assert!(
+                    started.elapsed() < RESTART_BUDGET,
+                    "restart {kills_here} of {which} made no progress in {RESTART_BUDGET:?}"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            slowest_restart = slowest_restart.max(started.elapsed());
+            assert!(
+                !finished,
+                "{which} finished after only {kills_here} of {kills_each} kills: checkpoint more often"
+            );
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            std::thread::sleep(Duration::from_millis(30 + rng % 300));
-            if child.try_wait().unwrap().is_some() {
-                break; // finished before the kill
-            }
-            child.kill().unwrap();
+            std::thread::sleep(Duration::from_millis(rng % 40));
+            child.kill().unwrap(); // SIGKILL, possibly mid-checkpoint
             child.wait().unwrap();
             kills_here += 1;
         }
@@ -110,17 +157,13 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
             .wait()
             .unwrap()
             .success());
-        assert!(
-            kills_here >= 10,
-            "only {kills_here} kills of {which} landed before it finished"
-        );
         kills += kills_here;
     }
     let got = outputs(&config);
     assert_eq!(got.len(), reference.len(), "lost or duplicated outputs");
     assert!(got == reference, "output differs from a clean run's");
     println!(
-        "{kills} kills; {} outputs byte-identical to a clean run",
+        "{kills} kills; {} outputs byte-identical to a clean run; slowest restart to progress {slowest_restart:?}",
         got.len()
     );
 }

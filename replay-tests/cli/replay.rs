@@ -1,5 +1,6 @@
 //! `forgelog replay rebuild`, `replay show` and `replay serve` over recorded runs.
 
+use forgelog_api::SessionClient;
 use forgelog_consumers::{rebuild::rebuild, RewardConfig};
 use forgelog_schemas::{testing::recorded_run, Event, Topic};
 use forgelog_stream::testing::{self, PrivateBroker};
@@ -145,23 +146,15 @@ fn serve_answers_recorded_requests_with_the_recorded_bodies() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let http = reqwest::Client::new();
     let url = format!("http://{addr}");
+    let sessions = SessionClient::new(&url, None);
     let mut answered = 0;
     for e in &events {
         let Event::RolloutStarted(r) = e else {
             continue;
         };
-        let session: serde_json::Value = rt.block_on(async {
-            http.post(format!("{url}/sessions"))
-                .body(format!(r#"{{"replay_of": "{}"}}"#, r.rollout_id))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap()
-        });
-        assert_eq!(session["session_id"], r.session_id.as_str());
-        let key = session["api_key"].as_str().unwrap();
+        let session = rt.block_on(sessions.replay_of(&r.rollout_id)).unwrap();
+        assert_eq!(session.session_id, r.session_id);
+        let key = session.api_key.as_str();
         for e in &events {
             let Event::CallStarted(c) = e else { continue };
             if c.session_id != r.session_id {

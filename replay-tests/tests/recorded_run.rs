@@ -4,25 +4,27 @@
 //! through `replay serve` with the official SDKs (the responses they got when
 //! it was recorded, byte for byte).
 //!
-//! `FORGELOG_WRITE_GOLDEN=1` rewrites the golden trajectories and batches from
-//! the fixture (after an intended change to the cores).
+//! `cargo run -p forgelog-replay-tests --example write-golden` rewrites the
+//! golden trajectories and batches from the fixture (after an intended change
+//! to the cores).
 
+use forgelog_api::{Finish, SessionClient};
 use forgelog_consumers::rebuild::{read_run, rebuild, rebuild_and_compare};
 use forgelog_consumers::{
     shell, Processor, RewardConfig, RewardJoin, ShellOptions, TrajectoryBuilder,
 };
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::{load_recording, RunningProxy};
-use forgelog_replay_tests::{by_topic, decode, edit_token, fixture_dir, golden, RUN};
+use forgelog_replay_tests::{by_topic, edit_token, fixture_dir, golden, RUN};
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::testing::{self, python_json, PrivateBroker};
 use forgelog_stream::{ReplayReader, StreamConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
 fn fixture() -> Vec<Event> {
-    decode(&std::fs::read(fixture_dir().join("events.bin")).expect("committed fixture")).unwrap()
+    forgelog_replay_tests::fixture().expect("committed fixture")
 }
 
 fn golden_file(name: &str) -> String {
@@ -60,12 +62,10 @@ fn the_pure_cores_rebuild_the_golden_outputs() {
         rebuilt
     );
     for (name, text) in golden(&rebuilt) {
-        if std::env::var_os("FORGELOG_WRITE_GOLDEN").is_some() {
-            std::fs::write(fixture_dir().join("golden").join(name), &text).unwrap();
-        }
         assert!(
             text == golden_file(name),
-            "golden/{name} differs from what the cores derive now (FORGELOG_WRITE_GOLDEN=1 rewrites it)"
+            "golden/{name} differs from what the cores derive now \
+             (`cargo run -p forgelog-replay-tests --example write-golden` rewrites it)"
         );
     }
 }
@@ -157,7 +157,7 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
             run_id: Some(RUN.into()),
             admin_token: None,
             body_limit: 1 << 20,
-            max_calls_per_session: 4,
+            max_calls_in_flight: 4,
             upstream_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(5),
             max_upstream_requests: 8,
@@ -170,22 +170,13 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../producers/tests/clients/replay_session.py");
     let recorded: Value = serde_json::from_str(&golden_file("sdk_responses.json")).unwrap();
-    let http = reqwest::Client::new();
+    let sessions = SessionClient::new(proxy.url(), None);
     for (session, rec) in recorded.as_object().unwrap() {
         let sdk = rec["sdk"].as_str().unwrap();
         // Sampling (the seed) is not part of the comparison: only the conversation is.
         for mode in ["run", "diverge"] {
-            let r: Value = http
-                .post(format!("{}/sessions", proxy.url()))
-                .body(json!({"replay_of": session}).to_string())
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let key = r["api_key"].as_str().unwrap();
-            let got = python_json(&script, &[&proxy.url(), key, sdk, mode]).await;
+            let created = sessions.replay_of(session).await.unwrap();
+            let got = python_json(&script, &[&proxy.url(), &created.api_key, sdk, mode]).await;
             if mode == "run" {
                 assert_eq!(got, rec["responses"], "{sdk} session {session}");
             } else {
@@ -195,13 +186,7 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
                     "{error}"
                 );
             }
-            let finished = http
-                .post(format!("{}/sessions/{session}/finish", proxy.url()))
-                .body("{}")
-                .send()
-                .await
-                .unwrap();
-            assert!(finished.status().is_success());
+            sessions.finish(session, &Finish::default()).await.unwrap();
         }
     }
     proxy.shutdown(Duration::from_secs(1)).await.unwrap();

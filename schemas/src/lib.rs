@@ -9,12 +9,14 @@ pub mod diff;
 mod events;
 mod ids;
 pub mod packed;
+mod record;
 pub mod testing;
 mod topics;
 
 pub use codec::{Codec, DecodeError, EncodeError};
 pub use events::*;
 pub use ids::event_id;
+pub use record::Received;
 pub use topics::Topic;
 
 use serde::{Deserialize, Serialize};
@@ -72,7 +74,7 @@ macro_rules! events {
                 match self { $(Event::$name(e) => &e.event_id,)* }
             }
 
-            /// The Kafka message key (DESIGN.md): session, rollout or run id.
+            /// The Kafka message key: session, rollout or run id.
             pub fn key(&self) -> &str {
                 match self { $(Event::$name(e) => &e.$key,)* }
             }

@@ -1,6 +1,6 @@
 //! Topic names and which event goes where, keyed by what.
 
-/// The log's topics (DESIGN.md, "Topics and events").
+/// The log's topics; `schemas/README.md` lists their keys and events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Topic {
     Calls,

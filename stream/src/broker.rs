@@ -39,13 +39,7 @@ pub enum BrokerError {
 /// Where forgelog installs tools it builds itself: `$FORGELOG_HOME/tools`, else
 /// `~/.cache/forgelog/tools`.
 pub fn tools_root() -> PathBuf {
-    if let Some(home) = std::env::var_os("FORGELOG_HOME") {
-        return PathBuf::from(home).join("tools");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache/forgelog/tools")
+    crate::forgelog_home().join("tools")
 }
 
 /// The tansu binary: `$FORGELOG_TANSU`, then `tansu` on `PATH`, then the tools root.

@@ -2,51 +2,22 @@
 //! reader that reads a topic's history without joining any group.
 
 use crate::StreamConfig;
-use forgelog_schemas::{Codec, DecodeError, Event, Topic};
+use forgelog_schemas::{Received, Topic};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-/// One message as read from the log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Received {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub key: Vec<u8>,
-    /// The raw value, for byte-level comparison and re-encoding checks.
-    pub value: Vec<u8>,
-    /// The decoded event; a message that is not a forgelog event is an error
-    /// here, for the caller to record and skip, never a crash.
-    pub event: Result<Event, String>,
-}
-
-impl Received {
-    /// Whether this message belongs to `run` (any run when `None`; undecodable
-    /// messages always pass, so that they get reported).
-    pub fn in_run(&self, run: Option<&str>) -> bool {
-        match (&self.event, run) {
-            (Ok(e), Some(r)) => e.run_id() == r,
-            _ => true,
-        }
-    }
-
-    fn from_message(msg: &BorrowedMessage<'_>) -> Received {
-        let value = msg.payload().unwrap_or_default().to_vec();
-        let event = Codec::global()
-            .decode(&value)
-            .map_err(|e: DecodeError| e.to_string());
-        Received {
-            topic: msg.topic().to_string(),
-            partition: msg.partition(),
-            offset: msg.offset(),
-            key: msg.key().unwrap_or_default().to_vec(),
-            value,
-            event,
-        }
-    }
+/// A message as the consumers read it.
+fn received(msg: &BorrowedMessage<'_>) -> Received {
+    Received::decode(
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        msg.key().unwrap_or_default(),
+        msg.payload().unwrap_or_default(),
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +48,7 @@ impl EventConsumer {
 
     pub async fn recv(&self) -> Result<Received, ConsumeError> {
         let msg = self.inner.recv().await?;
-        Ok(Received::from_message(&msg))
+        Ok(received(&msg))
     }
 
     /// Commits "everything up to and including these messages" (synchronously).
@@ -213,7 +184,7 @@ impl ReplayReader {
                     if msg.offset() >= to {
                         break;
                     }
-                    if f(Received::from_message(&msg)).is_break() {
+                    if f(received(&msg)).is_break() {
                         self.consumer.unassign()?;
                         return Ok(ControlFlow::Break(()));
                     }
@@ -260,7 +231,7 @@ impl ReplayReader {
         self.consumer.assign(&tpl)?;
         loop {
             if let Some(msg) = self.consumer.poll(Duration::from_millis(500)) {
-                let rec = Received::from_message(&msg?);
+                let rec = received(&msg?);
                 if rec.in_run(run) && f(rec).is_break() {
                     self.consumer.unassign()?;
                     return Ok(());

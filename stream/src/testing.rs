@@ -5,6 +5,16 @@ use crate::{admin, StreamConfig};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
+/// How much longer the kill, chaos and soak tests run than in CI: the
+/// `FORGELOG_SOAK` multiplier (1 when unset; `scripts/test.sh --soak` sets 10).
+pub fn soak_scale() -> usize {
+    std::env::var("FORGELOG_SOAK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
 /// A run id no other test run has used (tests share the broker's topics).
 pub fn unique_run_id(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -18,12 +28,7 @@ pub fn unique_run_id(prefix: &str) -> String {
 /// `$FORGELOG_HOME/venv` (default `~/.cache/forgelog`). Panics, naming the
 /// script, when it is missing: tests that need it fail, they never skip.
 pub fn venv_python() -> PathBuf {
-    let home = std::env::var_os("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
-        });
-    let python = home.join("venv/bin/python3");
+    let python = crate::forgelog_home().join("venv/bin/python3");
     assert!(
         python.exists(),
         "the Python venv with the SDKs is missing at {}: run scripts/python-env.sh",

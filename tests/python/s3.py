@@ -1,5 +1,6 @@
 """The S3 side of the export test, with boto3 (installed with moto).
 Usage: s3.py ENDPOINT mkbucket BUCKET | s3.py ENDPOINT download BUCKET PREFIX DIR
+     | s3.py ENDPOINT upload BUCKET KEY FILE
 download writes every object under PREFIX/ to DIR/<key without PREFIX/> and prints the keys."""
 import json
 import os
@@ -21,5 +22,7 @@ elif command == "download":
         os.makedirs(os.path.dirname(path), exist_ok=True)
         s3.download_file(bucket, key, path)
     print(json.dumps(sorted(keys)))
+elif command == "upload":
+    s3.upload_file(sys.argv[5], sys.argv[3], sys.argv[4])
 else:
     raise SystemExit(f"unknown command {command}")

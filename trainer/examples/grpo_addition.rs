@@ -13,7 +13,7 @@
 
 use candle_core::{DType, Device};
 use forgelog_consumers::{Processor, RewardConfig, RewardJoin, TrajectoryBuilder};
-use forgelog_engine::sampling::SamplingParams;
+use forgelog_engine::sampling::SamplerConfig;
 use forgelog_engine::scheduler::GenerationRequest;
 use forgelog_engine::Engine;
 use forgelog_schemas::{event_id, Event, RolloutFinished, RolloutStarted, VerifierResult};
@@ -225,7 +225,7 @@ async fn futures_join(
                     .generate(GenerationRequest {
                         prompt,
                         max_tokens: 4,
-                        sampling: SamplingParams {
+                        sampling: SamplerConfig {
                             temperature,
                             seed: Some(seed * 1_000_003 + (step * GROUP + i) as u64),
                             ..Default::default()

@@ -4,9 +4,11 @@
 //! `trainer.json` (step, optimizer steps, the batch offsets it reflects).
 
 use candle_core::{Device, Tensor};
+use forgelog_stream::store;
 use object_store::{path::Path as StorePath, ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -37,7 +39,7 @@ pub struct TrainerState {
 }
 
 pub struct CheckpointStore {
-    store: Box<dyn ObjectStore>,
+    store: Arc<dyn ObjectStore>,
     /// The URL of the run's folder, without a trailing `/`.
     url: String,
     prefix: String,
@@ -46,23 +48,18 @@ pub struct CheckpointStore {
 impl CheckpointStore {
     /// `base` is any object_store URL (`file:///abs/dir`, `s3://bucket/p`, …).
     pub fn new(base: &str, run: &str) -> Result<CheckpointStore, CheckpointError> {
-        let url = format!("{}/{run}", base.trim_end_matches('/'));
-        let location = |why: String| CheckpointError::Location {
-            url: url.clone(),
-            why,
-        };
-        let parsed = url::Url::parse(&url).map_err(|e| location(e.to_string()))?;
-        if parsed.scheme() == "file" {
-            std::fs::create_dir_all(parsed.path())?;
-        }
-        let (store, prefix) = object_store::parse_url_opts(
-            &parsed,
-            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")),
-        )
-        .map_err(|e| location(e.to_string()))?;
+        let base = store::location_url(base).map_err(|e| CheckpointError::Location {
+            url: e.location,
+            why: e.why,
+        })?;
+        let url = format!("{}/{run}", base.as_str().trim_end_matches('/'));
+        let location = store::create(&url).map_err(|e| CheckpointError::Location {
+            url: e.location,
+            why: e.why,
+        })?;
         Ok(CheckpointStore {
-            store,
-            prefix: prefix.as_ref().trim_end_matches('/').to_string(),
+            store: location.store,
+            prefix: location.prefix,
             url,
         })
     }

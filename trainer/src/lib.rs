@@ -65,7 +65,7 @@ pub struct TrainArgs {
     /// Batches sampled more than this many versions ago are dropped.
     #[arg(long, default_value_t = 4)]
     pub max_staleness: u64,
-    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     pub brokers: String,
     /// The run whose batches are trained and whose policies are published.
     #[arg(long, env = "FORGELOG_RUN", default_value = "default")]
@@ -92,7 +92,8 @@ pub struct TrainArgs {
     /// Truncation of the importance ratio (engine/learner mismatch, staleness).
     #[arg(long, default_value_t = 2.0)]
     pub is_cap: f64,
-    #[arg(long, value_enum, default_value_t = Normalisation::PerToken)]
+    /// How a step's token losses are averaged.
+    #[arg(long, default_value = "per-token", value_parser = normalisation_parser())]
     pub normalisation: Normalisation,
     /// β of a KL penalty to the initial policy (off when absent).
     #[arg(long)]
@@ -112,6 +113,13 @@ pub struct TrainArgs {
     /// The producer spool; default `.forgelog/trainer-spool/RUN`.
     #[arg(long)]
     pub spool: Option<PathBuf>,
+}
+
+/// `--normalisation`: one of [`Normalisation::NAMES`], listed in `--help`.
+fn normalisation_parser() -> impl clap::builder::TypedValueParser<Value = Normalisation> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Normalisation::NAMES)
+        .map(|s| s.parse().expect("one of the possible values"))
 }
 
 impl TrainArgs {

@@ -21,12 +21,29 @@
 use candle_core::{Result, Tensor};
 
 /// How a step's token losses are averaged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Normalisation {
     /// Every sampled token of the step weighs the same (long answers count more).
     PerToken,
     /// Mean over each sequence's tokens, then over sequences.
     PerSequence,
+}
+
+impl Normalisation {
+    /// The names `--normalisation` takes.
+    pub const NAMES: [&'static str; 2] = ["per-token", "per-sequence"];
+}
+
+impl std::str::FromStr for Normalisation {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Normalisation, String> {
+        match s {
+            "per-token" => Ok(Normalisation::PerToken),
+            "per-sequence" => Ok(Normalisation::PerSequence),
+            other => Err(format!("{other:?} is not one of {:?}", Self::NAMES)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,7 @@
 //! and after a checkpoint round trip through the engine), and staleness.
 
 use candle_core::{DType, Device, Tensor};
-use forgelog_engine::sampling::SamplingParams;
+use forgelog_engine::sampling::SamplerConfig;
 use forgelog_engine::scheduler::GenerationRequest;
 use forgelog_engine::Engine;
 use forgelog_model::Policy;
@@ -194,7 +194,7 @@ async fn sample_group(engine: &Engine, prompt: &[u32], n: u64, t: f32) -> Vec<Se
             .generate(GenerationRequest {
                 prompt: prompt.to_vec(),
                 max_tokens: 8,
-                sampling: SamplingParams {
+                sampling: SamplerConfig {
                     temperature: t,
                     seed: Some(seed + 1),
                     ..Default::default()

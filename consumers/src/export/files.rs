@@ -5,7 +5,7 @@ use arrow_array::builder::{
     Float64Builder, Int64Builder, ListBuilder, StringBuilder, UInt32Builder, UInt8Builder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
-use object_store::{path::Path as StorePath, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -86,22 +86,16 @@ pub async fn write(
         url: to.to_string(),
         why,
     };
-    let url = url::Url::parse(to).map_err(|e| dest(e.to_string()))?;
-    let (store, base) = object_store::parse_url_opts(
-        &url,
-        std::env::vars().filter(|(k, _)| k.starts_with("AWS_")),
-    )
-    .map_err(|e| dest(e.to_string()))?;
+    let location = forgelog_stream::store::create(to).map_err(|e| dest(e.why))?;
+    let to = location.url.as_str();
     let mut by_harness: BTreeMap<&str, Vec<&SftRow>> = BTreeMap::new();
     for r in rows {
         by_harness.entry(&r.harness).or_default().push(r);
     }
     let mut written = Vec::new();
     let put = |name: String, bytes: Vec<u8>| {
-        let store = &store;
-        let path = StorePath::from(
-            format!("{}/{name}", base.as_ref().trim_end_matches('/')).trim_start_matches('/'),
-        );
+        let store = &location.store;
+        let path = location.path(&name);
         async move {
             store
                 .put(&path, PutPayload::from(bytes))

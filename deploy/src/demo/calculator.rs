@@ -1,6 +1,6 @@
 //! The demo agent's one real tool: an arithmetic calculator.
 
-use forgelog_producers::canonical::ToolSpec;
+use forgelog_dialects::canonical::ToolSpec;
 use serde_json::Value;
 
 pub const NAME: &str = "calculator";

@@ -3,8 +3,10 @@
 //! (their client direction, `encode_request` / `decode_response`): the demo
 //! has no translation code of its own.
 
-use forgelog_producers::canonical::{ChatRequest, ChatResponse};
-use forgelog_producers::dialect::{AnthropicDialect, Dialect, DialectError, OpenAiChatDialect};
+use forgelog_dialects::canonical::{ChatRequest, ChatResponse};
+use forgelog_dialects::dialect::{
+    AnthropicDialect, DialectAdapter, DialectError, OpenAiChatDialect,
+};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,9 @@ pub mod tasks;
 pub use conversation::AgentDialect;
 pub use tasks::{Task, TASKS};
 
-use forgelog_producers::canonical::{ChatRequest, Message, Part, Role, ToolCall};
-use forgelog_producers::dialect::DialectError;
+use forgelog_api::{Finish, NewSession, SessionClient};
+use forgelog_dialects::canonical::{ChatRequest, Message, Part, Role, ToolCall};
+use forgelog_dialects::dialect::DialectError;
 use forgelog_schemas::SamplingParams;
 use serde_json::{json, Value};
 
@@ -113,36 +114,40 @@ pub enum DemoError {
     },
     #[error("unexpected response: {0}")]
     Response(#[from] DialectError),
+    #[error(transparent)]
+    Session(#[from] forgelog_api::ClientError),
 }
 
-/// Talks to one capture proxy.
+/// Talks to one capture proxy: sessions through its session API, model calls
+/// in the rollout's dialect with the session's key.
 #[derive(Debug, Clone)]
 pub struct ProxyClient {
-    base: String,
-    admin_token: Option<String>,
+    sessions: SessionClient,
     http: reqwest::Client,
 }
 
 impl ProxyClient {
     pub fn new(base: impl Into<String>, admin_token: Option<String>) -> ProxyClient {
+        let http = reqwest::Client::new();
         ProxyClient {
-            base: base.into(),
-            admin_token,
-            http: reqwest::Client::new(),
+            sessions: SessionClient::with_http(base, admin_token, http.clone()),
+            http,
         }
     }
 
-    async fn post(
+    /// One model call: `body` to the dialect's `path`, as the session `key`.
+    async fn call(
         &self,
         what: &str,
         path: &str,
-        key: Option<&str>,
+        key: &str,
         body: &Value,
     ) -> Result<Value, DemoError> {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
-        if let Some(token) = key.or(self.admin_token.as_deref()) {
-            req = req.bearer_auth(token);
-        }
+        let req = self
+            .http
+            .post(format!("{}{path}", self.sessions.base_url()))
+            .json(body)
+            .bearer_auth(key);
         let http = |source| DemoError::Http {
             what: what.to_string(),
             source,
@@ -201,51 +206,34 @@ async fn rollout(
         reward: None,
         error: None,
     };
-    let session = proxy
-        .post(
-            "creating a session",
-            "/sessions",
-            None,
-            &json!({
-                "run_id": plan.run_id, "rollout_id": outcome.rollout_id, "task_id": task.id,
-                "harness": dialect.harness(), "group_id": group_id, "group_size": plan.group_size,
-            }),
-        )
-        .await;
-    let session = match session {
+    let new = NewSession::new(&outcome.rollout_id, task.id, dialect.harness(), &group_id)
+        .in_run(&plan.run_id)
+        .group_size(plan.group_size as i64);
+    let session = match proxy.sessions.create(&new).await {
         Ok(s) => s,
         Err(e) => {
             outcome.error = Some(e.to_string());
             return outcome;
         }
     };
-    let (id, key) = (
-        session["session_id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        session["api_key"].as_str().unwrap_or_default().to_string(),
-    );
-    let finish = match converse(proxy, plan, dialect, task, &key, &mut outcome).await {
+    let finish = match converse(proxy, plan, dialect, task, &session.api_key, &mut outcome).await {
         Ok(answer) => {
             let verdict = tasks::verify(task, &answer);
-            outcome.reward = Some(verdict.reward);
-            json!({"exit_status": 0, "verifier": {"ok": true, "reward": verdict.reward, "details": verdict.details}})
+            outcome.reward = verdict.reward;
+            Finish {
+                exit_status: Some(0),
+                verifier: Some(verdict),
+            }
         }
         Err(e) => {
             outcome.error = Some(e.to_string());
-            json!({"exit_status": 1, "verifier": null})
+            Finish {
+                exit_status: Some(1),
+                verifier: None,
+            }
         }
     };
-    if let Err(e) = proxy
-        .post(
-            "finishing the session",
-            &format!("/sessions/{id}/finish"),
-            None,
-            &finish,
-        )
-        .await
-    {
+    if let Err(e) = proxy.sessions.finish(&session.session_id, &finish).await {
         outcome.reward = None;
         outcome.error.get_or_insert(e.to_string());
     }
@@ -279,7 +267,7 @@ async fn converse(
             outcome.model_calls, outcome.rollout_id
         );
         let body = proxy
-            .post(&what, dialect.path(), Some(key), &dialect.encode(&req))
+            .call(&what, dialect.path(), key, &dialect.encode(&req))
             .await?;
         outcome.model_calls += 1;
         let response = dialect.decode(&body)?;

@@ -1,6 +1,8 @@
 //! The demo's tasks and their verifier: arithmetic questions whose answer is
 //! one integer, checked against the agent's final message.
 
+use forgelog_api::Verdict;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
     pub id: &'static str,
@@ -31,28 +33,17 @@ pub const TASKS: [Task; 4] = [
     },
 ];
 
-/// What the verifier says of one rollout's final answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    pub reward: f64,
-    pub details: String,
-}
-
 /// Reward 1 when the last number in the final answer is the right one, else 0.
 pub fn verify(task: &Task, final_answer: &str) -> Verdict {
     match last_number(final_answer) {
-        Some(n) if n == task.answer as f64 => Verdict {
-            reward: 1.0,
-            details: format!("answered {n}: correct"),
-        },
-        Some(n) => Verdict {
-            reward: 0.0,
-            details: format!("answered {n}, expected {}", task.answer),
-        },
-        None => Verdict {
-            reward: 0.0,
-            details: format!("no number in the answer, expected {}", task.answer),
-        },
+        Some(n) if n == task.answer as f64 => {
+            Verdict::scored(1.0, format!("answered {n}: correct"))
+        }
+        Some(n) => Verdict::scored(0.0, format!("answered {n}, expected {}", task.answer)),
+        None => Verdict::scored(
+            0.0,
+            format!("no number in the answer, expected {}", task.answer),
+        ),
     }
 }
 
@@ -72,13 +63,16 @@ mod tests {
     #[test]
     fn the_verifier_reads_the_last_number() {
         let t = &TASKS[0];
-        assert_eq!(verify(t, "17 crates of 24 make 408 apples.").reward, 1.0);
-        assert_eq!(verify(t, "The answer is 1,408").reward, 0.0);
-        assert_eq!(verify(t, "It is 408.0.").reward, 1.0);
-        assert_eq!(verify(t, "408 or maybe 407").reward, 0.0);
+        assert_eq!(
+            verify(t, "17 crates of 24 make 408 apples.").reward,
+            Some(1.0)
+        );
+        assert_eq!(verify(t, "The answer is 1,408").reward, Some(0.0));
+        assert_eq!(verify(t, "It is 408.0.").reward, Some(1.0));
+        assert_eq!(verify(t, "408 or maybe 407").reward, Some(0.0));
         let none = verify(t, "many apples");
-        assert_eq!(none.reward, 0.0);
-        assert!(none.details.contains("no number"), "{none:?}");
+        assert_eq!(none.reward, Some(0.0));
+        assert!(none.details_text().contains("no number"), "{none:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Prints decode tokens/s at batch 1 and 16, time to first token, and peak RSS.
 
 use clap::Parser;
-use forgelog_engine::sampling::SamplingParams;
+use forgelog_engine::sampling::SamplerConfig;
 use forgelog_engine::scheduler::GenerationRequest;
 use forgelog_engine::Engine;
 use serde_json::json;
@@ -47,7 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let request = |seed: u64| GenerationRequest {
         prompt: prompt.clone(),
         max_tokens: args.tokens,
-        sampling: SamplingParams {
+        sampling: SamplerConfig {
             temperature: 1.0,
             seed: Some(seed),
             ..Default::default()

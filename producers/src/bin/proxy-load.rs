@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use forgelog_api::{Finish, NewSession, SessionClient, Verdict};
 use forgelog_producers::fake_upstream::{self, FakeOptions};
 use forgelog_producers::{raise_fd_limit, ProxyArgs};
 use serde_json::{json, Value};
@@ -109,7 +110,7 @@ struct RunArgs {
     /// The process to measure CPU and memory of, with `--proxy`
     #[arg(long, requires = "proxy")]
     proxy_pid: Option<u32>,
-    #[arg(long, env = "FORGELOG_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     brokers: String,
 }
 
@@ -202,6 +203,7 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (http, base) = (http.clone(), base.to_string());
+            let sessions = SessionClient::with_http(&base, None, http.clone());
             // Without think time all sessions start at once (the saturating
             // case); with it their starts are spread evenly over a cycle.
             let offset = if think.is_zero() { Duration::ZERO } else { cycle.mul_f64(i as f64 / n as f64) };
@@ -212,13 +214,10 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
                 let mut key = String::from("none");
                 let mut session = String::new();
                 if with_sessions {
-                    let body = json!({"rollout_id": format!("load-{i}-{}", std::process::id()), "task_id": "load", "harness": "proxy-load", "group_id": format!("g{}", i / 8), "group_size": 8});
-                    match post(&http, &format!("{base}/sessions"), "none", &body).await {
-                        Some(v) => {
-                            key = v["api_key"].as_str().unwrap_or_default().to_string();
-                            session = v["session_id"].as_str().unwrap_or_default().to_string();
-                        }
-                        None => return (latencies, calls + 1),
+                    let new = NewSession::new(format!("load-{i}-{}", std::process::id()), "load", "proxy-load", format!("g{}", i / 8)).group_size(8);
+                    match sessions.create(&new).await {
+                        Ok(created) => (key, session) = (created.api_key, created.session_id),
+                        Err(_) => return (latencies, calls + 1),
                     }
                 }
                 let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": format!("Task {i}: do the thing")})];
@@ -237,7 +236,8 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
                         None => errors += 1,
                     }
                 }
-                if with_sessions && post(&http, &format!("{base}/sessions/{session}/finish"), "none", &json!({"exit_status": 0, "verifier": {"ok": true, "reward": 1.0}})).await.is_none() {
+                let finish = Finish { exit_status: Some(0), verifier: Some(Verdict::scored(1.0, "")) };
+                if with_sessions && sessions.finish(&session, &finish).await.is_err() {
                     errors += 1;
                 }
                 (latencies, errors)
@@ -346,7 +346,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .args(["--listen", &addr.to_string(), "--brokers", &args.brokers])
                 .args(["--run-id", &run_id])
                 .args(["--spool", &spool.path().display().to_string()])
-                .args(["--max-calls-per-session", &args.calls.to_string()])
+                .args(["--max-calls-in-flight", &args.calls.to_string()])
                 .spawn()?;
             println!("forgelog proxy pid {}, run {run_id}", child.id());
             let pid = child.id();

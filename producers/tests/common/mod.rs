@@ -3,12 +3,13 @@
 //! reached the log.
 #![allow(dead_code)]
 
+use forgelog_api::{Finish, Finished, NewSession, SessionClient, Verdict};
 use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{CallFinished, Event, Topic};
 use forgelog_stream::{ReplayReader, StreamConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         run_id: Some(run_id.to_string()),
         admin_token: Some(ADMIN.to_string()),
         body_limit: 1 << 20,
-        max_calls_per_session: 4,
+        max_calls_in_flight: 4,
         upstream_timeout: Duration::from_secs(20),
         keep_alive: Duration::from_millis(500),
         max_upstream_requests: 64,
@@ -134,35 +135,37 @@ impl Rig {
         )
     }
 
+    /// The proxy's session API, as the orchestrator holds it.
+    pub fn sessions(&self) -> SessionClient {
+        SessionClient::with_http(self.proxy.url(), Some(ADMIN.into()), self.http.clone())
+    }
+
     /// Creates a session; returns (session_id, api_key).
     pub async fn session(&self, rollout: &str) -> (String, String) {
-        self.session_with(rollout, json!({})).await
+        self.session_with(rollout, |s| s).await
     }
 
-    /// A session with more fields (`max_model_calls`, `max_tokens`...).
-    pub async fn session_with(&self, rollout: &str, extra: Value) -> (String, String) {
-        let mut body = json!({"rollout_id": rollout, "task_id": "task-1", "harness": "sdk-test", "group_id": "g1", "group_size": 2});
-        for (k, v) in extra.as_object().expect("an object") {
-            body[k] = v.clone();
-        }
-        let (status, v) = self.post("/sessions", Some(ADMIN), &body).await;
-        assert_eq!(status, 200, "{v}");
-        (
-            v["session_id"].as_str().unwrap().to_string(),
-            v["api_key"].as_str().unwrap().to_string(),
-        )
+    /// A session with more settings (`max_model_calls`, `max_tokens`...).
+    pub async fn session_with(
+        &self,
+        rollout: &str,
+        settings: impl FnOnce(NewSession) -> NewSession,
+    ) -> (String, String) {
+        let new = settings(NewSession::new(rollout, "task-1", "sdk-test", "g1").group_size(2));
+        let created = self.sessions().create(&new).await.expect("session created");
+        (created.session_id, created.api_key)
     }
 
-    pub async fn finish(&self, session: &str, verifier: Value) -> Value {
-        let (status, v) = self
-            .post(
-                &format!("/sessions/{session}/finish"),
-                Some(ADMIN),
-                &json!({"exit_status": 0, "verifier": verifier}),
-            )
-            .await;
-        assert_eq!(status, 200, "{v}");
-        v
+    /// Finishes a session with exit status 0 and this verdict (`None`: the verifier did not run).
+    pub async fn finish(&self, session: &str, verifier: Option<Verdict>) -> Finished {
+        let finish = Finish {
+            exit_status: Some(0),
+            verifier,
+        };
+        self.sessions()
+            .finish(session, &finish)
+            .await
+            .expect("session finished")
     }
 
     /// Waits until the broker has every event sent so far.

@@ -13,12 +13,10 @@
 //! its header table for every record fetched, which makes reads quadratic.
 
 use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
-use crate::StreamConfig;
+use crate::{ConsumeError, ReplayReader, StreamConfig};
 use delivering::DeliveringProducer;
 use forgelog_schemas::{Codec, EncodeError, Event};
 use futures::stream::{FuturesOrdered, StreamExt};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{Message, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,7 +33,6 @@ const WINDOW: usize = 4096;
 /// every quiet moment cost an fsync per event at low rates.
 const CHECKPOINT_EVERY: u64 = 2048;
 const CHECKPOINT_IDLE: Duration = Duration::from_millis(500);
-const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -53,6 +50,8 @@ enum DrainError {
     Spool(#[from] SpoolError),
     #[error("spool read: {0}")]
     Io(#[from] std::io::Error),
+    #[error("recovery scan: {0}")]
+    Scan(#[from] ConsumeError),
     #[error("{0}")]
     Other(String),
 }
@@ -142,7 +141,8 @@ impl EventProducer {
 
 struct Drainer {
     config: rdkafka::ClientConfig,
-    recovery: rdkafka::ClientConfig,
+    /// The log, for the recovery scan (bounded reads with the [`ReplayReader`]).
+    stream: StreamConfig,
     spool: Arc<Spool>,
     checkpoint: Checkpoint,
 }
@@ -159,12 +159,7 @@ impl Drainer {
         let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
         Ok(Drainer {
             config: config.producer(),
-            recovery: {
-                // Bounded reads of what is there: no long-polling for more.
-                let mut c = config.consumer("forgelog-spool-recovery");
-                c.set("fetch.wait.max.ms", "10");
-                c
-            },
+            stream: config.clone(),
             spool,
             checkpoint,
         })
@@ -283,23 +278,17 @@ impl Drainer {
     /// Before the first message to `topic`, remember where its partitions end:
     /// nothing of ours can be before that.
     async fn mark_scan_base(&mut self, topic: &str) -> Result<(), DrainError> {
-        let consumer: BaseConsumer = self.recovery.create()?;
-        let topic = topic.to_string();
+        let (config, topic) = (self.stream.clone(), topic.to_string());
         let ends = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
-            let md = consumer.fetch_metadata(Some(&topic), BROKER_TIMEOUT)?;
-            let t = md
-                .topics()
-                .first()
-                .ok_or_else(|| DrainError::Other(format!("no metadata for {topic}")))?;
-            if let Some(e) = t.error() {
-                return Err(DrainError::Other(format!(
-                    "topic {topic}: {e:?} (create the topics first: forgelog topics create)"
-                )));
-            }
+            let reader = ReplayReader::new(&config)?;
+            let partitions = reader.partitions(&topic).map_err(|e| {
+                DrainError::Other(format!(
+                    "{e} (create the topics first: forgelog topics create)"
+                ))
+            })?;
             let mut ends = std::collections::BTreeMap::new();
-            for p in t.partitions() {
-                let (_, hi) = consumer.fetch_watermarks(&topic, p.id(), BROKER_TIMEOUT)?;
-                ends.insert(p.id(), hi);
+            for p in partitions {
+                ends.insert(p, reader.end(&topic, p)?);
             }
             Ok((topic, ends))
         })
@@ -318,43 +307,23 @@ impl Drainer {
         {
             return Ok(Arrived::default());
         }
-        let consumer: BaseConsumer = self.recovery.create()?;
         let scan_from = self.checkpoint.scan_from.clone();
+        let config = self.stream.clone();
         let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let reader = ReplayReader::new(&config)?;
             let mut arrived = Arrived::default();
             for (topic, parts) in &scan_from {
                 for (&partition, &from) in parts {
-                    let (_, hi) = consumer.fetch_watermarks(topic, partition, BROKER_TIMEOUT)?;
-                    if from >= hi {
-                        continue;
-                    }
-                    let mut tpl = TopicPartitionList::new();
-                    tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
-                    consumer.assign(&tpl)?;
-                    let deadline = Instant::now() + Duration::from_secs(120);
-                    let mut next = from;
-                    while next < hi {
-                        if Instant::now() > deadline {
-                            return Err(DrainError::Other(format!(
-                                "recovery scan of {topic}/{partition} timed out"
-                            )));
-                        }
-                        let Some(msg) = consumer.poll(Duration::from_millis(500)) else {
-                            continue;
-                        };
-                        let msg = msg?;
-                        next = msg.offset() + 1;
-                        let digest = Arrived::digest(
-                            topic,
-                            msg.key().unwrap_or_default(),
-                            msg.payload().unwrap_or_default(),
-                        );
+                    let hi = reader.end(topic, partition)?;
+                    let _ = reader.for_each_in(topic, partition, from, hi, |rec| {
+                        let digest = Arrived::digest(topic, &rec.key, &rec.value);
                         arrived
                             .at
                             .entry(digest)
                             .or_default()
-                            .push_back((partition, msg.offset()));
-                    }
+                            .push_back((partition, rec.offset));
+                        std::ops::ControlFlow::Continue(())
+                    })?;
                 }
             }
             Ok(arrived)

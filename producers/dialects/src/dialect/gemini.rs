@@ -159,7 +159,7 @@ fn response_chunk(
     o
 }
 
-impl Dialect for GeminiDialect {
+impl DialectAdapter for GeminiDialect {
     const KIND: forgelog_schemas::Dialect = forgelog_schemas::Dialect::Gemini;
 
     fn decode_request(body: &Value, hints: &RouteHints) -> Result<ChatRequest, DialectError> {

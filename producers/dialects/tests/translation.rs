@@ -1,8 +1,8 @@
 //! Golden translation tests per dialect, both directions and streaming, and
 //! property tests: canonical → dialect → canonical loses nothing the dialect can carry.
 
-use forgelog_producers::canonical::*;
-use forgelog_producers::dialect::*;
+use forgelog_dialects::canonical::*;
+use forgelog_dialects::dialect::*;
 use forgelog_schemas::SamplingParams;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -480,7 +480,7 @@ fn sampling() -> impl Strategy<Value = SamplingParams> {
         })
 }
 
-fn roundtrip<D: Dialect>(req: &ChatRequest) -> ChatRequest {
+fn roundtrip<D: DialectAdapter>(req: &ChatRequest) -> ChatRequest {
     let hints = RouteHints {
         model: Some(req.model.clone()),
         stream: Some(req.stream),
@@ -638,73 +638,4 @@ fn chat_stream_options_usage_chunk() {
         last["usage"],
         json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
     );
-}
-
-/// A context-length refusal from the engine (ours or vLLM) becomes each
-/// dialect's own: OpenAI's `context_length_exceeded` code, Anthropic's
-/// "prompt is too long", Gemini's INVALID_ARGUMENT; all 400.
-#[test]
-fn context_length_errors_in_each_dialect() {
-    use forgelog_producers::upstream::UpstreamError;
-    let ours = json!({"error": {"message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8990 in the messages, 10 in the completion).", "type": "invalid_request_error", "code": "context_length_exceeded"}});
-    let vllm = json!({"object": "error", "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.", "type": "BadRequestError", "param": null, "code": 400});
-    for body in [ours, vllm] {
-        let err = UpstreamError::Status {
-            status: 400,
-            body: body.to_string(),
-        }
-        .dialect_error();
-        assert_eq!(err.kind, ErrorKind::ContextLength);
-        assert_eq!(err.kind.status(), 400);
-        assert!(err
-            .message
-            .starts_with("This model's maximum context length is 8192 tokens."));
-        let chat = OpenAiChatDialect::error_body(&err);
-        assert_eq!(chat["error"]["code"], "context_length_exceeded");
-        assert_eq!(chat["error"]["type"], "invalid_request_error");
-        assert_eq!(OpenAiResponsesDialect::error_body(&err), chat);
-        assert_eq!(
-            OpenAiResponsesDialect::stream_error(&err).json()["code"],
-            "context_length_exceeded"
-        );
-        let anthropic = AnthropicDialect::error_body(&err);
-        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
-        assert!(anthropic["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("prompt is too long: This model's maximum context length"));
-        assert_eq!(
-            GeminiDialect::error_body(&err)["error"]["status"],
-            "INVALID_ARGUMENT"
-        );
-    }
-    // Other 4xx stay plain invalid requests, with no code.
-    let other = UpstreamError::Status {
-        status: 400,
-        body: json!({"error": {"message": "top_p must be in (0, 1]"}}).to_string(),
-    }
-    .dialect_error();
-    assert_eq!(other.kind, ErrorKind::InvalidRequest);
-    assert_eq!(
-        OpenAiChatDialect::error_body(&other)["error"]["code"],
-        Value::Null
-    );
-}
-
-#[test]
-fn max_tokens_clamp() {
-    use forgelog_producers::server::clamp_max_tokens;
-    let asked = |n: Option<i64>| SamplingParams {
-        max_tokens: n,
-        ..Default::default()
-    };
-    let sent = |n, session, context| clamp_max_tokens(asked(n), session, context).max_tokens;
-    assert_eq!(sent(Some(100), None, None), Some(100));
-    assert_eq!(sent(Some(100), Some(7), None), Some(7));
-    assert_eq!(sent(Some(5), Some(7), None), Some(5));
-    assert_eq!(sent(None, Some(7), None), Some(7));
-    // More than the upstream's whole context: unset, the upstream fills what is left.
-    assert_eq!(sent(Some(128000), None, Some(8192)), None);
-    assert_eq!(sent(Some(128000), Some(512), Some(8192)), Some(512));
-    assert_eq!(sent(Some(1000), None, Some(8192)), Some(1000));
 }

@@ -1,5 +1,5 @@
 //! The trajectory tree of one session: its calls merged by longest common token
-//! prefix (DESIGN.md, "Trajectory trees"). Pure: the same calls give the same
+//! prefix. Pure: the same calls give the same
 //! tree, whatever order other sessions' events arrived in.
 //!
 //! Each call becomes a node whose tokens are its prompt followed by what it

@@ -236,7 +236,7 @@ fn response_object(resp: &ChatResponse, req: Option<&ChatRequest>, done: bool) -
     })
 }
 
-impl Dialect for OpenAiResponsesDialect {
+impl DialectAdapter for OpenAiResponsesDialect {
     const KIND: forgelog_schemas::Dialect = forgelog_schemas::Dialect::OpenaiResponses;
 
     fn decode_request(body: &Value, _hints: &RouteHints) -> Result<ChatRequest, DialectError> {

@@ -157,7 +157,7 @@ fn msg_id(resp: &ChatResponse) -> String {
     format!("msg_{}", resp.id)
 }
 
-impl Dialect for AnthropicDialect {
+impl DialectAdapter for AnthropicDialect {
     const KIND: forgelog_schemas::Dialect = forgelog_schemas::Dialect::AnthropicMessages;
 
     fn decode_request(body: &Value, _hints: &RouteHints) -> Result<ChatRequest, DialectError> {

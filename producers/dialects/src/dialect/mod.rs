@@ -76,8 +76,9 @@ pub struct RouteHints {
     pub stream: Option<bool>,
 }
 
-/// A harness-facing API dialect.
-pub trait Dialect: Send + Sync + 'static {
+/// How one harness-facing API dialect maps to the canonical model: requests
+/// in, responses, streams and errors out. `KIND` is what the log records.
+pub trait DialectAdapter: Send + Sync + 'static {
     const KIND: forgelog_schemas::Dialect;
 
     /// Harness request → canonical.

@@ -48,6 +48,21 @@ impl Default for RewardConfig {
     }
 }
 
+impl RewardConfig {
+    /// The default join, with `--efficiency-bonus`'s transform when asked:
+    /// correct answers (reward ≥ 1) score more the fewer tool calls they took.
+    pub fn with_efficiency_bonus(bonus: bool) -> RewardConfig {
+        RewardConfig {
+            transforms: if bonus {
+                vec![RewardTransform::EfficiencyBonus { correct_at: 1.0 }]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }
+    }
+}
+
 /// Group advantages over the scored members (`None` rewards are left out of the
 /// baseline and get no advantage). Returns the advantages and whether the
 /// scored rewards carry no variance (fewer than two, or all equal).

@@ -268,7 +268,7 @@ fn usage(u: &TokenUsage) -> Value {
     json!({"prompt_tokens": u.input, "completion_tokens": u.output, "total_tokens": u.input + u.output})
 }
 
-impl Dialect for OpenAiChatDialect {
+impl DialectAdapter for OpenAiChatDialect {
     const KIND: forgelog_schemas::Dialect = forgelog_schemas::Dialect::OpenaiChat;
 
     fn decode_request(body: &Value, _hints: &RouteHints) -> Result<ChatRequest, DialectError> {

@@ -1,6 +1,6 @@
 //! `forgelog replay show`: a trajectory tree as text for the terminal.
 
-use forgelog_schemas::{GroupMember, Sequence, TrajectoryBuilt};
+use forgelog_schemas::{Event, GroupMember, Sequence, TrajectoryBuilt};
 use std::fmt::Write;
 
 /// Runs of equal mask values as `[start..end)` spans of sampled tokens.
@@ -83,6 +83,34 @@ pub fn render(t: &TrajectoryBuilt, member: Option<&GroupMember>) -> String {
     out
 }
 
+/// A run's trees (its `TrajectoryBuilt` events, or one rollout's), each with
+/// its group member from the run's `TrainingBatch` events when it has one.
+/// Returns the text and how many trees it shows.
+pub fn render_run(events: &[Event], rollout: Option<&str>) -> (String, usize) {
+    let members: Vec<&GroupMember> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::TrainingBatch(b) => Some(&b.members),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut out = String::new();
+    let mut shown = 0;
+    for e in events {
+        let Event::TrajectoryBuilt(t) = e else {
+            continue;
+        };
+        if rollout.is_some_and(|r| r != t.rollout_id) {
+            continue;
+        }
+        let member = members.iter().find(|m| m.rollout_id == t.rollout_id);
+        out.push_str(&render(t, member.copied()));
+        shown += 1;
+    }
+    (out, shown)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +151,27 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("no batch yet"));
+    }
+
+    #[test]
+    fn a_run_shows_each_tree_with_its_group_member() {
+        let inputs = forgelog_schemas::testing::recorded_run("r", 2, 2, 2, 8);
+        let mut by_topic = std::collections::BTreeMap::new();
+        for e in inputs {
+            by_topic.entry(e.topic()).or_insert_with(Vec::new).push(e);
+        }
+        let rebuilt = crate::rebuild::rebuild(&by_topic, Default::default());
+        let events: Vec<Event> = [rebuilt.trajectories, rebuilt.batches].concat();
+        let (text, shown) = render_run(&events, None);
+        assert_eq!(shown, 4);
+        assert_eq!(text.matches("reward ").count(), 4, "{text}");
+        assert!(!text.contains("no batch yet"), "{text}");
+        let Event::TrajectoryBuilt(first) = &events[0] else {
+            panic!("trajectories first")
+        };
+        let (one, shown) = render_run(&events, Some(&first.rollout_id));
+        assert_eq!(shown, 1);
+        assert!(one.contains(&first.rollout_id), "{one}");
+        assert_eq!(render_run(&events, Some("nope")).1, 0);
     }
 }

@@ -1,0 +1,218 @@
+//! The capture proxy's session API, as types: what `POST /sessions` and
+//! `POST /sessions/{id}/finish` take and answer. The proxy serves them; the
+//! orchestrator, `forgelog up`, the demo and the tests call them through
+//! [`SessionClient`] (feature `client`). Nobody writes this JSON by hand.
+//!
+//! A session is one rollout: the harness holds only its `api_key`; the
+//! orchestrator (holding the admin token) creates and finishes it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[cfg(feature = "client")]
+mod client;
+#[cfg(feature = "client")]
+pub use client::{ClientError, SessionClient};
+
+/// `POST /sessions`: a rollout's session on the live proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewSession {
+    /// The run; the proxy's `--run-id` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    pub rollout_id: String,
+    pub task_id: String,
+    pub harness: String,
+    pub group_id: String,
+    /// Rollouts in the group (the reward join waits for this many).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<i64>,
+    /// Model calls the session may make; past it the proxy answers with a
+    /// final "budget exhausted" message and records a budget stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_calls: Option<u32>,
+    /// The most completion tokens the proxy asks the upstream for per call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+}
+
+impl NewSession {
+    /// A session of rollout `rollout_id`, with no budget or token clamp.
+    pub fn new(
+        rollout_id: impl Into<String>,
+        task_id: impl Into<String>,
+        harness: impl Into<String>,
+        group_id: impl Into<String>,
+    ) -> NewSession {
+        NewSession {
+            run_id: None,
+            rollout_id: rollout_id.into(),
+            task_id: task_id.into(),
+            harness: harness.into(),
+            group_id: group_id.into(),
+            group_size: None,
+            max_model_calls: None,
+            max_tokens: None,
+        }
+    }
+
+    pub fn in_run(mut self, run_id: impl Into<String>) -> NewSession {
+        self.run_id = Some(run_id.into());
+        self
+    }
+
+    pub fn group_size(mut self, n: i64) -> NewSession {
+        self.group_size = Some(n);
+        self
+    }
+
+    pub fn max_model_calls(mut self, n: u32) -> NewSession {
+        self.max_model_calls = Some(n);
+        self
+    }
+
+    pub fn max_tokens(mut self, n: i64) -> NewSession {
+        self.max_tokens = Some(n);
+        self
+    }
+}
+
+/// `POST /sessions` on `replay serve`: re-run a recorded session, named by its
+/// session or rollout id, or by the original request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReplaySession {
+    Of { replay_of: String },
+    Original(NewSession),
+}
+
+/// The answer to `POST /sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionCreated {
+    pub session_id: String,
+    /// The harness's API key (or bearer token) for this session's calls.
+    pub api_key: String,
+}
+
+/// `POST /sessions/{id}/finish`: how the rollout ended.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Finish {
+    /// The harness's exit status, when it exited.
+    #[serde(default)]
+    pub exit_status: Option<i64>,
+    /// The verifier's verdict; absent when it did not run.
+    #[serde(default)]
+    pub verifier: Option<Verdict>,
+}
+
+/// What the task's verifier said. `ok` is whether it ran and produced a
+/// reward; when it is false the reward is recorded as null, never 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub ok: bool,
+    #[serde(default)]
+    pub reward: Option<f64>,
+    /// A string, or any JSON (recorded as its text).
+    #[serde(default)]
+    pub details: Value,
+}
+
+impl Verdict {
+    /// A verifier that ran and scored `reward`.
+    pub fn scored(reward: f64, details: impl Into<Value>) -> Verdict {
+        Verdict {
+            ok: true,
+            reward: Some(reward),
+            details: details.into(),
+        }
+    }
+
+    /// A verifier that did not produce a reward, and why.
+    pub fn failed(details: impl Into<Value>) -> Verdict {
+        Verdict {
+            ok: false,
+            reward: None,
+            details: details.into(),
+        }
+    }
+
+    /// `details` as the text recorded in `VerifierResult.details`.
+    pub fn details_text(&self) -> String {
+        match &self.details {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The answer to `POST /sessions/{id}/finish`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finished {
+    pub session_id: String,
+    /// `CallFinished` events recorded for the session.
+    pub model_calls: i64,
+}
+
+/// Every error of the session API: `{"error": "..."}` with a 4xx/5xx status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_new_session_reads_the_documented_json() {
+        let s: NewSession = serde_json::from_value(json!({
+            "run_id": "r", "rollout_id": "ro", "task_id": "t", "harness": "codex",
+            "group_id": "g", "group_size": 4, "max_model_calls": 6
+        }))
+        .unwrap();
+        assert_eq!(
+            s,
+            NewSession::new("ro", "t", "codex", "g")
+                .in_run("r")
+                .group_size(4)
+                .max_model_calls(6)
+        );
+        // Optional fields are left out, not sent as null.
+        let v = serde_json::to_value(NewSession::new("ro", "t", "h", "g")).unwrap();
+        assert_eq!(
+            v,
+            json!({"rollout_id": "ro", "task_id": "t", "harness": "h", "group_id": "g"})
+        );
+        assert!(serde_json::from_value::<NewSession>(json!({"rollout_id": "x"})).is_err());
+    }
+
+    #[test]
+    fn a_replay_request_is_an_id_or_the_original_request() {
+        let by_id: ReplaySession = serde_json::from_value(json!({"replay_of": "s-1"})).unwrap();
+        assert_eq!(
+            by_id,
+            ReplaySession::Of {
+                replay_of: "s-1".into()
+            }
+        );
+        let original: ReplaySession = serde_json::from_value(
+            json!({"rollout_id": "ro", "task_id": "t", "harness": "h", "group_id": "g"}),
+        )
+        .unwrap();
+        assert!(matches!(original, ReplaySession::Original(n) if n.rollout_id == "ro"));
+    }
+
+    #[test]
+    fn verdict_details_are_text_or_json() {
+        assert_eq!(Verdict::scored(1.0, "ok").details_text(), "ok");
+        assert_eq!(Verdict::failed(Value::Null).details_text(), "");
+        assert_eq!(
+            Verdict::failed(json!({"status": "reward_missing"})).details_text(),
+            r#"{"status":"reward_missing"}"#
+        );
+        let f: Finish = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(f, Finish::default());
+    }
+}

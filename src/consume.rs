@@ -1,0 +1,58 @@
+//! `forgelog consume`: the stream consumers.
+
+use crate::BrokerArgs;
+use anyhow::Result;
+use forgelog_consumers::{run_consumers, Consumers, RewardConfig, ShellOptions};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ConsumeArgs {
+    /// Which consumer: trajectories, rewards, or all (both)
+    #[arg(value_enum)]
+    which: Which,
+    /// State directory (checkpoints and output spool), one subdirectory per consumer
+    #[arg(long, default_value = ".forgelog/consumers")]
+    state: PathBuf,
+    /// Exit after a sweep that finds nothing new (batch processing of a recorded run)
+    #[arg(long)]
+    exit_when_idle: bool,
+    /// Input events between checkpoints
+    #[arg(long, default_value_t = 1000)]
+    checkpoint_every: usize,
+    /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
+    #[arg(long)]
+    efficiency_bonus: bool,
+    #[command(flatten)]
+    broker: BrokerArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Which {
+    Trajectories,
+    Rewards,
+    All,
+}
+
+pub fn run(rt: &tokio::runtime::Runtime, args: ConsumeArgs) -> Result<()> {
+    let which = match args.which {
+        Which::Trajectories => Consumers::Trajectories,
+        Which::Rewards => Consumers::Rewards,
+        Which::All => Consumers::All,
+    };
+    let options = ShellOptions {
+        checkpoint_every: args.checkpoint_every,
+        exit_when_idle: args.exit_when_idle,
+        ..ShellOptions::new(args.state)
+    };
+    let rewards = RewardConfig::with_efficiency_bonus(args.efficiency_bonus);
+    let stats = rt.block_on(run_consumers(
+        &args.broker.config(),
+        which,
+        &options,
+        rewards,
+    ))?;
+    for (name, stats) in stats {
+        eprintln!("{name}: {stats:?}");
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! `forgelog replay rebuild|serve|show`.
+
+use crate::BrokerArgs;
+use anyhow::{bail, Result};
+use forgelog_consumers::{rebuild, show, RewardConfig};
+use forgelog_schemas::Topic;
+use forgelog_stream::ReplayReader;
+
+#[derive(clap::Subcommand)]
+pub enum ReplayAction {
+    /// Re-derive trajectories and batches from calls, rollouts and rewards; compare with the output topics
+    Rebuild {
+        #[arg(long)]
+        run: String,
+        /// The reward join ran with --efficiency-bonus
+        #[arg(long)]
+        efficiency_bonus: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// A proxy answering from a recorded run instead of the engine: a re-running harness gets the recorded responses call by call
+    Serve(forgelog_producers::ReplayServeArgs),
+    /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
+    Show {
+        #[arg(long)]
+        run: String,
+        /// Only this rollout
+        #[arg(long)]
+        rollout: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+}
+
+pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
+    match action {
+        ReplayAction::Rebuild {
+            run,
+            efficiency_bonus,
+            broker,
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let working = crate::spinner(format!("rebuilding run {run} from the log"));
+            let rewards = RewardConfig::with_efficiency_bonus(efficiency_bonus);
+            let (rebuilt, diff) = rebuild::rebuild_and_compare(&reader, &run, rewards)?;
+            working.finish_and_clear();
+            match diff {
+                None => {
+                    println!(
+                        "identical: {} trajectories, {} batches of run {run}",
+                        rebuilt.trajectories.len(),
+                        rebuilt.batches.len()
+                    );
+                    Ok(())
+                }
+                Some(d) => bail!("differs: {d}"),
+            }
+        }
+        ReplayAction::Serve(args) => Ok(rt.block_on(forgelog_producers::run_replay(args))?),
+        ReplayAction::Show {
+            run,
+            rollout,
+            broker,
+        } => {
+            let reader = ReplayReader::new(&broker.config())?;
+            let mut events = Vec::new();
+            for topic in [Topic::Trajectories, Topic::Batches] {
+                let read = rebuild::read_run(&reader, topic, &run)?;
+                events.extend(read.into_iter().filter_map(|r| r.event.ok()));
+            }
+            let (text, shown) = show::render_run(&events, rollout.as_deref());
+            if shown == 0 {
+                bail!(
+                    "no trajectories for run {run}{}",
+                    rollout
+                        .map(|r| format!(", rollout {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            print!("{text}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! `forgelog topics create|list`.
+
+use crate::BrokerArgs;
+use anyhow::Result;
+use forgelog_schemas::Topic;
+use forgelog_stream::admin::{self, TopicLayout};
+
+#[derive(clap::Subcommand)]
+pub enum TopicsAction {
+    /// Create every forgelog topic that is missing (infinite retention)
+    Create {
+        #[arg(long, default_value_t = 3)]
+        partitions: i32,
+        #[arg(long, default_value_t = 1)]
+        replication: i32,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// List topics with their partition and message counts
+    List {
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+}
+
+pub fn run(rt: &tokio::runtime::Runtime, action: TopicsAction) -> Result<()> {
+    match action {
+        TopicsAction::Create {
+            partitions,
+            replication,
+            broker,
+        } => {
+            let layout = TopicLayout {
+                partitions,
+                replication,
+            };
+            let created = rt.block_on(admin::create_topics(&broker.config(), &layout))?;
+            for t in Topic::ALL {
+                let state = if created.iter().any(|c| c == t.name()) {
+                    "created"
+                } else {
+                    "exists"
+                };
+                println!("{:<24} {state}", t.name());
+            }
+        }
+        TopicsAction::List { broker } => {
+            println!("{:<24} {:>10} {:>10}", "topic", "partitions", "messages");
+            for t in admin::list_topics(&broker.config())? {
+                println!("{:<24} {:>10} {:>10}", t.name, t.partitions, t.messages);
+            }
+        }
+    }
+    Ok(())
+}
