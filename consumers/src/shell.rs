@@ -115,6 +115,7 @@ pub fn run<P: Processor>(
     std::fs::create_dir_all(&options.state_dir).map_err(state_err)?;
 
     // 1. Whatever a crashed run left in the spool goes out first.
+    let started = std::time::Instant::now();
     let producer = EventProducer::start(
         config,
         options.state_dir.join("spool"),
@@ -145,6 +146,7 @@ pub fn run<P: Processor>(
         });
     }
 
+    let spool_flushed = started.elapsed();
     // 3. Outputs written after the checkpoint: re-derived ones are not sent again.
     let mut written: HashMap<String, u32> = HashMap::new();
     for partition in reader.partitions(output)? {
@@ -157,6 +159,14 @@ pub fn run<P: Processor>(
             ControlFlow::Continue(())
         })?;
     }
+
+    tracing::debug!(
+        consumer = P::NAME,
+        ?spool_flushed,
+        outputs_since_checkpoint = written.values().sum::<u32>(),
+        ready = ?started.elapsed(),
+        "resumed"
+    );
 
     // 4. Sweeps.
     let mut stats = RunStats::default();
