@@ -22,6 +22,6 @@ export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-$(nvidia-smi --query-gpu=compute_cap
 FORGELOG_TRAINER_TEST_DEVICE=cuda cargo test --release -p forgelog-trainer --features cuda --lib --test learner -- --nocapture
 # Throughput on the GPU, f32 and bf16, at the default batch and a larger one.
 for dtype in f32 bf16; do
-  cargo run --release -p forgelog-trainer --features cuda --bin trainer-bench -- --device cuda --dtype "$dtype"
-  cargo run --release -p forgelog-trainer --features cuda --bin trainer-bench -- --device cuda --dtype "$dtype" --sequences 64 --prompt 448 --sampled 64
+  cargo run --release -p forgelog-trainer --features cuda --example trainer-bench -- --device cuda --dtype "$dtype"
+  cargo run --release -p forgelog-trainer --features cuda --example trainer-bench -- --device cuda --dtype "$dtype" --sequences 64 --prompt 448 --sampled 64
 done

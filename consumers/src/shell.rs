@@ -18,7 +18,8 @@
 use crate::Processor;
 use forgelog_schemas::Event;
 use forgelog_stream::{
-    ConsumeError, EventProducer, ReplayReader, SendError, SpoolError, SpoolOptions, StreamConfig,
+    ConsumeError, EventProducer, EventSink, LogReader, ReplayReader, SendError, SpoolError,
+    SpoolOptions, StreamConfig,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -99,14 +100,41 @@ struct Checkpoint<P> {
     processor: P,
 }
 
-/// Runs `fresh` (or its checkpointed state) over its input topics until idle or
-/// forever. Blocking: call it from a blocking thread inside a tokio runtime.
+/// Runs `fresh` (or its checkpointed state) over its input topics in Kafka
+/// until idle or forever, its outputs through a spool in its state directory.
+/// Blocking: call it from a blocking thread inside a tokio runtime.
 pub fn run<P: Processor>(
     config: &StreamConfig,
     fresh: P,
     options: &ShellOptions,
 ) -> Result<RunStats, ShellError> {
     let rt = tokio::runtime::Handle::current();
+    std::fs::create_dir_all(&options.state_dir).map_err(|source| ShellError::State {
+        path: options.state_dir.clone(),
+        source,
+    })?;
+    let producer = EventProducer::start(
+        config,
+        options.state_dir.join("spool"),
+        SpoolOptions::default(),
+    )?;
+    let reader = ReplayReader::new(config)?;
+    let stats = run_on(&reader, &producer, fresh, options)?;
+    rt.block_on(producer.close(Duration::from_secs(600)))?;
+    Ok(stats)
+}
+
+/// [`run`] over any log: reads with `log`, writes with `sink` (the fast test
+/// tier runs it on a `MemoryLog`). Blocking, inside a tokio runtime context.
+pub fn run_on<P: Processor>(
+    log: &impl LogReader,
+    sink: &impl EventSink,
+    fresh: P,
+    options: &ShellOptions,
+) -> Result<RunStats, ShellError> {
+    let rt = tokio::runtime::Handle::current();
+    let reader = log;
+    let producer = sink;
     let state_path = options.state_dir.join("state.json");
     let state_err = |source| ShellError::State {
         path: state_path.clone(),
@@ -116,15 +144,9 @@ pub fn run<P: Processor>(
 
     // 1. Whatever a crashed run left in the spool goes out first.
     let started = std::time::Instant::now();
-    let producer = EventProducer::start(
-        config,
-        options.state_dir.join("spool"),
-        SpoolOptions::default(),
-    )?;
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
 
     // 2. The checkpoint, or a fresh start from the beginning of the inputs.
-    let reader = ReplayReader::new(config)?;
     let output = P::OUTPUT.name();
     let mut state = match std::fs::read(&state_path) {
         Ok(bytes) => serde_json::from_slice::<Checkpoint<P>>(&bytes)
@@ -218,7 +240,7 @@ pub fn run<P: Processor>(
                     state.inputs.entry(topic.to_string()).or_default().insert(partition, rec.offset + 1);
                     since_checkpoint += 1;
                     if since_checkpoint >= options.checkpoint_every {
-                        if let Err(e) = checkpoint(&rt, &producer, &reader, &mut state, &state_path) {
+                        if let Err(e) = checkpoint(&rt, producer, reader, &mut state, &state_path) {
                             failure = Some(e);
                             return ControlFlow::Break(());
                         }
@@ -236,11 +258,11 @@ pub fn run<P: Processor>(
             }
         }
         if since_checkpoint > 0 {
-            checkpoint(&rt, &producer, &reader, &mut state, &state_path)?;
+            checkpoint(&rt, producer, reader, &mut state, &state_path)?;
             since_checkpoint = 0;
         }
         if (!progressed && options.exit_when_idle) || options.stop.load(Ordering::Relaxed) {
-            rt.block_on(producer.close(Duration::from_secs(600)))?;
+            rt.block_on(producer.flush(Duration::from_secs(600)))?;
             return Ok(stats);
         }
         if !progressed {
@@ -252,8 +274,8 @@ pub fn run<P: Processor>(
 /// Outputs acknowledged, then state + positions + output ends, atomically.
 fn checkpoint<P: Processor>(
     rt: &tokio::runtime::Handle,
-    producer: &EventProducer,
-    reader: &ReplayReader,
+    producer: &impl EventSink,
+    reader: &impl LogReader,
     state: &mut Checkpoint<P>,
     path: &Path,
 ) -> Result<(), ShellError> {
@@ -281,4 +303,103 @@ fn checkpoint<P: Processor>(
     std::fs::rename(&tmp, path).map_err(state_err)?;
     tracing::debug!(consumer = P::NAME, ?flushed, total = ?t.elapsed(), bytes = bytes.len(), "checkpoint");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fast tier: the shell on a [`MemoryLog`], no broker.
+    use super::*;
+    use crate::rebuild::rebuild;
+    use crate::{RewardConfig, RewardJoin, TrajectoryBuilder};
+    use forgelog_schemas::{testing::recorded_run, Topic};
+    use forgelog_stream::MemoryLog;
+
+    const GROUPS: usize = 6;
+
+    fn consume(log: &MemoryLog, state: &Path) -> (RunStats, RunStats) {
+        let options = |name: &str| ShellOptions {
+            checkpoint_every: 7,
+            exit_when_idle: true,
+            idle_wait: Duration::ZERO,
+            ..ShellOptions::new(state.join(name))
+        };
+        let trees = run_on(
+            log,
+            log,
+            TrajectoryBuilder::default(),
+            &options("trajectories"),
+        );
+        let groups = run_on(
+            log,
+            log,
+            RewardJoin::new(RewardConfig::default()),
+            &options("rewards"),
+        );
+        (trees.unwrap(), groups.unwrap())
+    }
+
+    fn ids(events: &[Event]) -> Vec<String> {
+        let mut ids: Vec<String> = events.iter().map(|e| e.event_id().to_string()).collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn on_a_memory_log_the_shells_emit_what_the_cores_derive_once_across_restarts() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _context = rt.enter();
+        let inputs = recorded_run("mem", GROUPS, 4, 3, 16);
+        let log = MemoryLog::default();
+        let state = tempfile::tempdir().unwrap();
+        // Half the inputs, consumed; the checkpoint kept as a crash would leave it.
+        let half = inputs.len() / 2;
+        for e in &inputs[..half] {
+            log.append(e).unwrap();
+        }
+        consume(&log, state.path());
+        let stale = state.path().join("stale");
+        std::fs::create_dir_all(&stale).unwrap();
+        for name in ["trajectories", "rewards"] {
+            std::fs::copy(
+                state.path().join(name).join("state.json"),
+                stale.join(format!("{name}.json")),
+            )
+            .unwrap();
+        }
+        for e in &inputs[half..] {
+            log.append(e).unwrap();
+        }
+        let (trees, _) = consume(&log, state.path());
+        assert!(trees.emitted > 0);
+
+        let mut by_topic = BTreeMap::new();
+        for e in &inputs {
+            by_topic
+                .entry(e.topic())
+                .or_insert_with(Vec::new)
+                .push(e.clone());
+        }
+        let expected = rebuild(&by_topic, RewardConfig::default());
+        let trajectories = log.events(Topic::Trajectories.name());
+        let batches = log.events(Topic::Batches.name());
+        assert_eq!((trajectories.len(), batches.len()), (GROUPS * 4, GROUPS));
+        assert_eq!(ids(&trajectories), ids(&expected.trajectories));
+        assert_eq!(ids(&batches), ids(&expected.batches));
+
+        // A restart from where it was: nothing new. From the stale checkpoint
+        // (a crash after its outputs were sent): all re-derived, none sent again.
+        assert_eq!(consume(&log, state.path()).0.emitted, 0);
+        for name in ["trajectories", "rewards"] {
+            std::fs::copy(
+                stale.join(format!("{name}.json")),
+                state.path().join(name).join("state.json"),
+            )
+            .unwrap();
+        }
+        let (trees, groups) = consume(&log, state.path());
+        assert_eq!((trees.emitted, groups.emitted), (0, 0));
+        assert!(trees.skipped > 0, "{trees:?}");
+        assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
+        assert_eq!(log.events(Topic::Batches.name()).len(), GROUPS);
+    }
 }

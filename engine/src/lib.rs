@@ -12,6 +12,7 @@ pub mod api;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use candle_core::{DType, Device};

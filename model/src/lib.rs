@@ -10,6 +10,7 @@ pub mod chat;
 pub mod config;
 pub mod llama;
 pub mod load;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use chat::{ChatTemplate, TemplateError};

@@ -4,6 +4,7 @@
 //! [`server`] is the thin axum shell that records every call through the
 //! spool-backed [`forgelog_stream::EventProducer`].
 
+#[cfg(feature = "testing")]
 pub mod fake_upstream;
 pub mod replay;
 pub mod server;

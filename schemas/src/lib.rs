@@ -10,6 +10,7 @@ mod events;
 mod ids;
 pub mod packed;
 mod record;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod topics;
 

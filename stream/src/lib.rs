@@ -6,10 +6,12 @@ pub mod admin;
 pub mod broker;
 mod config;
 mod consumer;
+mod log;
 mod process;
 pub mod producer;
 pub mod spool;
 pub mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::{
@@ -18,6 +20,7 @@ pub use config::{
 };
 pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt};
 pub use forgelog_schemas::Received;
+pub use log::{EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
 pub use spool::{FsyncPolicy, Spool, SpoolError, SpoolOptions};

@@ -1,0 +1,119 @@
+//! The session API (`forgelog-api`'s types): the orchestrator opens a session
+//! per rollout (`RolloutStarted`) and finishes it with the verifier's verdict
+//! (`RolloutFinished`, `VerifierResult`), with the admin token.
+
+use super::auth::is_admin;
+use super::{admin_error, now_ms, record, ProxyState};
+use crate::sessions::{NewSession, SessionError};
+use crate::upstream::Upstream;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use forgelog_api::{Finish, Finished, ReplaySession, SessionCreated};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `POST /sessions` on the live proxy: a new rollout's session.
+pub(super) async fn create_session(
+    State(st): State<Arc<ProxyState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !is_admin(&st, &headers) {
+        return admin_error(StatusCode::UNAUTHORIZED, "admin token required");
+    }
+    match serde_json::from_slice::<NewSession>(&body) {
+        Ok(new) => open_session(&st, new),
+        Err(e) => admin_error(StatusCode::BAD_REQUEST, format!("bad session request: {e}")),
+    }
+}
+
+/// `POST /sessions` on `replay serve`: a session that re-runs a recorded one.
+pub(super) async fn create_replay_session(
+    State(st): State<Arc<ProxyState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !is_admin(&st, &headers) {
+        return admin_error(StatusCode::UNAUTHORIZED, "admin token required");
+    }
+    let Upstream::Recorded(recording) = &st.upstream else {
+        return admin_error(StatusCode::NOT_FOUND, "this proxy replays no recording");
+    };
+    let new = serde_json::from_slice::<ReplaySession>(&body)
+        .map_err(|e| crate::replay::ReplayError::BadSessionRequest(e.to_string()))
+        .and_then(|b| recording.new_session(&b));
+    match new {
+        Ok(new) => open_session(&st, new),
+        Err(e) => admin_error(StatusCode::NOT_FOUND, e.to_string()),
+    }
+}
+
+/// Creates the session and records `RolloutStarted`.
+fn open_session(st: &ProxyState, new: NewSession) -> Response {
+    let group_size = new.group_size.unwrap_or(1);
+    let now = now_ms();
+    let (s, key) = match st.sessions.create(
+        new,
+        st.config.run_id.as_deref(),
+        st.config.max_calls_in_flight,
+        now,
+    ) {
+        Ok(x) => x,
+        Err(e @ SessionError::Exists(_)) => {
+            return admin_error(StatusCode::CONFLICT, e.to_string())
+        }
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let started = record::rollout_started(&s, group_size, st.policy_version(), now);
+    if !st.send(started.into()) {
+        let _ = st.sessions.end(&s.id);
+        return admin_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot record the rollout (spool full?)",
+        );
+    }
+    Json(SessionCreated {
+        session_id: s.id.clone(),
+        api_key: key,
+    })
+    .into_response()
+}
+
+pub(super) async fn finish_session(
+    State(st): State<Arc<ProxyState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !is_admin(&st, &headers) {
+        return admin_error(StatusCode::UNAUTHORIZED, "admin token required");
+    }
+    let finish: Finish = match serde_json::from_slice(&body) {
+        Ok(f) => f,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, format!("bad finish request: {e}")),
+    };
+    let s = match st.sessions.end(&id) {
+        Ok(s) => s,
+        Err(e) => return admin_error(StatusCode::NOT_FOUND, e.to_string()),
+    };
+    // Wait for calls in flight: model_calls must count their CallFinished too.
+    let wait = st.config.upstream_timeout + Duration::from_secs(5);
+    let _all = tokio::time::timeout(wait, s.in_flight.acquire_many(s.max_in_flight)).await;
+    let model_calls = s.finished_calls();
+    let (finished, verdict) = record::rollout_ended(&s, &finish, model_calls, now_ms());
+    let recorded = st.send(finished.into()) & st.send(verdict.into());
+    if !recorded {
+        return admin_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot record the rollout's end (spool full?)",
+        );
+    }
+    Json(Finished {
+        session_id: s.id.clone(),
+        model_calls,
+    })
+    .into_response()
+}

@@ -1,0 +1,98 @@
+//! What is not a model call: the model list, Anthropic's token counter, the
+//! metrics, and the answer to anything else.
+
+use super::auth::api_key;
+use super::{admin_error, decode_body, error_response, ProxyState};
+use crate::upstream::{rl_sampling, upstream_body};
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use forgelog_dialects::dialect::*;
+use forgelog_schemas::SamplingParams;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Anthropic's token counter: the upstream's prompt token count for the
+/// request, by a 1-token completion. Not a model call of the session: not recorded.
+pub(super) async fn count_tokens(
+    State(st): State<Arc<ProxyState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    type D = AnthropicDialect;
+    let body = match decode_body(&headers, body, st.config.body_limit) {
+        Ok(b) => b,
+        Err(e) => return error_response::<D>(&e),
+    };
+    if api_key(&headers, None)
+        .and_then(|k| st.sessions.by_key(k))
+        .is_none()
+    {
+        return error_response::<D>(&DialectError::new(
+            ErrorKind::Authentication,
+            "unknown or ended session key",
+        ));
+    }
+    let req = match serde_json::from_slice::<Value>(&body)
+        .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))
+        .and_then(|v| D::decode_request(&v, &RouteHints::default()))
+    {
+        Ok(r) => r,
+        Err(e) => return error_response::<D>(&e),
+    };
+    let sent = SamplingParams {
+        max_tokens: Some(1),
+        ..rl_sampling(&SamplingParams::default())
+    };
+    match st
+        .upstream
+        .chat(None, &upstream_body(&req, &sent, &st.upstream_model))
+        .await
+    {
+        Ok(a) => {
+            let n = a["usage"]["prompt_tokens"]
+                .as_u64()
+                .or_else(|| a["prompt_token_ids"].as_array().map(|v| v.len() as u64));
+            Json(json!({"input_tokens": n.unwrap_or(0)})).into_response()
+        }
+        Err(e) => error_response::<D>(&e.dialect_error()),
+    }
+}
+
+/// Anything else. Clients probe their base URL for reachability before they
+/// call it (Claude Code: `HEAD /api/hello`): a HEAD anywhere is answered 200,
+/// the rest 404 with the path named (and logged, to spot what a harness expects).
+pub(super) async fn unrouted(req: Request) -> Response {
+    if req.method() == axum::http::Method::HEAD {
+        tracing::debug!(path = %req.uri().path(), "HEAD probe");
+        return StatusCode::OK.into_response();
+    }
+    tracing::warn!(method = %req.method(), path = %req.uri().path(), "no such route");
+    admin_error(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+}
+
+pub(super) async fn models(State(st): State<Arc<ProxyState>>) -> Response {
+    let id = if st.upstream_model.is_empty() {
+        "forgelog"
+    } else {
+        &st.upstream_model
+    };
+    // One list both OpenAI and Anthropic clients can read.
+    Json(json!({
+        "object": "list",
+        "data": [{"id": id, "object": "model", "created": 0, "owned_by": "forgelog",
+                  "type": "model", "display_name": id, "created_at": "1970-01-01T00:00:00Z"}],
+        "has_more": false, "first_id": id, "last_id": id,
+    }))
+    .into_response()
+}
+
+pub(super) async fn prometheus(State(st): State<Arc<ProxyState>>) -> String {
+    metrics::gauge!("forgelog_proxy_sessions").set(st.sessions.len() as f64);
+    st.metrics.render()
+}

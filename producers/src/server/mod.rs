@@ -1,0 +1,254 @@
+//! The thin HTTP shell of the capture proxy, a concept a file: [`call`] (a
+//! harness's model call: auth, limits, the upstream, recording), [`stream`]
+//! (answering as SSE), [`admin`] (the session API), [`meta`] (models, token
+//! counts, metrics, probes), [`auth`] and [`body`]; [`record`] builds the
+//! events, with no I/O. All translation lives in `forgelog-dialects`.
+
+mod admin;
+mod auth;
+mod body;
+mod call;
+mod meta;
+pub mod record;
+mod stream;
+
+pub use body::decode_body;
+
+use crate::sessions::Sessions;
+use crate::upstream::{Upstream, UpstreamClient};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use forgelog_api::ApiError;
+use forgelog_dialects::dialect::{
+    AnthropicDialect, DialectAdapter, DialectError, OpenAiChatDialect, OpenAiResponsesDialect,
+};
+use forgelog_schemas::{Event, SamplingParams};
+use forgelog_stream::EventProducer;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The `untrainable_reason` of a budget stop.
+pub const BUDGET_EXHAUSTED: &str = "budget exhausted";
+
+/// What the proxy sends upstream as `max_tokens`: the harness's, lowered to the
+/// session's clamp; and left unset (the upstream fills the rest of its context)
+/// when it could never fit the upstream's context, which is what clients that
+/// ask for 128000 tokens of a smaller model mean.
+pub fn clamp_max_tokens(
+    mut sent: SamplingParams,
+    session_max: Option<i64>,
+    upstream_context: Option<i64>,
+) -> SamplingParams {
+    if let (Some(asked), Some(context)) = (sent.max_tokens, upstream_context) {
+        if asked >= context {
+            sent.max_tokens = None;
+        }
+    }
+    if let Some(max) = session_max {
+        sent.max_tokens = Some(sent.max_tokens.map_or(max, |asked| asked.min(max)));
+    }
+    sent
+}
+
+/// How the proxy behaves; [`crate::ProxyArgs`] is its command-line form.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub upstream: String,
+    pub run_id: Option<String>,
+    pub admin_token: Option<String>,
+    pub body_limit: usize,
+    /// Concurrent calls one session may have (not its total: that is the
+    /// session's `max_model_calls`).
+    pub max_calls_in_flight: u32,
+    pub upstream_timeout: Duration,
+    /// SSE keep-alive comment interval while the upstream is working.
+    pub keep_alive: Duration,
+    /// Upstream requests in flight at most (each holds a connection).
+    pub max_upstream_requests: usize,
+}
+
+impl ProxyConfig {
+    pub const BODY_LIMIT: usize = 32 << 20;
+    pub const MAX_CALLS_IN_FLIGHT: u32 = 16;
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+    pub const MAX_UPSTREAM_REQUESTS: usize = 1024;
+
+    /// A proxy of `upstream` with the defaults of `forgelog proxy`'s flags: no
+    /// run id (sessions name theirs), no admin token.
+    pub fn new(upstream: impl Into<String>) -> ProxyConfig {
+        ProxyConfig {
+            upstream: upstream.into(),
+            run_id: None,
+            admin_token: None,
+            body_limit: Self::BODY_LIMIT,
+            max_calls_in_flight: Self::MAX_CALLS_IN_FLIGHT,
+            upstream_timeout: Self::UPSTREAM_TIMEOUT,
+            keep_alive: Self::KEEP_ALIVE,
+            max_upstream_requests: Self::MAX_UPSTREAM_REQUESTS,
+        }
+    }
+}
+
+pub struct ProxyState {
+    pub config: ProxyConfig,
+    pub sessions: Sessions,
+    /// `None` for `replay serve`, which records nothing.
+    pub producer: Option<Arc<EventProducer>>,
+    pub upstream: Upstream,
+    /// The upstream's model (from the probe): harnesses name models of their own.
+    pub upstream_model: String,
+    /// The upstream's context length, where its model list says (`max_model_len`).
+    pub upstream_context: Option<i64>,
+    /// Why the upstream's answers would not be trainable, from the start-up probe.
+    pub probe_warning: Option<String>,
+    /// The newest policy version the upstream reported.
+    policy_version: AtomicI64,
+    metrics: PrometheusHandle,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl ProxyState {
+    pub fn new(
+        config: ProxyConfig,
+        producer: Arc<EventProducer>,
+        probe: crate::upstream::Probe,
+    ) -> ProxyState {
+        let upstream = Upstream::Live(UpstreamClient::new(
+            &config.upstream,
+            config.upstream_timeout,
+            config.max_upstream_requests,
+        ));
+        ProxyState::with_upstream(config, upstream, Some(producer), probe)
+    }
+
+    /// A proxy in front of `upstream`, recording through `producer` (if any).
+    pub fn with_upstream(
+        config: ProxyConfig,
+        upstream: Upstream,
+        producer: Option<Arc<EventProducer>>,
+        probe: crate::upstream::Probe,
+    ) -> ProxyState {
+        ProxyState {
+            upstream,
+            config,
+            sessions: Sessions::default(),
+            producer,
+            upstream_model: probe.model,
+            upstream_context: probe.context,
+            probe_warning: probe.untrainable,
+            policy_version: AtomicI64::new(-1),
+            metrics: crate::metrics_handle(),
+        }
+    }
+
+    fn policy_version(&self) -> Option<i64> {
+        Some(self.policy_version.load(Ordering::Relaxed)).filter(|v| *v >= 0)
+    }
+
+    fn send(&self, event: Event) -> bool {
+        let Some(producer) = &self.producer else {
+            return true;
+        };
+        match producer.send(&event) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");
+                metrics::counter!("forgelog_proxy_events_refused_total").increment(1);
+                false
+            }
+        }
+    }
+}
+
+pub fn router(state: Arc<ProxyState>) -> Router {
+    use tower_http::timeout::TimeoutLayer;
+    // The backstop: nothing outlives the upstream timeout by much. Streams are
+    // exempt in practice: their body is produced after the handler returns.
+    let backstop = state.config.upstream_timeout + Duration::from_secs(30);
+    // A live proxy opens new sessions; `replay serve` only re-runs recorded ones.
+    let create_sessions = match state.upstream {
+        Upstream::Live(_) => post(admin::create_session),
+        Upstream::Recorded(_) => post(admin::create_replay_session),
+    };
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(call::call::<OpenAiChatDialect>),
+        )
+        .route("/v1/responses", post(call::call::<OpenAiResponsesDialect>))
+        .route("/v1/messages", post(call::call::<AnthropicDialect>))
+        .route("/v1/messages/count_tokens", post(meta::count_tokens))
+        .route("/v1beta/models/{model_action}", post(call::gemini))
+        .route("/v1/models", get(meta::models))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(meta::prometheus))
+        .route("/sessions", create_sessions)
+        .route("/sessions/{id}/finish", post(admin::finish_session))
+        .fallback(meta::unrouted)
+        // Bodies are read (and limited) by the handlers, to answer in the dialect's shape.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            backstop,
+        ))
+        .with_state(state)
+}
+
+/// A refusal in dialect `D`'s own error shape.
+fn error_response<D: DialectAdapter>(err: &DialectError) -> Response {
+    let status =
+        StatusCode::from_u16(err.kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, Json(D::error_body(err))).into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body was never read, so the connection ends here:
+        // say so, or a client's pool reuses it and its next request fails.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A session-API error: `{"error": "..."}`.
+fn admin_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_clamp() {
+        let asked = |n: Option<i64>| SamplingParams {
+            max_tokens: n,
+            ..Default::default()
+        };
+        let sent = |n, session, context| clamp_max_tokens(asked(n), session, context).max_tokens;
+        assert_eq!(sent(Some(100), None, None), Some(100));
+        assert_eq!(sent(Some(100), Some(7), None), Some(7));
+        assert_eq!(sent(Some(5), Some(7), None), Some(5));
+        assert_eq!(sent(None, Some(7), None), Some(7));
+        // More than the upstream's whole context: unset, the upstream fills what is left.
+        assert_eq!(sent(Some(128000), None, Some(8192)), None);
+        assert_eq!(sent(Some(128000), Some(512), Some(8192)), Some(512));
+        assert_eq!(sent(Some(1000), None, Some(8192)), Some(1000));
+    }
+}

@@ -1,0 +1,269 @@
+//! The log as two small traits, so the shells around the pure cores run on
+//! Kafka in production and on [`MemoryLog`] in the fast test tier (no broker,
+//! no network: the same shell code, in milliseconds).
+
+use crate::{ConsumeError, EventProducer, FlushTimeout, ReplayReader, SendError};
+use forgelog_schemas::{Codec, Event, Received};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Where a shell writes its events.
+pub trait EventSink: Send + Sync {
+    /// Takes `event` (never waiting for the log).
+    fn send(&self, event: &Event) -> Result<(), SendError>;
+    /// Waits until everything sent is in the log, for up to `timeout`.
+    fn flush(
+        &self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send;
+}
+
+/// Bounded reads of what the log holds now, partition by partition.
+pub trait LogReader {
+    /// Partition ids of `topic`, ascending.
+    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError>;
+    /// The offset the next message of a partition will get.
+    fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError>;
+    /// Calls `f` with the messages of one partition in `[from, to)`, in offset
+    /// order, until `f` breaks (which this returns).
+    fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError>;
+}
+
+impl EventSink for EventProducer {
+    fn send(&self, event: &Event) -> Result<(), SendError> {
+        EventProducer::send(self, event).map(|_| ())
+    }
+
+    fn flush(
+        &self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send {
+        EventProducer::flush(self, timeout)
+    }
+}
+
+impl LogReader for ReplayReader {
+    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
+        ReplayReader::partitions(self, topic)
+    }
+
+    fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
+        ReplayReader::end(self, topic, partition)
+    }
+
+    fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
+        ReplayReader::for_each_in(self, topic, partition, from, to, f)
+    }
+}
+
+/// The log in memory: every forgelog topic with `partitions` partitions,
+/// messages keyed and partitioned as the Kafka producer does (murmur2 of the
+/// key), appended at once. For tests of the shells; nothing survives the process.
+#[derive(Debug)]
+pub struct MemoryLog {
+    partitions: usize,
+    topics: Mutex<BTreeMap<String, Vec<Partition>>>,
+}
+
+/// One partition's messages, (key, value) by offset.
+type Partition = Vec<(Vec<u8>, Vec<u8>)>;
+
+impl Default for MemoryLog {
+    fn default() -> MemoryLog {
+        MemoryLog::new(3)
+    }
+}
+
+impl MemoryLog {
+    pub fn new(partitions: usize) -> MemoryLog {
+        MemoryLog {
+            partitions: partitions.max(1),
+            topics: Mutex::default(),
+        }
+    }
+
+    /// Appends `event` to its topic; returns (partition, offset).
+    pub fn append(&self, event: &Event) -> Result<(i32, i64), SendError> {
+        let value = Codec::global().encode(event)?;
+        let key = event.key().as_bytes().to_vec();
+        let partition = (kafka_murmur2(&key) & 0x7fff_ffff) as usize % self.partitions;
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let topic = topics
+            .entry(event.topic().name().to_string())
+            .or_insert_with(|| vec![Vec::new(); self.partitions]);
+        topic[partition].push((key, value));
+        Ok((partition as i32, topic[partition].len() as i64 - 1))
+    }
+
+    /// Every event of `topic`, in partition then offset order.
+    pub fn events(&self, topic: &str) -> Vec<Event> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics
+            .get(topic)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|(_, v)| Codec::global().decode(v).expect("appended by this log"))
+            .collect()
+    }
+}
+
+impl EventSink for MemoryLog {
+    fn send(&self, event: &Event) -> Result<(), SendError> {
+        self.append(event).map(|_| ())
+    }
+
+    fn flush(
+        &self,
+        _: Duration,
+    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+impl LogReader for MemoryLog {
+    fn partitions(&self, _topic: &str) -> Result<Vec<i32>, ConsumeError> {
+        Ok((0..self.partitions as i32).collect())
+    }
+
+    fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(topics
+            .get(topic)
+            .map_or(0, |t| t[partition as usize].len() as i64))
+    }
+
+    fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
+        // Copied out first: `f` may append to the log (a shell sending outputs).
+        let messages: Partition = {
+            let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            let all = topics
+                .get(topic)
+                .map(|t| &t[partition as usize][..])
+                .unwrap_or(&[]);
+            let (from, to) = (from.max(0) as usize, (to.max(0) as usize).min(all.len()));
+            all.get(from..to).unwrap_or(&[]).to_vec()
+        };
+        for (i, (key, value)) in messages.into_iter().enumerate() {
+            let offset = from.max(0) + i as i64;
+            if f(Received::decode(topic, partition, offset, &key, &value)).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+}
+
+/// Kafka's default partitioner hash (MurmurHash2, seed 0x9747b28c), as the
+/// Java client and librdkafka's `murmur2_random` compute it.
+fn kafka_murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = chunks.remainder();
+    if tail.len() >= 3 {
+        h ^= (tail[2] as u32) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= (tail[1] as u32) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= tail[0] as u32;
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forgelog_schemas::testing::call_finished;
+
+    #[test]
+    fn murmur2_matches_kafkas_partitioner() {
+        // Values of Kafka's own Utils.murmur2 (every tail length).
+        for (key, hash) in [
+            ("1", -1993445489),
+            ("12", 126087238),
+            ("123", -267702483),
+            ("1234", -1614185708),
+            ("12345", -1188365604),
+        ] {
+            assert_eq!(kafka_murmur2(key.as_bytes()) as i32, hash, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_session_stays_in_one_partition_in_order_and_reads_are_bounded() {
+        let log = MemoryLog::default();
+        for i in 0..6 {
+            log.append(&call_finished("r", &format!("s{}", i % 2), i, 4, 2).into())
+                .unwrap();
+        }
+        let topic = "forgelog.calls";
+        let mut seen = Vec::new();
+        for p in log.partitions(topic).unwrap() {
+            let end = log.end(topic, p).unwrap();
+            let flow = log.for_each_in(topic, p, 0, end, |r| {
+                let Ok(Event::CallFinished(c)) = r.event else {
+                    panic!("a call")
+                };
+                seen.push((c.session_id, c.call_index, r.partition, r.offset));
+                ControlFlow::Continue(())
+            });
+            assert!(flow.unwrap().is_continue());
+        }
+        assert_eq!(seen.len(), 6);
+        for s in ["s0", "s1"] {
+            let mine: Vec<_> = seen.iter().filter(|x| x.0 == s).collect();
+            assert!(
+                mine.windows(2).all(|w| w[0].1 < w[1].1 && w[0].2 == w[1].2),
+                "{mine:?}"
+            );
+        }
+        assert_eq!(log.events(topic).len(), 6);
+        let p = seen[0].2;
+        let mut firsts = 0;
+        let flow = log.for_each_in(topic, p, 1, 100, |_| {
+            firsts += 1;
+            ControlFlow::Break(())
+        });
+        assert!(flow.unwrap().is_break());
+        assert_eq!(firsts, 1);
+    }
+}
