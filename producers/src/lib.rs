@@ -4,7 +4,7 @@
 //! [`server`] is the thin axum shell that records every call through the
 //! spool-backed [`forgelog_stream::EventProducer`].
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod fake_upstream;
 pub mod replay;
 pub mod server;
@@ -222,6 +222,8 @@ pub fn raise_fd_limit() -> u64 {
 pub struct RunningProxy {
     pub addr: SocketAddr,
     pub state: Arc<ProxyState>,
+    /// The spool-backed producer the proxy records through, closed on shutdown.
+    spool: Option<Arc<EventProducer>>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -258,8 +260,10 @@ impl RunningProxy {
             spool,
             SpoolOptions::default(),
         )?);
-        let state = Arc::new(ProxyState::new(config, producer, probe));
-        RunningProxy::serve(state, listen).await
+        let state = Arc::new(ProxyState::new(config, producer.clone(), probe));
+        let mut proxy = RunningProxy::serve(state, listen).await?;
+        proxy.spool = Some(producer);
+        Ok(proxy)
     }
 
     /// `replay serve`: the proxy with `recording` as its upstream, recording nothing.
@@ -299,6 +303,7 @@ impl RunningProxy {
         Ok(RunningProxy {
             addr,
             state,
+            spool: None,
             stop,
             server,
         })
@@ -308,21 +313,17 @@ impl RunningProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Stops serving, then flushes the spool to the broker for up to `flush`.
+    /// Stops serving, then flushes what was recorded (to the broker, for up
+    /// to `flush`) and stops the spool's drainer when nothing else holds it.
     pub async fn shutdown(self, flush: Duration) -> Result<(), ProxyError> {
         let _ = self.stop.send(());
         let _ = self.server.await;
-        match Arc::try_unwrap(self.state) {
-            Ok(state) => match state.producer.map(Arc::try_unwrap) {
-                Some(Ok(p)) => p.close(flush).await?,
-                Some(Err(p)) => p.flush(flush).await?,
-                None => {}
-            },
-            Err(state) => {
-                if let Some(p) = &state.producer {
-                    p.flush(flush).await?
-                }
-            }
+        if let Some(events) = &self.state.events {
+            events.flush(flush).await?;
+        }
+        drop(self.state);
+        if let Some(Ok(spool)) = self.spool.map(Arc::try_unwrap) {
+            spool.close(flush).await?;
         }
         Ok(())
     }
@@ -356,4 +357,92 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     stop.await;
     eprintln!("forgelog proxy: stopping; flushing events to the broker");
     proxy.shutdown(Duration::from_secs(30)).await
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fast tier: the whole proxy (routes, sessions, the upstream call,
+    //! recording) in front of the fake upstream, recording into a memory log.
+    use super::*;
+    use forgelog_api::{Finish, NewSession, SessionClient, Verdict};
+    use forgelog_schemas::{CallStatus, Event, Topic};
+    use forgelog_stream::MemoryLog;
+    use server::ProxyConfig;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
+        let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+            .await
+            .unwrap();
+        let config = ProxyConfig {
+            run_id: Some("fast".into()),
+            ..ProxyConfig::new(format!("http://{up}"))
+        };
+        let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1);
+        let probe = client.probe().await.unwrap();
+        let log = Arc::new(MemoryLog::default());
+        let state = Arc::new(ProxyState::new(config, log.clone(), probe));
+        let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let sessions = SessionClient::new(proxy.url(), None);
+        let s = sessions
+            .create(&NewSession::new("r1", "t", "sdk", "g").group_size(1))
+            .await
+            .unwrap();
+        let http = reqwest::Client::new();
+        for (i, body) in [
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            serde_json::json!({"model": "m", "messages": "not a list"}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let r = http
+                .post(format!("{}/v1/chat/completions", proxy.url()))
+                .bearer_auth(&s.api_key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), [200, 400][i]);
+        }
+        let done = sessions
+            .finish(
+                &s.session_id,
+                &Finish {
+                    exit_status: Some(0),
+                    verifier: Some(Verdict::scored(1.0, "")),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(done.model_calls, 2);
+        proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+
+        let calls = log.events(Topic::Calls.name());
+        let finished: Vec<_> = calls
+            .iter()
+            .filter_map(|e| match e {
+                Event::CallFinished(c) => Some((c.call_index, c.status, c.trainable)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 4, "started and finished, twice");
+        assert_eq!(
+            finished,
+            [
+                (0, CallStatus::Ok, true),
+                (1, CallStatus::ClientError, false)
+            ]
+        );
+        let kinds: Vec<&str> = log
+            .events(Topic::Rollouts.name())
+            .iter()
+            .map(|e| e.kind().name())
+            .collect();
+        assert_eq!(kinds, ["RolloutStarted", "RolloutFinished"]);
+        let rewards = log.events(Topic::Rewards.name());
+        assert!(matches!(&rewards[..], [Event::VerifierResult(v)] if v.reward == Some(1.0)));
+    }
 }

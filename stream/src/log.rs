@@ -4,20 +4,18 @@
 
 use crate::{ConsumeError, EventProducer, FlushTimeout, ReplayReader, SendError};
 use forgelog_schemas::{Codec, Event, Received};
+use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Where a shell writes its events.
+/// Where a shell writes its events (a trait object: the proxy holds one).
 pub trait EventSink: Send + Sync {
     /// Takes `event` (never waiting for the log).
     fn send(&self, event: &Event) -> Result<(), SendError>;
     /// Waits until everything sent is in the log, for up to `timeout`.
-    fn flush(
-        &self,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send;
+    fn flush(&self, timeout: Duration) -> BoxFuture<'_, Result<(), FlushTimeout>>;
 }
 
 /// Bounded reads of what the log holds now, partition by partition.
@@ -43,11 +41,8 @@ impl EventSink for EventProducer {
         EventProducer::send(self, event).map(|_| ())
     }
 
-    fn flush(
-        &self,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send {
-        EventProducer::flush(self, timeout)
+    fn flush(&self, timeout: Duration) -> BoxFuture<'_, Result<(), FlushTimeout>> {
+        Box::pin(EventProducer::flush(self, timeout))
     }
 }
 
@@ -129,11 +124,8 @@ impl EventSink for MemoryLog {
         self.append(event).map(|_| ())
     }
 
-    fn flush(
-        &self,
-        _: Duration,
-    ) -> impl std::future::Future<Output = Result<(), FlushTimeout>> + Send {
-        std::future::ready(Ok(()))
+    fn flush(&self, _: Duration) -> BoxFuture<'_, Result<(), FlushTimeout>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

@@ -25,7 +25,7 @@ use forgelog_dialects::dialect::{
     AnthropicDialect, DialectAdapter, DialectError, OpenAiChatDialect, OpenAiResponsesDialect,
 };
 use forgelog_schemas::{Event, SamplingParams};
-use forgelog_stream::EventProducer;
+use forgelog_stream::EventSink;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -97,8 +97,9 @@ impl ProxyConfig {
 pub struct ProxyState {
     pub config: ProxyConfig,
     pub sessions: Sessions,
-    /// `None` for `replay serve`, which records nothing.
-    pub producer: Option<Arc<EventProducer>>,
+    /// Where calls are recorded: the spool-backed producer (or a memory log in
+    /// tests); `None` for `replay serve`, which records nothing.
+    pub events: Option<Arc<dyn EventSink>>,
     pub upstream: Upstream,
     /// The upstream's model (from the probe): harnesses name models of their own.
     pub upstream_model: String,
@@ -121,7 +122,7 @@ pub fn now_ms() -> i64 {
 impl ProxyState {
     pub fn new(
         config: ProxyConfig,
-        producer: Arc<EventProducer>,
+        events: Arc<dyn EventSink>,
         probe: crate::upstream::Probe,
     ) -> ProxyState {
         let upstream = Upstream::Live(UpstreamClient::new(
@@ -129,21 +130,21 @@ impl ProxyState {
             config.upstream_timeout,
             config.max_upstream_requests,
         ));
-        ProxyState::with_upstream(config, upstream, Some(producer), probe)
+        ProxyState::with_upstream(config, upstream, Some(events), probe)
     }
 
-    /// A proxy in front of `upstream`, recording through `producer` (if any).
+    /// A proxy in front of `upstream`, recording into `events` (if any).
     pub fn with_upstream(
         config: ProxyConfig,
         upstream: Upstream,
-        producer: Option<Arc<EventProducer>>,
+        events: Option<Arc<dyn EventSink>>,
         probe: crate::upstream::Probe,
     ) -> ProxyState {
         ProxyState {
             upstream,
             config,
             sessions: Sessions::default(),
-            producer,
+            events,
             upstream_model: probe.model,
             upstream_context: probe.context,
             probe_warning: probe.untrainable,
@@ -157,10 +158,10 @@ impl ProxyState {
     }
 
     fn send(&self, event: Event) -> bool {
-        let Some(producer) = &self.producer else {
+        let Some(events) = &self.events else {
             return true;
         };
-        match producer.send(&event) {
+        match events.send(&event) {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");

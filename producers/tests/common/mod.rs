@@ -172,7 +172,7 @@ impl Rig {
     pub async fn flush(&self) {
         self.proxy
             .state
-            .producer
+            .events
             .as_ref()
             .expect("the capture proxy records")
             .flush(Duration::from_secs(60))
