@@ -1,0 +1,21 @@
+//! The rollout orchestrator's core, with no I/O beyond reading task files:
+//!
+//! - [`task`]: Harbor-style task directories (`instruction.md`, `task.toml`,
+//!   `environment/`, `tests/test.sh`, optional `solution/solve.sh`), as
+//!   Terminal-Bench 2 and many RL task sets ship them;
+//! - [`reward`]: what a verifier wrote (`reward.json` or `reward.txt`);
+//! - [`outcome`]: how a rollout ended, as a typed status and the verdict the
+//!   log records: a reward only when the verifier exited and wrote a valid
+//!   finite number, anything else a null reward with its reason, never a 0;
+//! - [`plan`]: a run's groups and rollouts, their deterministic ids, and which
+//!   failures are retried.
+
+pub mod outcome;
+pub mod plan;
+pub mod reward;
+pub mod task;
+
+pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
+pub use plan::{Group, Rollout, RunPlan};
+pub use reward::{Reward, RewardError};
+pub use task::{Task, TaskConfig, TaskError};

@@ -1,0 +1,159 @@
+//! A run's plan: GRPO groups of `group_size` rollouts of one task with one
+//! harness, harnesses alternating across a task's groups (so every harness
+//! sees every task and no harness runs all its groups in a row), ids
+//! deterministic so a restarted run finds its rollouts in the log.
+
+use crate::outcome::RolloutStatus;
+
+/// Attempts of one rollout at most: a failure before its first model call is
+/// tried again twice (not the policy's doing: a sandbox or harness that did
+/// not start); nothing else is retried.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    pub id: String,
+    pub task: String,
+    pub harness: String,
+    pub size: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    /// `{group}-{member}`: the same in every run of the plan.
+    pub id: String,
+    pub group: String,
+    pub task: String,
+    pub harness: String,
+    pub member: usize,
+}
+
+impl Rollout {
+    /// The id attempt `attempt` (from 0) runs under: each attempt is a
+    /// session of its own, so its calls never share event ids with another's.
+    pub fn attempt_id(&self, attempt: u32) -> String {
+        match attempt {
+            0 => self.id.clone(),
+            n => format!("{}~{n}", self.id),
+        }
+    }
+}
+
+/// Whether an attempt that ended with `status` after `model_calls` calls is
+/// run again.
+pub fn retry(status: RolloutStatus, model_calls: i64, attempt: u32) -> bool {
+    status != RolloutStatus::Scored && model_calls == 0 && attempt + 1 < MAX_ATTEMPTS
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPlan {
+    pub run_id: String,
+    pub groups: Vec<Group>,
+}
+
+impl RunPlan {
+    /// One group per task and harness, tasks in the order given.
+    pub fn new(run_id: &str, tasks: &[String], harnesses: &[String], group_size: usize) -> RunPlan {
+        let mut groups = Vec::with_capacity(tasks.len() * harnesses.len());
+        for (t, task) in tasks.iter().enumerate() {
+            for h in 0..harnesses.len() {
+                // Rotate the harnesses per task: consecutive groups alternate.
+                let harness = &harnesses[(t + h) % harnesses.len()];
+                groups.push(Group {
+                    id: format!("{run_id}-{task}-{harness}"),
+                    task: task.clone(),
+                    harness: harness.clone(),
+                    size: group_size.max(1),
+                });
+            }
+        }
+        RunPlan {
+            run_id: run_id.to_string(),
+            groups,
+        }
+    }
+
+    /// Every rollout, group by group.
+    pub fn rollouts(&self) -> impl Iterator<Item = Rollout> + '_ {
+        self.groups.iter().flat_map(|g| {
+            (0..g.size).map(move |member| Rollout {
+                id: format!("{}-{member}", g.id),
+                group: g.id.clone(),
+                task: g.task.clone(),
+                harness: g.harness.clone(),
+                member,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn every_task_meets_every_harness_and_harnesses_alternate() {
+        let plan = RunPlan::new(
+            "r",
+            &names(&["a", "b"]),
+            &names(&["codex", "claude-code"]),
+            4,
+        );
+        let order: Vec<(&str, &str)> = plan
+            .groups
+            .iter()
+            .map(|g| (g.task.as_str(), g.harness.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("a", "codex"),
+                ("a", "claude-code"),
+                ("b", "claude-code"),
+                ("b", "codex")
+            ]
+        );
+        let rollouts: Vec<Rollout> = plan.rollouts().collect();
+        assert_eq!(rollouts.len(), 16);
+        assert_eq!(rollouts[5].id, "r-a-claude-code-1");
+        let mut ids: Vec<&str> = rollouts.iter().map(|r| r.id.as_str()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 16, "ids are unique");
+        assert_eq!(
+            plan,
+            RunPlan::new(
+                "r",
+                &names(&["a", "b"]),
+                &names(&["codex", "claude-code"]),
+                4
+            )
+        );
+    }
+
+    #[test]
+    fn only_failures_before_the_first_model_call_are_retried_twice() {
+        use crate::outcome::Stage;
+        let infra = RolloutStatus::Infra(Stage::Sandbox);
+        assert!(retry(infra, 0, 0));
+        assert!(retry(infra, 0, 1));
+        assert!(!retry(infra, 0, 2));
+        assert!(
+            !retry(infra, 1, 0),
+            "it reached the model: its calls are in the log"
+        );
+        assert!(!retry(RolloutStatus::Scored, 0, 0));
+        let r = RunPlan::new("r", &names(&["t"]), &names(&["h"]), 1)
+            .rollouts()
+            .next()
+            .unwrap();
+        assert_eq!(
+            (r.attempt_id(0), r.attempt_id(2)),
+            ("r-t-h-0".to_string(), "r-t-h-0~2".to_string())
+        );
+    }
+}
