@@ -1,6 +1,9 @@
 //! Synthetic events for tests and benchmarks across the workspace.
 
-use crate::{event_id, CallFinished, CallStatus, SamplingParams, Usage};
+use crate::{
+    event_id, CallFinished, CallStatus, Event, GroupMember, SamplingParams, Sequence,
+    TrainingBatch, Usage,
+};
 
 /// A successful, trainable call with `prompt` prompt tokens and `completion`
 /// sampled tokens; ids and logprobs depend only on the arguments.
@@ -162,4 +165,42 @@ pub fn recorded_run(
         }
     }
     events
+}
+
+/// A GRPO group `id` of run `run` as the learner takes it: two members
+/// (reward 1, advantage +1; reward 0, advantage -1), each one sequence of a
+/// 4-token prompt and `sampled` tokens the engine sampled at `version` with
+/// logprob -5.
+pub fn training_batch(run: &str, id: &str, sampled: usize, version: u32) -> Event {
+    let member = |i: usize, reward: f64, advantage: f64| GroupMember {
+        rollout_id: format!("{id}-{i}"),
+        harness: "test".into(),
+        reward: Some(reward),
+        advantage: Some(advantage),
+        sequences: vec![Sequence {
+            root: 0,
+            call_indices: vec![0],
+            discarded: false,
+            token_ids: (0..4 + sampled as u32)
+                .map(|t| (t * 17 + i as u32) % 200 + 3)
+                .collect(),
+            loss_mask: (0..4 + sampled).map(|t| (t >= 4) as u8).collect(),
+            sampling_logprobs: (0..4 + sampled)
+                .map(|t| if t >= 4 { -5.0 } else { 0.0 })
+                .collect(),
+            policy_versions: (0..4 + sampled)
+                .map(|t| if t >= 4 { version } else { u32::MAX })
+                .collect(),
+            tool_calls: 0,
+        }],
+    };
+    TrainingBatch {
+        run_id: run.into(),
+        event_id: format!("{run}-{id}"),
+        group_id: id.into(),
+        task_id: "t".into(),
+        no_reward_variance: false,
+        members: vec![member(0, 1.0, 1.0), member(1, 0.0, -1.0)],
+    }
+    .into()
 }

@@ -14,11 +14,12 @@ pub mod optim;
 use candle_core::{DType, Device};
 use checkpoint::{CheckpointError, CheckpointStore, TrainerState};
 use forgelog_schemas::{event_id, Event, PolicyPublished, Topic};
-use forgelog_stream::{EventConsumer, EventProducer, ReplayReader, StartAt, StreamConfig};
+use forgelog_stream::{EventProducer, EventSink, LogReader, ReplayReader, StreamConfig};
 pub use learner::{Learner, LearnerConfig, StepMetrics};
 pub use loss::{LossConfig, Normalisation};
 pub use optim::AdamWConfig;
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -168,28 +169,52 @@ fn device_and_dtype(args: &TrainArgs) -> Result<(Device, DType), TrainError> {
 }
 
 /// The newest `PolicyPublished` of `run` on `forgelog.policy`, if any.
-fn last_published(config: &StreamConfig, run: &str) -> Result<Option<PolicyPublished>, TrainError> {
-    let reader = ReplayReader::new(config)?;
+fn last_published(log: &impl LogReader, run: &str) -> Result<Option<PolicyPublished>, TrainError> {
+    let topic = Topic::Policy.name();
     let mut last: Option<PolicyPublished> = None;
-    for rec in reader.read(Topic::Policy.name(), StartAt::Beginning, Some(run))? {
-        if let Ok(Event::PolicyPublished(p)) = rec.event {
-            if last.as_ref().is_none_or(|l| p.version > l.version) {
-                last = Some(p);
+    for partition in log.partitions(topic)? {
+        let end = log.end(topic, partition)?;
+        let _ = log.for_each_in(topic, partition, 0, end, |rec| {
+            if let Ok(Event::PolicyPublished(p)) = rec.event {
+                if p.run_id == run && last.as_ref().is_none_or(|l| p.version > l.version) {
+                    last = Some(p);
+                }
             }
-        }
+            ControlFlow::Continue(())
+        })?;
     }
     Ok(last)
 }
 
-/// `forgelog train`: resumes from the run's last published checkpoint (or
-/// starts from `--model` as version 0), then trains on `forgelog.batches`
-/// until stopped (or `--max-steps`).
+/// `forgelog train`: [`train`] on the Kafka log, publishing through a spool.
 pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
-    let (device, dtype) = device_and_dtype(&args)?;
     let stream = StreamConfig::new(&args.brokers);
     forgelog_stream::admin::create_topics(&stream, &Default::default())
         .await
         .map_err(|e| TrainError::Invalid(format!("topics: {e}")))?;
+    let spool = args
+        .spool
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".forgelog/trainer-spool").join(&args.run));
+    let producer = EventProducer::start(&stream, spool, Default::default())?;
+    let reader = ReplayReader::new(&stream)?;
+    let trained = train(&args, &reader, &producer).await;
+    producer.close(Duration::from_secs(600)).await?;
+    trained
+}
+
+/// Resumes from the run's last published checkpoint (or starts from
+/// `--model` as version 0), then trains on `forgelog.batches` from the
+/// positions that checkpoint reflects, publishing every `--publish-every`
+/// steps, until stopped (or `--max-steps`). Reads `log` (blocking reads, so a
+/// multi-threaded runtime), writes `PolicyPublished` into `sink`: the Kafka
+/// log in production, a memory log in the fast tests.
+pub async fn train(
+    args: &TrainArgs,
+    log: &impl LogReader,
+    sink: &impl EventSink,
+) -> Result<(), TrainError> {
+    let (device, dtype) = device_and_dtype(args)?;
     let base = match &args.checkpoints {
         Some(url) => url.clone(),
         None => format!(
@@ -209,10 +234,7 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
             .map_err(|e| TrainError::Invalid(e.to_string()))??;
     let model_config = policy.model.config().clone();
 
-    let (stream_r, run_r) = (stream.clone(), args.run.clone());
-    let resume = tokio::task::spawn_blocking(move || last_published(&stream_r, &run_r))
-        .await
-        .map_err(|e| TrainError::Invalid(e.to_string()))??;
+    let resume = tokio::task::block_in_place(|| last_published(log, &args.run))?;
     let (weights, moments, mut state) = match &resume {
         Some(p) => {
             let (weights, moments, state) = store.load(p.version as u64, &device).await?;
@@ -239,36 +261,28 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
     learner.optimizer.steps = state.optimizer_steps;
     learner.optimizer.moments = moments;
 
-    let consumer = EventConsumer::new(
-        &stream,
-        &format!("forgelog-trainer-{}", args.run),
-        &[Topic::Batches],
-    )?;
-    let spool = args
-        .spool
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(".forgelog/trainer-spool").join(&args.run));
-    let producer = EventProducer::start(&stream, spool, Default::default())?;
-    // The first offsets this learner has not trained on: a crash between a
-    // checkpoint and the commit leaves the group behind the checkpoint.
+    // The first offsets of forgelog.batches this learner has not trained on:
+    // they travel in the checkpoint, so a restart continues exactly there.
     let mut positions = state.offsets.clone();
     let mut assembler = learner::StepAssembler::new(args.tokens_per_step);
     assembler.dropped_stale = state.dropped_stale;
     let idle = Duration::from_secs_f64(args.idle_flush);
+    let mut last_new = std::time::Instant::now();
     let mut steps_here = 0u64;
+    let batches_topic = Topic::Batches.name();
     loop {
         if args.max_steps.is_some_and(|m| steps_here >= m) {
             break;
         }
-        let received = tokio::time::timeout(idle, consumer.recv()).await;
-        let ready = match received {
-            Ok(rec) => {
-                let rec = rec?;
-                let seen = positions
-                    .get(&rec.partition)
-                    .is_some_and(|&next| rec.offset < next);
-                if !seen {
-                    positions.insert(rec.partition, rec.offset + 1);
+        // A sweep: what is new in each partition, until a step's worth.
+        let mut new = 0usize;
+        tokio::task::block_in_place(|| -> Result<(), TrainError> {
+            for partition in log.partitions(batches_topic)? {
+                let from = positions.get(&partition).copied().unwrap_or(0);
+                let end = log.end(batches_topic, partition)?;
+                let flow = log.for_each_in(batches_topic, partition, from, end, |rec| {
+                    positions.insert(partition, rec.offset + 1);
+                    new += 1;
                     match rec.event {
                         Ok(Event::TrainingBatch(batch)) if batch.run_id == args.run => {
                             assembler.offer(&learner, batch);
@@ -278,12 +292,26 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
                             tracing::warn!(offset = rec.offset, %why, "not a forgelog event on forgelog.batches")
                         }
                     }
+                    if assembler.full() {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })?;
+                if flow.is_break() {
+                    break;
                 }
-                assembler.full()
             }
-            Err(_idle) => !assembler.is_empty(),
-        };
+            Ok(())
+        })?;
+        if new > 0 {
+            last_new = std::time::Instant::now();
+        }
+        let ready = assembler.full() || (!assembler.is_empty() && last_new.elapsed() >= idle);
         if !ready {
+            if new == 0 {
+                tokio::time::sleep(idle.min(Duration::from_millis(200))).await;
+            }
             continue;
         }
         let batches = assembler.take();
@@ -313,7 +341,7 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
             let mut values = metrics.to_map();
             values.insert("dropped_stale".into(), state.dropped_stale as f64);
             let version = moved.version.to_string();
-            producer.send(&Event::PolicyPublished(PolicyPublished {
+            sink.send(&Event::PolicyPublished(PolicyPublished {
                 event_id: event_id("PolicyPublished", &[&args.run, &version]),
                 run_id: args.run.clone(),
                 version: moved.version as i64,
@@ -321,16 +349,10 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
                 checkpoint_uri: uri,
                 metrics: values,
             }))?;
-            producer.flush(Duration::from_secs(600)).await?;
-            let committed: Vec<(&str, i32, i64)> = positions
-                .iter()
-                .map(|(&p, &next)| (Topic::Batches.name(), p, next - 1))
-                .collect();
-            consumer.commit(&committed)?;
+            sink.flush(Duration::from_secs(600)).await?;
         }
         learner = moved;
     }
-    producer.close(Duration::from_secs(600)).await?;
     Ok(())
 }
 
@@ -391,5 +413,65 @@ mod tests {
         let config = args.learner_config();
         assert_eq!(config.loss.normalisation, Normalisation::PerSequence);
         assert_eq!(config.loss.kl_coefficient, Some(0.01));
+    }
+
+    /// The fast tier: the trainer shell on a memory log, the tiny llama, no broker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_memory_log_a_restarted_trainer_resumes_and_trains_only_new_batches() {
+        use forgelog_schemas::testing::training_batch;
+        use forgelog_stream::MemoryLog;
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
+        let checkpoints = format!("file://{}/checkpoints", dir.path().display());
+        let Command::Train(args) = Cli::parse_from([
+            "forgelog",
+            "train",
+            "--model",
+            model.to_str().unwrap(),
+            "--run",
+            "mem",
+            "--checkpoints",
+            &checkpoints,
+            "--tokens-per-step",
+            "1",
+            "--max-steps",
+            "1",
+            "--learning-rate",
+            "1e-3",
+            "--idle-flush",
+            "0.1",
+        ])
+        .command;
+        let log = MemoryLog::default();
+        let published = |log: &MemoryLog| -> Vec<PolicyPublished> {
+            log.events(Topic::Policy.name())
+                .into_iter()
+                .filter_map(|e| match e {
+                    Event::PolicyPublished(p) => Some(p),
+                    _ => None,
+                })
+                .collect()
+        };
+        log.append(&training_batch("other-run", "x", 5, 0)).unwrap();
+        log.append(&training_batch("mem", "a", 2, 0)).unwrap();
+        train(&args, &log, &log).await.unwrap();
+        let first = published(&log);
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].version, first[0].step), (1, 1));
+        assert_eq!(
+            first[0].metrics["tokens"], 4.0,
+            "group a: 2 members x 2 sampled tokens"
+        );
+
+        log.append(&training_batch("mem", "b", 3, 1)).unwrap();
+        train(&args, &log, &log).await.unwrap();
+        let both = published(&log);
+        assert_eq!(both.len(), 2);
+        assert_eq!((both[1].version, both[1].step), (2, 2));
+        assert_eq!(both[1].metrics["tokens"], 6.0, "group b only");
+        assert!(both[1]
+            .checkpoint_uri
+            .ends_with("/v000002/model.safetensors"));
     }
 }

@@ -3,7 +3,8 @@
 //! restarted trainer resumes from it and trains only on what came after.
 
 use clap::Parser;
-use forgelog_schemas::{Event, GroupMember, PolicyPublished, Sequence, Topic, TrainingBatch};
+use forgelog_schemas::testing::training_batch;
+use forgelog_schemas::{Event, PolicyPublished, Topic};
 use forgelog_stream::testing::{produce, shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StartAt};
 use forgelog_trainer::TrainArgs;
@@ -12,40 +13,6 @@ use forgelog_trainer::TrainArgs;
 struct Cli {
     #[command(flatten)]
     train: TrainArgs,
-}
-
-fn group(run: &str, id: &str, sampled: usize, version: u32) -> Event {
-    let member = |i: usize, reward: f64, advantage: f64| GroupMember {
-        rollout_id: format!("{id}-{i}"),
-        harness: "test".into(),
-        reward: Some(reward),
-        advantage: Some(advantage),
-        sequences: vec![Sequence {
-            root: 0,
-            call_indices: vec![0],
-            discarded: false,
-            token_ids: (0..4 + sampled as u32)
-                .map(|t| (t * 17 + i as u32) % 200 + 3)
-                .collect(),
-            loss_mask: (0..4 + sampled).map(|t| (t >= 4) as u8).collect(),
-            sampling_logprobs: (0..4 + sampled)
-                .map(|t| if t >= 4 { -5.0 } else { 0.0 })
-                .collect(),
-            policy_versions: (0..4 + sampled)
-                .map(|t| if t >= 4 { version } else { u32::MAX })
-                .collect(),
-            tool_calls: 0,
-        }],
-    };
-    TrainingBatch {
-        run_id: run.into(),
-        event_id: format!("{run}-{id}"),
-        group_id: id.into(),
-        task_id: "t".into(),
-        no_reward_variance: false,
-        members: vec![member(0, 1.0, 1.0), member(1, 0.0, -1.0)],
-    }
-    .into()
 }
 
 fn published(config: &forgelog_stream::StreamConfig, run: &str) -> Vec<PolicyPublished> {
@@ -91,7 +58,7 @@ async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_ba
         .train
     };
 
-    produce(&config, &[group(&run, "a", 2, 0)]).await;
+    produce(&config, &[training_batch(&run, "a", 2, 0)]).await;
     forgelog_trainer::run(args("spool-1")).await.unwrap();
     let policies = published(&config, &run);
     assert_eq!(policies.len(), 1);
@@ -105,7 +72,7 @@ async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_ba
     assert!(std::path::Path::new(path).is_file(), "{path}");
 
     // A new process: resumes at version 1 and trains on group b only.
-    produce(&config, &[group(&run, "b", 3, 1)]).await;
+    produce(&config, &[training_batch(&run, "b", 3, 1)]).await;
     forgelog_trainer::run(args("spool-2")).await.unwrap();
     let policies = published(&config, &run);
     assert_eq!(policies.len(), 2);
