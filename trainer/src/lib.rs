@@ -6,6 +6,7 @@
 //! Kafka shell: `forgelog.batches` in, checkpoints and `PolicyPublished` on
 //! `forgelog.policy` out, offsets committed only after both are written.
 
+mod assembler;
 pub mod checkpoint;
 pub mod learner;
 pub mod loss;
