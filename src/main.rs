@@ -17,6 +17,7 @@ mod export;
 mod replay;
 mod spool;
 mod tail;
+mod tasks;
 mod topics;
 mod up;
 
@@ -76,6 +77,11 @@ enum Command {
         #[command(subcommand)]
         action: export::ExportAction,
     },
+    /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
+    Tasks {
+        #[command(subcommand)]
+        action: tasks::TasksAction,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
@@ -106,6 +112,7 @@ fn main() -> Result<()> {
         Command::Replay { action } => replay::run(&rt, action),
         Command::Export { action } => export::run(&rt, action),
         Command::Spool { action } => spool::run(&rt, action),
+        Command::Tasks { action } => tasks::run(&rt, action),
     }
 }
 

@@ -1,5 +1,7 @@
-//! forgelog-deploy: rollout orchestration: task format, local process runner,
-//! Kubernetes runner, and the built-in demo that drives rollouts through the
-//! capture proxy.
+//! forgelog-deploy: rollout orchestration around `forgelog-deploy-core`: the
+//! local podman backend ([`local`]), `forgelog tasks check` ([`check`]), and
+//! the built-in demo that drives rollouts through the capture proxy.
 
+pub mod check;
 pub mod demo;
+pub mod local;

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sed -i 's/\bteh\b/the/g' /app/notes.md

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+printf 'Hello, forgelog!\n' > /app/hello.txt

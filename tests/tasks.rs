@@ -1,0 +1,150 @@
+//! `forgelog tasks check` with real podman sandboxes (runc, images built from
+//! the local base image, scripts/base-image.sh): every shipped task's reference
+//! solution scores 1 through its own verifier; and every way a rollout can
+//! fail comes out as its typed status with a null reward, never a 0, with no
+//! sandbox left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tasks_check(dir: &Path, run: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["tasks", "check", "--run", run])
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+/// (task, status, reward) per line of the report.
+fn report(out: &Output) -> Vec<(String, String, String)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("tasks:"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_string(), w[1].to_string(), w[3].to_string())
+        })
+        .collect()
+}
+
+fn shipped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tasks")
+}
+
+/// Sandboxes of `run` still there, running or not.
+fn containers_of(run: &str) -> usize {
+    let out = Command::new("podman")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=forgelog.run={run}"),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .count()
+}
+
+#[test]
+fn every_shipped_solution_scores_one_through_its_own_verifier() {
+    let run = format!("shipped-{}", std::process::id());
+    let out = tasks_check(&shipped(), &run);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = report(&out);
+    assert!(rows.len() >= 12, "{said}");
+    for (task, status, reward) in &rows {
+        assert_eq!(
+            (status.as_str(), reward.as_str()),
+            ("scored", "1"),
+            "{task}: {said}"
+        );
+    }
+    assert!(
+        said.contains(&format!("tasks: {} passed, 0 failed", rows.len())),
+        "{said}"
+    );
+}
+
+/// A copy of the shipped `hello-file` task with one file replaced.
+fn variant(root: &Path, name: &str, file: &str, text: &str) {
+    let dir = root.join(name);
+    let from = shipped().join("hello-file");
+    for sub in ["", "environment", "tests", "solution"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    for f in [
+        "instruction.md",
+        "task.toml",
+        "environment/Dockerfile",
+        "tests/test.sh",
+        "solution/solve.sh",
+    ] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join(file), text).unwrap();
+}
+
+#[test]
+fn each_failure_is_its_typed_status_with_a_null_reward_and_no_sandbox_is_left() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    variant(
+        r,
+        "wrong-answer",
+        "solution/solve.sh",
+        "echo 'Hello?' > /app/hello.txt\n",
+    );
+    variant(r, "verifier-crashes", "tests/test.sh", "exit 3\n");
+    variant(r, "reward-missing", "tests/test.sh", "true\n");
+    variant(
+        r,
+        "reward-nan",
+        "tests/test.sh",
+        "echo NaN > /logs/verifier/reward.txt\n",
+    );
+    variant(r, "agent-hangs", "solution/solve.sh", "sleep 600\n");
+    let toml = std::fs::read_to_string(shipped().join("hello-file/task.toml")).unwrap();
+    std::fs::write(
+        r.join("agent-hangs/task.toml"),
+        toml.replace("timeout_sec = 300.0", "timeout_sec = 2.0"),
+    )
+    .unwrap();
+    variant(r, "agent-fails", "solution/solve.sh", "exit 4\n");
+    variant(
+        r,
+        "image-missing",
+        "task.toml",
+        &format!("{toml}docker_image = \"localhost/forgelog-no-such-image\"\n"),
+    );
+
+    let run = format!("faults-{}", std::process::id());
+    let out = tasks_check(r, &run);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let mut rows = report(&out);
+    rows.sort();
+    let expected = [
+        ("agent-fails", "agent_error", "null"),
+        ("agent-hangs", "agent_timeout", "null"),
+        ("image-missing", "infra:image", "null"),
+        ("reward-missing", "reward_missing", "null"),
+        ("reward-nan", "reward_invalid", "null"),
+        ("verifier-crashes", "verifier_error", "null"),
+        ("wrong-answer", "scored", "0"),
+    ];
+    let got: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(got, expected, "{said}");
+    assert!(said.contains("tasks: 0 passed, 7 failed"), "{said}");
+    assert_eq!(containers_of(&run), 0, "sandboxes left behind");
+}
