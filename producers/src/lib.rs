@@ -445,4 +445,61 @@ mod tests {
         let rewards = log.events(Topic::Rewards.name());
         assert!(matches!(&rewards[..], [Event::VerifierResult(v)] if v.reward == Some(1.0)));
     }
+
+    /// The session API answers the admin token only, and checks it before it
+    /// reads a body: an unauthenticated endless upload is refused at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_session_api_wants_the_admin_token_before_any_body() {
+        let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+            .await
+            .unwrap();
+        let config = ProxyConfig {
+            run_id: Some("auth".into()),
+            admin_token: Some("secret".into()),
+            ..ProxyConfig::new(format!("http://{up}"))
+        };
+        let probe = upstream::Probe::default();
+        let state = Arc::new(ProxyState::new(
+            config,
+            Arc::new(MemoryLog::default()),
+            probe,
+        ));
+        let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let new = NewSession::new("r", "t", "h", "g");
+        let refused = SessionClient::new(proxy.url(), Some("wrong".into()))
+            .create(&new)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), Some(401), "{refused}");
+        let finish = SessionClient::new(proxy.url(), None)
+            .finish("any", &Finish::default())
+            .await
+            .unwrap_err();
+        assert_eq!(finish.status(), Some(401), "{finish}");
+        let created = SessionClient::new(proxy.url(), Some("secret".into()))
+            .create(&new)
+            .await
+            .unwrap();
+        assert!(created.api_key.starts_with("fl-"));
+
+        // 1 MiB a second for a minute, no token: the answer comes first.
+        let endless = futures::stream::unfold(0u32, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            (n < 60).then(|| (Ok::<_, std::io::Error>(vec![b' '; 1 << 20]), n + 1))
+        });
+        let started = std::time::Instant::now();
+        let answered = reqwest::Client::new()
+            .post(format!("{}/sessions", proxy.url()))
+            .body(reqwest::Body::wrap_stream(endless))
+            .send()
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(answered.unwrap().status().as_u16(), 401);
+    }
 }

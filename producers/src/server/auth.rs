@@ -1,7 +1,11 @@
 //! Who is calling: a harness by its session key, the orchestrator by the admin token.
 
-use super::ProxyState;
-use axum::http::HeaderMap;
+use super::{admin_error, ProxyState};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use std::sync::Arc;
 
 /// The session key from `Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or Gemini's `?key=`.
 pub(super) fn api_key<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
@@ -17,8 +21,21 @@ pub(super) fn api_key<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Opt
         .map(str::trim)
 }
 
+/// Lets through only requests with the admin token (all, when the proxy has
+/// none), before their body is read.
+pub(super) async fn admin_only(
+    State(st): State<Arc<ProxyState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if !is_admin(&st, req.headers()) {
+        return admin_error(StatusCode::UNAUTHORIZED, "admin token required");
+    }
+    next.run(req).await
+}
+
 /// Whether the request carries the admin token (any request, when the proxy has none).
-pub(super) fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
+fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
     match &st.config.admin_token {
         None => true,
         Some(t) => api_key(headers, None) == Some(t.as_str()),

@@ -182,6 +182,14 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         Upstream::Live(_) => post(admin::create_session),
         Upstream::Recorded(_) => post(admin::create_replay_session),
     };
+    // The session API answers the admin token only, checked before any body is read.
+    let session_api = Router::new()
+        .route("/sessions", create_sessions)
+        .route("/sessions/{id}/finish", post(admin::finish_session))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::admin_only,
+        ));
     Router::new()
         .route(
             "/v1/chat/completions",
@@ -194,8 +202,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .route("/v1/models", get(meta::models))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(meta::prometheus))
-        .route("/sessions", create_sessions)
-        .route("/sessions/{id}/finish", post(admin::finish_session))
+        .merge(session_api)
         .fallback(meta::unrouted)
         // Bodies are read (and limited) by the handlers, to answer in the dialect's shape.
         .layer(axum::extract::DefaultBodyLimit::disable())
