@@ -190,13 +190,23 @@ impl Drainer {
         let mut reader = self.spool.reader(self.checkpoint.acked_through);
         let mut inflight = FuturesOrdered::new();
         let mut since_checkpoint = 0u64;
-        let result = loop {
+        // Every failure leaves the loop with `break 'session`, never `?`: what
+        // is in flight must settle before the next session (below).
+        macro_rules! or_end {
+            ($label:lifetime, $e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) => break $label Err(e.into()),
+                }
+            };
+        }
+        let result: Result<(), DrainError> = 'session: loop {
             while inflight.len() < WINDOW {
-                let Some(rec) = reader.next_record()? else {
+                let Some(rec) = or_end!('session, reader.next_record()) else {
                     break;
                 };
                 if !self.checkpoint.scan_from.contains_key(&rec.topic) {
-                    self.mark_scan_base(&rec.topic).await?;
+                    or_end!('session, self.mark_scan_base(&rec.topic).await);
                 }
                 let seq = rec.seq;
                 let topic = rec.topic.clone();
@@ -204,7 +214,7 @@ impl Drainer {
                     Box<dyn std::future::Future<Output = Delivered> + Send>,
                 > = match already.take(&rec) {
                     Some(at) => Box::pin(std::future::ready(Ok(at))),
-                    None => Box::pin(self.produce(&producer, rec)?),
+                    None => Box::pin(or_end!('session, self.produce(&producer, rec))),
                 };
                 inflight.push_back(async move { (seq, topic, delivery.await) });
             }
@@ -217,7 +227,7 @@ impl Drainer {
                     _ = self.spool.appended() => {}
                     _ = stop.changed() => {}
                     _ = tokio::time::sleep(CHECKPOINT_IDLE), if unsaved => {
-                        self.spool.acknowledge(&self.checkpoint)?;
+                        or_end!('session, self.spool.acknowledge(&self.checkpoint));
                         since_checkpoint = 0;
                     }
                 }
@@ -241,21 +251,31 @@ impl Drainer {
                     metrics::counter!("forgelog_events_delivered_total").increment(1);
                     since_checkpoint += 1;
                     if since_checkpoint >= CHECKPOINT_EVERY {
-                        self.spool.acknowledge(&self.checkpoint)?;
+                        or_end!('session, self.spool.acknowledge(&self.checkpoint));
                         since_checkpoint = 0;
                     }
                 }
                 Err(e) => break Err(e),
             }
         };
+        if result.is_err() {
+            // Nothing of this producer may land after the next session's
+            // recovery scan. Every record handed to it gets a delivery report
+            // (delivered, or refused by the broker: librdkafka retries
+            // transport failures without end, `message.timeout.ms=0`), so once
+            // all reports are in, nothing of ours is on the wire: settled by
+            // fact, not by a wait. Stopping instead purges, as the process ends.
+            while !*stop.borrow() {
+                tokio::select! {
+                    report = inflight.next() => if report.is_none() { break },
+                    // The producer is gone without a close: nobody waits.
+                    changed = stop.changed() => if changed.is_err() { break },
+                }
+            }
+            let _ = tokio::task::spawn_blocking(move || producer.shut_down()).await;
+        }
         if since_checkpoint > 0 {
             self.spool.acknowledge(&self.checkpoint)?;
-        }
-        if result.is_err() {
-            // Messages of this producer still queued must not land after the next
-            // session's recovery scan: purge them and let in-flight requests settle.
-            let _ = tokio::task::spawn_blocking(move || producer.shut_down()).await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
         }
         result
     }
