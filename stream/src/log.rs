@@ -93,12 +93,18 @@ impl MemoryLog {
         }
     }
 
+    /// The topics (a panic while holding them leaves them whole: every change
+    /// is one push).
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Partition>>> {
+        self.topics.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Appends `event` to its topic; returns (partition, offset).
     pub fn append(&self, event: &Event) -> Result<(i32, i64), SendError> {
         let value = Codec::global().encode(event)?;
         let key = event.key().as_bytes().to_vec();
         let partition = (kafka_murmur2(&key) & 0x7fff_ffff) as usize % self.partitions;
-        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let mut topics = self.lock();
         let topic = topics
             .entry(event.topic().name().to_string())
             .or_insert_with(|| vec![Vec::new(); self.partitions]);
@@ -108,7 +114,7 @@ impl MemoryLog {
 
     /// Every event of `topic`, in partition then offset order.
     pub fn events(&self, topic: &str) -> Vec<Event> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let topics = self.lock();
         topics
             .get(topic)
             .into_iter()
@@ -135,7 +141,7 @@ impl LogReader for MemoryLog {
     }
 
     fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let topics = self.lock();
         Ok(topics
             .get(topic)
             .map_or(0, |t| t[partition as usize].len() as i64))
@@ -151,7 +157,7 @@ impl LogReader for MemoryLog {
     ) -> Result<ControlFlow<()>, ConsumeError> {
         // Copied out first: `f` may append to the log (a shell sending outputs).
         let messages: Partition = {
-            let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            let topics = self.lock();
             let all = topics
                 .get(topic)
                 .map(|t| &t[partition as usize][..])
