@@ -1,0 +1,141 @@
+//! The fast tier: the whole proxy (routes, sessions, the upstream call,
+//! recording) in front of the fake upstream, recording into a memory log.
+use super::*;
+use forgelog_api::{Finish, NewSession, SessionClient, Verdict};
+use forgelog_schemas::{CallStatus, Event, Topic};
+use forgelog_stream::MemoryLog;
+use server::ProxyConfig;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("fast".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1);
+    let probe = client.probe().await.unwrap();
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), probe));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let sessions = SessionClient::new(proxy.url(), None);
+    let s = sessions
+        .create(&NewSession::new("r1", "t", "sdk", "g").group_size(1))
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    for (i, body) in [
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        serde_json::json!({"model": "m", "messages": "not a list"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = http
+            .post(format!("{}/v1/chat/completions", proxy.url()))
+            .bearer_auth(&s.api_key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), [200, 400][i]);
+    }
+    let done = sessions
+        .finish(
+            &s.session_id,
+            &Finish {
+                exit_status: Some(0),
+                verifier: Some(Verdict::scored(1.0, "")),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.model_calls, 2);
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    let calls = log.events(Topic::Calls.name());
+    let finished: Vec<_> = calls
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some((c.call_index, c.status, c.trainable)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 4, "started and finished, twice");
+    assert_eq!(
+        finished,
+        [
+            (0, CallStatus::Ok, true),
+            (1, CallStatus::ClientError, false)
+        ]
+    );
+    let kinds: Vec<&str> = log
+        .events(Topic::Rollouts.name())
+        .iter()
+        .map(|e| e.kind().name())
+        .collect();
+    assert_eq!(kinds, ["RolloutStarted", "RolloutFinished"]);
+    let rewards = log.events(Topic::Rewards.name());
+    assert!(matches!(&rewards[..], [Event::VerifierResult(v)] if v.reward == Some(1.0)));
+}
+
+/// The session API answers the admin token only, and checks it before it
+/// reads a body: an unauthenticated endless upload is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_api_wants_the_admin_token_before_any_body() {
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("auth".into()),
+        admin_token: Some("secret".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let probe = upstream::Probe::default();
+    let state = Arc::new(ProxyState::new(
+        config,
+        Arc::new(MemoryLog::default()),
+        probe,
+    ));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let new = NewSession::new("r", "t", "h", "g");
+    let refused = SessionClient::new(proxy.url(), Some("wrong".into()))
+        .create(&new)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status(), Some(401), "{refused}");
+    let finish = SessionClient::new(proxy.url(), None)
+        .finish("any", &Finish::default())
+        .await
+        .unwrap_err();
+    assert_eq!(finish.status(), Some(401), "{finish}");
+    let created = SessionClient::new(proxy.url(), Some("secret".into()))
+        .create(&new)
+        .await
+        .unwrap();
+    assert!(created.api_key.starts_with("fl-"));
+
+    // 1 MiB a second for a minute, no token: the answer comes first.
+    let endless = futures::stream::unfold(0u32, |n| async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (n < 60).then(|| (Ok::<_, std::io::Error>(vec![b' '; 1 << 20]), n + 1))
+    });
+    let started = std::time::Instant::now();
+    let answered = reqwest::Client::new()
+        .post(format!("{}/sessions", proxy.url()))
+        .body(reqwest::Body::wrap_stream(endless))
+        .send()
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(answered.unwrap().status().as_u16(), 401);
+}
