@@ -257,6 +257,7 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
         let exited = Finish {
             exit_status: Some(0),
             verifier: None,
+            ..Default::default()
         };
         let done = rt
             .block_on(sessions.finish(&session.session_id, &exited))

@@ -119,6 +119,11 @@ impl Sessions {
         Ok((session, key))
     }
 
+    pub fn by_id(&self, id: &str) -> Option<Arc<Session>> {
+        let t = self.tables.read().expect("sessions lock");
+        t.by_id.get(id).map(|(_, s)| s.clone())
+    }
+
     pub fn by_key(&self, key: &str) -> Option<Arc<Session>> {
         self.tables
             .read()

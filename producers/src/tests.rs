@@ -50,6 +50,7 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
             &Finish {
                 exit_status: Some(0),
                 verifier: Some(Verdict::scored(1.0, "")),
+                ..Default::default()
             },
         )
         .await
@@ -138,4 +139,79 @@ async fn the_session_api_wants_the_admin_token_before_any_body() {
         started.elapsed()
     );
     assert_eq!(answered.unwrap().status().as_u16(), 401);
+}
+
+/// An attempt that never reached the model is recorded as abandoned when the
+/// orchestrator asks (it runs the rollout again); one that did is not, and
+/// an attempt whose session this proxy never held gets an abandoned verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_are_abandoned_only_before_their_first_model_call() {
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("retry".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let sessions = SessionClient::new(proxy.url(), None);
+    let give_up = Finish {
+        exit_status: None,
+        verifier: Some(Verdict::failed("infra:sandbox")),
+        abandon_if_unused: true,
+    };
+    let unused = sessions
+        .create(&NewSession::new("r0", "t", "h", "g"))
+        .await
+        .unwrap();
+    let done = sessions.finish(&unused.session_id, &give_up).await.unwrap();
+    assert!(done.abandoned);
+
+    let used = sessions
+        .create(&NewSession::new("r1", "t", "h", "g"))
+        .await
+        .unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(&used.api_key)
+        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let done = sessions.finish(&used.session_id, &give_up).await.unwrap();
+    assert!(
+        !done.abandoned,
+        "its calls are in the log: it stays a member"
+    );
+
+    let gone = forgelog_api::AbandonAttempt {
+        run_id: None,
+        rollout_id: "r2".into(),
+        why: "orchestrator died".into(),
+    };
+    assert!(sessions.abandon(&gone).await.unwrap().abandoned);
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    let mut verdicts: Vec<(String, bool, bool)> = log
+        .events(Topic::Rewards.name())
+        .into_iter()
+        .map(|e| match e {
+            Event::VerifierResult(v) => (v.rollout_id, v.ok, v.abandoned),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    verdicts.sort();
+    assert_eq!(
+        verdicts,
+        [
+            ("r0".to_string(), false, true),
+            ("r1".to_string(), false, false),
+            ("r2".to_string(), false, true)
+        ]
+    );
 }

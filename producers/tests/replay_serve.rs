@@ -65,6 +65,7 @@ async fn recorded_sdk_sessions_replay_identically_and_a_changed_message_is_named
     let exited = Finish {
         exit_status: Some(0),
         verifier: None,
+        ..Default::default()
     };
     for (sdk, session, responses) in &recorded {
         // By the recorded session id, and by the original session request.

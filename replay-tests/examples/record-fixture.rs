@@ -77,6 +77,7 @@ async fn main() {
         let finish = Finish {
             exit_status: Some(0),
             verifier: verified.then(|| verdict(&responses)),
+            ..Default::default()
         };
         sessions.finish(&session, &finish).await.unwrap();
         sdk_responses.insert(session, json!({"sdk": sdk, "responses": responses}));

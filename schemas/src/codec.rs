@@ -13,10 +13,16 @@ const HEADER_LEN: usize = 10;
 ///
 /// When a schema in `avro/` changes, copy the old file to `avro/history/vN/` and
 /// list it here; the fixture test in `tests/` proves old events still decode.
-const HISTORY: &[(EventKind, &str)] = &[(
-    EventKind::CallFinished,
-    include_str!("../avro/history/v1/CallFinished.avsc"),
-)];
+const HISTORY: &[(EventKind, &str)] = &[
+    (
+        EventKind::CallFinished,
+        include_str!("../avro/history/v1/CallFinished.avsc"),
+    ),
+    (
+        EventKind::VerifierResult,
+        include_str!("../avro/history/v2/VerifierResult.avsc"),
+    ),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum EncodeError {

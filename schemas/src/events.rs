@@ -146,6 +146,11 @@ pub struct VerifierResult {
     pub reward: Option<f64>,
     #[serde(default)]
     pub details: String,
+    /// The attempt was given up and its rollout runs again under a new id
+    /// (it never reached the model, or its orchestrator died): it is no
+    /// member of its group. Never set on a verdict that scored.
+    #[serde(default)]
+    pub abandoned: bool,
 }
 
 /// Policy version stored per token when the producing call did not report one.

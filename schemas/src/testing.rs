@@ -158,6 +158,7 @@ pub fn recorded_run(
                     ok: ran,
                     reward: ran.then_some(((n * 7 + m) % 3) as f64 / 2.0),
                     details: String::new(),
+                    abandoned: false,
                 }
                 .into(),
             );

@@ -29,7 +29,7 @@ fn every_kind_has_a_sample_and_round_trips() {
 #[test]
 fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for version in ["v1", "v2"] {
+    for version in ["v1", "v2", "v3"] {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
@@ -43,6 +43,11 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let v2 = std::fs::read(root.join("v2/CallFinished.avro")).unwrap();
     assert_ne!(v1[2..10], v2[2..10]);
     assert_eq!(v2.len(), v1.len() + 1, "one zig-zag 0 more");
+    // v3 adds VerifierResult.abandoned (older verdicts read it as false).
+    let v2 = std::fs::read(root.join("v2/VerifierResult.avro")).unwrap();
+    let v3 = std::fs::read(root.join("v3/VerifierResult.avro")).unwrap();
+    assert_ne!(v2[2..10], v3[2..10]);
+    assert_eq!(v3.len(), v2.len() + 1, "one boolean more");
 }
 
 #[test]
@@ -366,8 +371,8 @@ fn event() -> impl Strategy<Value = Event> {
                 .into()
             }
         ),
-        (ids(), any::<bool>(), opt(finite()), text()).prop_map(
-            |((run_id, event_id, rollout_id, _), ok, reward, details)| {
+        (ids(), any::<bool>(), opt(finite()), text(), any::<bool>()).prop_map(
+            |((run_id, event_id, rollout_id, _), ok, reward, details, abandoned)| {
                 VerifierResult {
                     run_id,
                     event_id,
@@ -375,6 +380,7 @@ fn event() -> impl Strategy<Value = Event> {
                     ok,
                     reward,
                     details,
+                    abandoned,
                 }
                 .into()
             }
@@ -522,6 +528,7 @@ fn older_schema_versions_resolve_to_current_types() {
         ok: false,
         reward: None,
         details: String::new(),
+        abandoned: false,
     };
     assert_eq!(
         with_v0.decode(&bytes).unwrap(),

@@ -131,6 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ok: true,
                 reward: Some(reward),
                 details: g.text.clone(),
+                abandoned: false,
             });
         }
         let mut built = Vec::new();

@@ -223,6 +223,7 @@ async fn rollout(
             Finish {
                 exit_status: Some(0),
                 verifier: Some(verdict),
+                ..Default::default()
             }
         }
         Err(e) => {
@@ -230,6 +231,7 @@ async fn rollout(
             Finish {
                 exit_status: Some(1),
                 verifier: None,
+                ..Default::default()
             }
         }
     };

@@ -1,6 +1,8 @@
 //! A typed client of the session API.
 
-use crate::{ApiError, Finish, Finished, NewSession, ReplaySession, SessionCreated};
+use crate::{
+    AbandonAttempt, ApiError, Finish, Finished, NewSession, ReplaySession, SessionCreated,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -94,6 +96,12 @@ impl SessionClient {
             finish,
         )
         .await
+    }
+
+    /// `POST /sessions/abandon`.
+    pub async fn abandon(&self, attempt: &AbandonAttempt) -> Result<Finished, ClientError> {
+        self.post("abandoning an attempt", "/sessions/abandon".into(), attempt)
+            .await
     }
 
     async fn post<T: DeserializeOwned>(

@@ -103,6 +103,24 @@ pub struct Finish {
     /// The verifier's verdict; absent when it did not run.
     #[serde(default)]
     pub verifier: Option<Verdict>,
+    /// When the session made no model call and the verdict did not score,
+    /// record the attempt as abandoned (the orchestrator runs the rollout
+    /// again under a new id) instead of as a member of its group.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abandon_if_unused: bool,
+}
+
+/// `POST /sessions/abandon`: give up an attempt whose orchestrator died
+/// before finishing it (the proxy may no longer hold its session). Records a
+/// verdict with `abandoned: true`, so its group waits for the rerun instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbandonAttempt {
+    /// The run; the proxy's `--run-id` when absent.
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// The attempt's rollout id, as its `POST /sessions` named it.
+    pub rollout_id: String,
+    pub why: String,
 }
 
 /// What the task's verifier said. `ok` is whether it ran and produced a
@@ -150,8 +168,11 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finished {
     pub session_id: String,
-    /// `CallFinished` events recorded for the session.
+    /// `CallFinished` events this proxy recorded for the session.
     pub model_calls: i64,
+    /// The attempt was recorded as abandoned: run the rollout again.
+    #[serde(default)]
+    pub abandoned: bool,
 }
 
 /// Every error of the session API: `{"error": "..."}` with a 4xx/5xx status.

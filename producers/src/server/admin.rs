@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use forgelog_api::{Finish, Finished, ReplaySession, SessionCreated};
+use forgelog_api::{AbandonAttempt, Finish, Finished, ReplaySession, SessionCreated};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,7 +79,12 @@ pub(super) async fn finish_session(
         Ok(f) => f,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, format!("bad finish request: {e}")),
     };
-    let s = match st.sessions.end(&id) {
+    end_session(&st, &id, &finish).await
+}
+
+/// Ends session `id`: waits for its calls in flight, records how it ended.
+async fn end_session(st: &ProxyState, id: &str, finish: &Finish) -> Response {
+    let s = match st.sessions.end(id) {
         Ok(s) => s,
         Err(e) => return admin_error(StatusCode::NOT_FOUND, e.to_string()),
     };
@@ -87,7 +92,8 @@ pub(super) async fn finish_session(
     let wait = st.config.upstream_timeout + Duration::from_secs(5);
     let _all = tokio::time::timeout(wait, s.in_flight.acquire_many(s.max_in_flight)).await;
     let model_calls = s.finished_calls();
-    let (finished, verdict) = record::rollout_ended(&s, &finish, model_calls, now_ms());
+    let (finished, verdict) = record::rollout_ended(&s, finish, model_calls, now_ms());
+    let verdict_abandoned = verdict.abandoned;
     let recorded = st.send(finished.into()) & st.send(verdict.into());
     if !recorded {
         return admin_error(
@@ -98,6 +104,42 @@ pub(super) async fn finish_session(
     Json(Finished {
         session_id: s.id.clone(),
         model_calls,
+        abandoned: verdict_abandoned,
+    })
+    .into_response()
+}
+
+/// `POST /sessions/abandon`: an attempt whose orchestrator died. A session
+/// this proxy still holds is finished as abandoned (unless it reached the
+/// model: then its calls stand and it is finished as it is); one it does not
+/// know (a proxy restarted since) gets an abandoned verdict only.
+pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Bytes) -> Response {
+    let a: AbandonAttempt = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, format!("bad abandon request: {e}")),
+    };
+    let Some(run_id) = a.run_id.or_else(|| st.config.run_id.clone()) else {
+        return admin_error(StatusCode::BAD_REQUEST, SessionError::NoRunId.to_string());
+    };
+    let session_id = forgelog_schemas::event_id("session", &[&run_id, &a.rollout_id]);
+    if st.sessions.by_id(&session_id).is_some() {
+        let finish = Finish {
+            exit_status: None,
+            verifier: Some(forgelog_api::Verdict::failed(a.why)),
+            abandon_if_unused: true,
+        };
+        return end_session(&st, &session_id, &finish).await;
+    }
+    if !st.send(record::abandoned(&run_id, &a.rollout_id, &a.why).into()) {
+        return admin_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot record the abandoned attempt (spool full?)",
+        );
+    }
+    Json(Finished {
+        session_id,
+        model_calls: 0,
+        abandoned: true,
     })
     .into_response()
 }

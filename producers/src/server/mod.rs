@@ -186,6 +186,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
     let session_api = Router::new()
         .route("/sessions", create_sessions)
         .route("/sessions/{id}/finish", post(admin::finish_session))
+        .route("/sessions/abandon", post(admin::abandon_attempt))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::admin_only,

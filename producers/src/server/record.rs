@@ -165,8 +165,24 @@ pub fn rollout_ended(
         ok,
         reward,
         details,
+        abandoned: finish.abandon_if_unused && model_calls == 0 && !ok,
     };
     (finished, verdict)
+}
+
+/// The verdict of an attempt given up without a session (its orchestrator
+/// died): abandoned, so its group waits for the rerun. Its id is the one a
+/// finish of the same attempt would have had: readers keep the first.
+pub fn abandoned(run_id: &str, rollout_id: &str, why: &str) -> VerifierResult {
+    VerifierResult {
+        run_id: run_id.into(),
+        event_id: event_id("VerifierResult", &[run_id, rollout_id]),
+        rollout_id: rollout_id.into(),
+        ok: false,
+        reward: None,
+        details: why.into(),
+        abandoned: true,
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +241,7 @@ mod tests {
         let end = |verifier| Finish {
             exit_status: Some(0),
             verifier,
+            ..Default::default()
         };
         let (finished, v) = rollout_ended(&s, &end(Some(Verdict::scored(0.5, "ok"))), 2, 9);
         assert_eq!(

@@ -161,6 +161,7 @@ impl Rig {
         let finish = Finish {
             exit_status: Some(0),
             verifier,
+            ..Default::default()
         };
         self.sessions()
             .finish(session, &finish)

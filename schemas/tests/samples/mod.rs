@@ -112,6 +112,7 @@ pub fn all() -> Vec<Event> {
             ok: true,
             reward: Some(1.0),
             details: r#"{"answer":"4"}"#.into(),
+            abandoned: false,
         }
         .into(),
         TrajectoryBuilt {

@@ -101,6 +101,9 @@ pub struct RewardJoin {
     group_of: BTreeMap<String, String>,
     /// Verdicts that arrived before their rollout's group was known.
     early_verdicts: BTreeMap<String, VerifierResult>,
+    /// `run_id \t rollout_id` of attempts given up (their rollout ran again
+    /// under a new id): never members, whichever of their events comes first.
+    abandoned: BTreeSet<String>,
     emitted: BTreeSet<String>,
 }
 
@@ -142,7 +145,7 @@ impl RewardJoin {
         harness: &str,
     ) -> Option<String> {
         let gk = key(run_id, group_id);
-        if self.emitted.contains(&gk) {
+        if self.emitted.contains(&gk) || self.abandoned.contains(&key(run_id, rollout_id)) {
             return None;
         }
         let group = self
@@ -201,6 +204,17 @@ impl RewardJoin {
 
     fn verdict(&mut self, v: VerifierResult) -> Option<String> {
         let rk = key(&v.run_id, &v.rollout_id);
+        if v.abandoned {
+            // Its group waits for the rerun instead (a removal never completes one).
+            if let Some(gk) = self.group_of.remove(&rk) {
+                if let Some(g) = self.groups.get_mut(&gk) {
+                    g.members.remove(&v.rollout_id);
+                }
+            }
+            self.early_verdicts.remove(&rk);
+            self.abandoned.insert(rk);
+            return None;
+        }
         match self.group_of.get(&rk).cloned() {
             Some(gk) => {
                 let member = self.groups.get_mut(&gk)?.members.get_mut(&v.rollout_id)?;

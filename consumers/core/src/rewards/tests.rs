@@ -127,3 +127,67 @@ fn efficiency_bonus_rewards_fewer_tool_calls_among_correct_answers() {
         "{boosted:?}"
     );
 }
+
+/// An attempt given up before its first model call and run again under a new
+/// id: in whichever order its events arrive, the group's members are the
+/// rollouts that ran, never the abandoned attempt.
+#[test]
+fn an_abandoned_attempt_is_no_member_of_its_group() {
+    use forgelog_schemas::{RolloutFinished, RolloutStarted, VerifierResult};
+    let events = recorded_run("run", 1, 3, 2, 8);
+    let Some(Event::RolloutStarted(first)) = events.first().cloned() else {
+        panic!("a run starts with a rollout");
+    };
+    let id = "run-g0-attempt-given-up".to_string();
+    let started = Event::from(RolloutStarted {
+        event_id: format!("{}-a", first.event_id),
+        rollout_id: id.clone(),
+        session_id: format!("session-{id}"),
+        ..first.clone()
+    });
+    let finished = Event::from(RolloutFinished {
+        run_id: "run".into(),
+        event_id: "abandoned-finished".into(),
+        rollout_id: id.clone(),
+        session_id: format!("session-{id}"),
+        exit_status: None,
+        model_calls: 0,
+        started_at_ms: 0,
+        finished_at_ms: 1,
+    });
+    let verdict = Event::from(VerifierResult {
+        run_id: "run".into(),
+        event_id: "abandoned-verdict".into(),
+        rollout_id: id.clone(),
+        ok: false,
+        reward: None,
+        details: "infra:sandbox".into(),
+        abandoned: true,
+    });
+    let expected = batches(RewardConfig::default(), events.clone());
+    assert_eq!(expected.len(), 1);
+    assert_eq!(expected[0].members.len(), 3);
+    let orders = [
+        // Given up first, as an orchestrator records it.
+        [started.clone(), finished.clone(), verdict.clone()]
+            .into_iter()
+            .chain(events.clone())
+            .collect::<Vec<_>>(),
+        // Its verdict last: the group must wait for it, then leave it out.
+        [started.clone(), finished.clone()]
+            .into_iter()
+            .chain(events.clone())
+            .chain([verdict.clone()])
+            .collect(),
+        // Its verdict before anything else of it.
+        [verdict.clone()]
+            .into_iter()
+            .chain(events.clone())
+            .chain([started, finished])
+            .collect(),
+    ];
+    for (i, order) in orders.into_iter().enumerate() {
+        let got = batches(RewardConfig::default(), order);
+        assert_eq!(got, expected, "order {i}");
+    }
+}
