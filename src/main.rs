@@ -15,6 +15,7 @@ mod consume;
 mod demo;
 mod export;
 mod replay;
+mod run;
 mod spool;
 mod tail;
 mod tasks;
@@ -33,7 +34,7 @@ struct Cli {
 }
 
 /// Where the log is: every subcommand that reads or writes it takes these.
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug)]
 pub struct BrokerArgs {
     /// Kafka bootstrap servers (comma-separated host:port)
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
@@ -77,6 +78,8 @@ enum Command {
         #[command(subcommand)]
         action: export::ExportAction,
     },
+    /// Run every task with every harness in GRPO groups, one sandbox per rollout, through the capture proxy; resumes an existing --run
+    Run(run::RunArgs),
     /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
     Tasks {
         #[command(subcommand)]
@@ -113,6 +116,7 @@ fn main() -> Result<()> {
         Command::Export { action } => export::run(&rt, action),
         Command::Spool { action } => spool::run(&rt, action),
         Command::Tasks { action } => tasks::run(&rt, action),
+        Command::Run(args) => run::run(&rt, args),
     }
 }
 

@@ -114,32 +114,14 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     };
     admin::create_topics(config, &TopicLayout::default()).await?;
 
-    // The engine stops (and lets go of the broker) when this is dropped or sent.
-    let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut engine_task = None;
-    let upstream = match &args.upstream {
-        Some(u) => u.clone(),
-        None => {
-            let engine = forgelog_engine::EngineArgs {
-                model: args.model.clone(),
-                listen: args.engine_listen,
-                device: forgelog_engine::DeviceKind::Cpu,
-                brokers: Some(config.brokers.clone()),
-                run: None,
-            };
-            let shutdown = async {
-                let _ = engine_stopped.await;
-            };
-            engine_task = Some(tokio::spawn(async move {
-                if let Err(e) = forgelog_engine::serve(engine, shutdown).await {
-                    eprintln!("engine stopped: {e}");
-                }
-            }));
-            let url = format!("http://{}", args.engine_listen);
-            wait_healthy(&format!("{url}/healthz"), "the engine").await?;
-            eprintln!("engine    {} on {url}", args.model);
-            url
-        }
+    let engine = match &args.upstream {
+        Some(_) => None,
+        None => Some(LocalEngine::start(&args.model, args.engine_listen, config).await?),
+    };
+    let upstream = match (&args.upstream, &engine) {
+        (Some(u), _) => u.clone(),
+        (None, Some(e)) => e.url.clone(),
+        (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
 
     let proxy_config = ProxyConfig {
@@ -182,11 +164,49 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     proxy.shutdown(Duration::from_secs(10)).await?;
     stop_consumers.store(true, Ordering::Relaxed);
     let _ = consumers.await;
-    let _ = stop_engine.send(());
-    if let Some(engine) = engine_task {
-        let _ = engine.await;
+    if let Some(engine) = engine {
+        engine.stop().await;
     }
     result
+}
+
+/// `forgelog engine` in this process, on the CPU.
+pub struct LocalEngine {
+    pub url: String,
+    /// The engine stops (and lets go of the broker) when this is sent or dropped.
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LocalEngine {
+    /// Serves `model` on `listen`, reporting to `config`'s brokers; returns once healthy.
+    pub async fn start(model: &str, listen: SocketAddr, config: &StreamConfig) -> Result<LocalEngine> {
+        let engine = forgelog_engine::EngineArgs {
+            model: model.to_string(),
+            listen,
+            device: forgelog_engine::DeviceKind::Cpu,
+            brokers: Some(config.brokers.clone()),
+            run: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(async move {
+            if let Err(e) = forgelog_engine::serve(engine, shutdown).await {
+                eprintln!("engine stopped: {e}");
+            }
+        });
+        let url = format!("http://{listen}");
+        wait_healthy(&format!("{url}/healthz"), "the engine").await?;
+        eprintln!("engine    {model} on {url}");
+        Ok(LocalEngine { url, stop, task })
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
 }
 
 /// Prints a session key per dialect and a live status line until `stop`.

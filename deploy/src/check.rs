@@ -2,7 +2,8 @@
 //! sandbox, through its own verifier. A task passes when the verifier scores
 //! its solution 1.
 
-use crate::local::{run_agent, task_image, verify, Podman, SandboxSpec};
+use crate::harness::{Harness, SOLVE};
+use crate::local::{infra, run_attempt, task_image, AttemptSpec, Podman, SandboxSpec};
 use forgelog_deploy_core::outcome::{judge, AgentEnd, RolloutStatus, VerifierEnd};
 use forgelog_deploy_core::Task;
 
@@ -37,22 +38,7 @@ pub async fn check_task(podman: &Podman, task: &Task, run_id: &str) -> TaskCheck
             why,
         }
     };
-    let infra = |stage, why: String| {
-        (
-            AgentEnd::Failed {
-                stage,
-                why: why.clone(),
-            },
-            VerifierEnd::Failed { stage, why },
-        )
-    };
-    let Some(solution) = task.solution() else {
-        let (a, v) = infra(
-            forgelog_deploy_core::outcome::Stage::Harness,
-            "no solution/solve.sh".into(),
-        );
-        return done(a, v);
-    };
+    let harness = Harness::resolve(SOLVE).expect("solve is built in");
     let image = match task_image(podman, task).await {
         Ok(image) => image,
         Err((stage, why)) => {
@@ -60,28 +46,20 @@ pub async fn check_task(podman: &Podman, task: &Task, run_id: &str) -> TaskCheck
             return done(a, v);
         }
     };
-    let spec = SandboxSpec {
-        name: format!("forgelog-check-{run_id}-{}", task.id),
-        labels: vec![("forgelog.task".into(), task.id.clone())],
-        run_id: run_id.to_string(),
-        cpus: task.config.environment.cpus,
-        memory_mb: task.config.environment.memory_mb,
-    };
-    let sandbox = match podman.start(&image, &spec).await {
-        Ok(s) => s,
-        Err(e) => {
-            let (a, v) = infra(forgelog_deploy_core::outcome::Stage::Sandbox, e.to_string());
-            return done(a, v);
-        }
-    };
-    let agent = match sandbox.copy_in(&solution, "/solution/solve.sh").await {
-        Ok(()) => run_agent(&sandbox, task, "bash /solution/solve.sh").await,
-        Err(e) => AgentEnd::Failed {
-            stage: forgelog_deploy_core::outcome::Stage::Harness,
-            why: e.to_string(),
+    let spec = AttemptSpec {
+        task,
+        harness: &harness,
+        sandbox: SandboxSpec {
+            name: format!("forgelog-check-{run_id}-{}", task.id),
+            labels: vec![("forgelog.task".into(), task.id.clone())],
+            run_id: run_id.to_string(),
+            cpus: task.config.environment.cpus,
+            memory_mb: task.config.environment.memory_mb,
+            ..Default::default()
         },
+        env: Vec::new(),
+        logs: None,
     };
-    let verifier = verify(&sandbox, task).await;
-    let _ = sandbox.remove().await;
+    let (agent, verifier) = run_attempt(podman, &image, &spec).await;
     done(agent, verifier)
 }

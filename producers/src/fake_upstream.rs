@@ -12,8 +12,9 @@
 //! `[agent:N]` in any user message plays a tiny agent for real harnesses: while
 //! fewer than N tool results are in the conversation it runs a shell command
 //! through the harness's shell-like tool (`bash`, `shell`, `exec_command`...,
-//! arguments built from the tool's JSON schema), then answers plain text.
-//! With `[delegate]` too, its first step hands "Run one step. [agent:1]" to a
+//! arguments built from the tool's JSON schema), then answers plain text;
+//! `FakeOptions::agent_steps` plays it in every conversation. With
+//! `[delegate]` too, its first step hands "Run one step. [agent:1]" to a
 //! sub-agent tool (one named `agent` or `task`) where the harness offers one.
 
 use axum::extract::State;
@@ -39,6 +40,9 @@ pub struct FakeOptions {
     /// A context length, reported as `max_model_len`; a prompt (plus the
     /// `max_tokens` asked for) over it is refused the way vLLM does.
     pub context: Option<usize>,
+    /// Play the `[agent:N]` agent in every conversation, without the marker
+    /// (for real harnesses on unmodified task instructions).
+    pub agent_steps: Option<usize>,
 }
 
 #[derive(Default)]
@@ -172,7 +176,9 @@ impl FakeUpstream {
         let last_is_tool = messages.last().is_some_and(|m| m["role"] == "tool");
         let first_tool = req["tools"][0]["function"]["name"].as_str();
         let mut tool_calls = Value::Null;
-        let agent = agent_steps(&messages).map(|n| agent_turn(req, &messages, n));
+        let agent = agent_steps(&messages)
+            .or(self.options.agent_steps)
+            .map(|n| agent_turn(req, &messages, n));
         let mut text = match (first_tool, last_is_tool) {
             _ if agent.is_some() => {
                 let (text, calls) = agent.expect("checked");

@@ -313,6 +313,16 @@ impl RunningProxy {
         format!("http://{}", self.addr)
     }
 
+    /// Waits until everything recorded so far, and what an earlier process
+    /// left in the spool, is in the log (a restarted orchestrator reads the
+    /// log only after this).
+    pub async fn flush(&self, timeout: Duration) -> Result<(), ProxyError> {
+        if let Some(events) = &self.state.events {
+            events.flush(timeout).await?;
+        }
+        Ok(())
+    }
+
     /// Stops serving, then flushes what was recorded (to the broker, for up
     /// to `flush`) and stops the spool's drainer when nothing else holds it.
     pub async fn shutdown(self, flush: Duration) -> Result<(), ProxyError> {

@@ -22,6 +22,7 @@ pub struct Session {
     next_call: AtomicI64,
     model_calls: AtomicU32,
     finished_calls: AtomicI64,
+    sampled_tokens: AtomicI64,
     /// Calls in flight hold a permit; finishing takes them all, so it waits for them.
     pub(crate) in_flight: Arc<Semaphore>,
     pub(crate) max_in_flight: u32,
@@ -39,8 +40,16 @@ impl Session {
         self.max_model_calls.is_none_or(|max| used < max)
     }
 
-    pub fn call_finished(&self) {
+    /// A `CallFinished` with `sampled` completion tokens was sent.
+    pub fn call_finished(&self, sampled: usize) {
         self.finished_calls.fetch_add(1, Ordering::Relaxed);
+        self.sampled_tokens
+            .fetch_add(sampled as i64, Ordering::Relaxed);
+    }
+
+    /// Tokens the model sampled in this session's recorded calls.
+    pub fn sampled_tokens(&self) -> i64 {
+        self.sampled_tokens.load(Ordering::Relaxed)
     }
 
     /// CallFinished events sent for this session.
@@ -71,7 +80,9 @@ pub struct Sessions {
     tables: RwLock<Tables>,
 }
 
-fn random_key() -> String {
+/// 256 random bits as `fl-<hex>`: session keys, and the admin token an
+/// in-process proxy is given.
+pub fn random_key() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the OS random source works");
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -106,6 +117,7 @@ impl Sessions {
             next_call: AtomicI64::new(0),
             model_calls: AtomicU32::new(0),
             finished_calls: AtomicI64::new(0),
+            sampled_tokens: AtomicI64::new(0),
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
         });

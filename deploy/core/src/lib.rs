@@ -8,14 +8,20 @@
 //!   log records: a reward only when the verifier exited and wrote a valid
 //!   finite number, anything else a null reward with its reason, never a 0;
 //! - [`plan`]: a run's groups and rollouts, their deterministic ids, and which
-//!   failures are retried.
+//!   failures are retried;
+//! - [`history`]: what the log holds of a run, so a restarted run resumes;
+//! - [`summary`]: the per-harness table a run ends with.
 
+pub mod history;
 pub mod outcome;
 pub mod plan;
 pub mod reward;
+pub mod summary;
 pub mod task;
 
 pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
+pub use history::{Resume, RunHistory};
 pub use plan::{Group, Rollout, RunPlan};
+pub use summary::{Outcome, RunSummary};
 pub use reward::{Reward, RewardError};
 pub use task::{Task, TaskConfig, TaskError};

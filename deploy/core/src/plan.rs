@@ -5,9 +5,9 @@
 
 use crate::outcome::RolloutStatus;
 
-/// Attempts of one rollout at most: a failure before its first model call is
-/// tried again twice (not the policy's doing: a sandbox or harness that did
-/// not start); nothing else is retried.
+/// Tries of one rollout at most in one orchestrator's life: a failure before
+/// its first model call is tried again twice (not the policy's doing: a
+/// sandbox or harness that did not start); nothing else is retried.
 pub const MAX_ATTEMPTS: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +39,24 @@ impl Rollout {
     }
 }
 
-/// Whether an attempt that ended with `status` after `model_calls` calls is
-/// run again.
-pub fn retry(status: RolloutStatus, model_calls: i64, attempt: u32) -> bool {
-    status != RolloutStatus::Scored && model_calls == 0 && attempt + 1 < MAX_ATTEMPTS
+/// Whether try `tries` (from 0) of a rollout, ending with `status`, may be
+/// abandoned for another: only when it did not score and tries are left. The
+/// proxy then abandons it only if it never reached the model (its calls would
+/// otherwise be in the log: then it stands as a member with a null reward).
+pub fn may_retry(status: RolloutStatus, tries: u32) -> bool {
+    status != RolloutStatus::Scored && tries + 1 < MAX_ATTEMPTS
+}
+
+/// The rollout id and attempt number of attempt id `id` (see
+/// [`Rollout::attempt_id`]).
+pub fn attempt_of(id: &str) -> (&str, u32) {
+    match id.rsplit_once('~') {
+        Some((rollout, n)) => match n.parse() {
+            Ok(n) => (rollout, n),
+            Err(_) => (id, 0),
+        },
+        None => (id, 0),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,17 +150,13 @@ mod tests {
     }
 
     #[test]
-    fn only_failures_before_the_first_model_call_are_retried_twice() {
+    fn only_unscored_tries_are_retried_at_most_twice() {
         use crate::outcome::Stage;
         let infra = RolloutStatus::Infra(Stage::Sandbox);
-        assert!(retry(infra, 0, 0));
-        assert!(retry(infra, 0, 1));
-        assert!(!retry(infra, 0, 2));
-        assert!(
-            !retry(infra, 1, 0),
-            "it reached the model: its calls are in the log"
-        );
-        assert!(!retry(RolloutStatus::Scored, 0, 0));
+        assert!(may_retry(infra, 0));
+        assert!(may_retry(RolloutStatus::AgentError, 1));
+        assert!(!may_retry(infra, 2), "three tries at most");
+        assert!(!may_retry(RolloutStatus::Scored, 0));
         let r = RunPlan::new("r", &names(&["t"]), &names(&["h"]), 1)
             .rollouts()
             .next()
@@ -155,5 +165,9 @@ mod tests {
             (r.attempt_id(0), r.attempt_id(2)),
             ("r-t-h-0".to_string(), "r-t-h-0~2".to_string())
         );
+        for n in [0, 1, 17] {
+            assert_eq!(attempt_of(&r.attempt_id(n)), ("r-t-h-0", n));
+        }
+        assert_eq!(attempt_of("a~b"), ("a~b", 0));
     }
 }

@@ -2,9 +2,14 @@
 //! in a container of its own, the verifier in a clean step after the agent
 //! (it runs even after an agent timeout; `tests/` is copied in only then).
 
+mod network;
 mod podman;
 
-pub use podman::{ExecEnd, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
+pub use network::{remove_slot, NetworkError, SandboxNetwork};
+pub use podman::{Exec, ExecEnd, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
+
+use crate::harness::{Harness, Launch};
+use std::path::PathBuf;
 
 use forgelog_deploy_core::outcome::{AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::reward::read_reward;
@@ -60,8 +65,14 @@ pub async fn verify(sandbox: &Sandbox, task: &Task) -> VerifierEnd {
         )
         .await
     {
-        Ok(ExecEnd::Exited(code)) => code,
-        Ok(ExecEnd::TimedOut) => return VerifierEnd::TimedOut,
+        Ok(Exec {
+            end: ExecEnd::Exited(code),
+            ..
+        }) => code,
+        Ok(Exec {
+            end: ExecEnd::TimedOut,
+            ..
+        }) => return VerifierEnd::TimedOut,
         Err(e) => return failed(e.to_string()),
     };
     let (json, txt) = match (
@@ -77,16 +88,100 @@ pub async fn verify(sandbox: &Sandbox, task: &Task) -> VerifierEnd {
     }
 }
 
-/// Runs `script` as the agent in `sandbox`, in `/app`, within the task's agent timeout.
-pub async fn run_agent(sandbox: &Sandbox, task: &Task, script: &str) -> AgentEnd {
+/// What one attempt runs: a task with a harness, the sandbox it runs in,
+/// and the harness's environment (the session's proxy URL and key).
+#[derive(Debug, Clone)]
+pub struct AttemptSpec<'a> {
+    pub task: &'a Task,
+    pub harness: &'a Harness,
+    pub sandbox: SandboxSpec,
+    pub env: Vec<(String, String)>,
+    /// Where the harness's stdout and stderr are kept, if anywhere.
+    pub logs: Option<PathBuf>,
+}
+
+/// Where the instruction is put in the sandbox for the launch script.
+const INSTRUCTION: &str = "/forgelog/instruction.md";
+
+/// Runs one attempt in a sandbox of `image`: the harness within the task's
+/// agent timeout, then the verifier in a clean step (after a timeout too),
+/// then the sandbox is removed.
+pub async fn run_attempt(
+    podman: &Podman,
+    image: &str,
+    spec: &AttemptSpec<'_>,
+) -> (AgentEnd, VerifierEnd) {
+    let sandbox = match podman.start(image, &spec.sandbox).await {
+        Ok(s) => s,
+        Err(e) => return infra(Stage::Sandbox, e.to_string()),
+    };
+    let agent = run_agent(&sandbox, spec).await;
+    let verifier = match agent {
+        AgentEnd::Failed { .. } => VerifierEnd::Failed {
+            stage: Stage::Verifier,
+            why: "not run: the harness did not start".into(),
+        },
+        _ => verify(&sandbox, spec.task).await,
+    };
+    let _ = sandbox.remove().await;
+    (agent, verifier)
+}
+
+/// Both ends of an attempt that failed at `stage`.
+pub fn infra(stage: Stage, why: String) -> (AgentEnd, VerifierEnd) {
+    (
+        AgentEnd::Failed {
+            stage,
+            why: why.clone(),
+        },
+        VerifierEnd::Failed { stage, why },
+    )
+}
+
+async fn run_agent(sandbox: &Sandbox, spec: &AttemptSpec<'_>) -> AgentEnd {
+    let failed = |why: String| AgentEnd::Failed {
+        stage: Stage::Harness,
+        why,
+    };
+    let task = spec.task;
+    let script = match &spec.harness.launch {
+        Launch::Script(script) => {
+            let file = task.dir.join("instruction.md");
+            if let Err(e) = sandbox.copy_in(&file, INSTRUCTION).await {
+                return failed(e.to_string());
+            }
+            script.as_str()
+        }
+        Launch::Solution => {
+            let Some(solution) = task.solution() else {
+                return failed("the task has no solution/solve.sh".into());
+            };
+            if let Err(e) = sandbox.copy_in(&solution, "/solution/solve.sh").await {
+                return failed(e.to_string());
+            }
+            "bash /solution/solve.sh"
+        }
+    };
+    let mut env = vec![
+        ("HOME".to_string(), "/tmp/forgelog-home".to_string()),
+        ("FORGELOG_INSTRUCTION".into(), INSTRUCTION.into()),
+        ("FORGELOG_AGENT_LOGS".into(), "/logs/agent".into()),
+    ];
+    env.extend(spec.env.iter().cloned());
+    let prepare = "mkdir -p \"$HOME\" /logs/agent /app && ";
     let timeout = Duration::from_secs_f64(task.config.agent.timeout_sec);
-    match sandbox.exec(script, "/app", &[], timeout).await {
+    let exec = sandbox
+        .exec(&format!("{prepare}{script}"), "/app", &env, timeout)
+        .await;
+    if let (Some(dir), Ok(out)) = (&spec.logs, &exec) {
+        let _ = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("stdout"), &out.stdout))
+            .and_then(|()| std::fs::write(dir.join("stderr"), &out.stderr));
+    }
+    match exec.map(|e| e.end) {
         Ok(ExecEnd::Exited(Some(code))) => AgentEnd::Exited(code),
         Ok(ExecEnd::Exited(None)) => AgentEnd::Exited(-1),
         Ok(ExecEnd::TimedOut) => AgentEnd::TimedOut,
-        Err(e) => AgentEnd::Failed {
-            stage: Stage::Harness,
-            why: e.to_string(),
-        },
+        Err(e) => failed(e.to_string()),
     }
 }

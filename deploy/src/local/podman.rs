@@ -42,6 +42,13 @@ pub struct SandboxSpec {
     pub run_id: String,
     pub cpus: Option<f64>,
     pub memory_mb: Option<u64>,
+    /// A network namespace to join (see `SandboxNetwork`); none: no network.
+    pub netns: Option<String>,
+    /// Host directories mounted read-only at the same path (harness bundles).
+    pub read_only: Vec<std::path::PathBuf>,
+    /// The container is killed (and, started with `--rm`, removed) after
+    /// this long whatever happens to its orchestrator.
+    pub lifetime: Option<Duration>,
 }
 
 /// How a command in the sandbox ended.
@@ -50,6 +57,14 @@ pub enum ExecEnd {
     /// Its exit code (`None`: killed by a signal).
     Exited(Option<i32>),
     TimedOut,
+}
+
+/// A command's end and what it printed.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    pub end: ExecEnd,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
 }
 
 impl Podman {
@@ -98,10 +113,9 @@ impl Podman {
         let mut args: Vec<String> = [
             "run",
             "-d",
+            "--rm",
             "--name",
             &spec.name,
-            "--network",
-            "none",
             "--pids-limit",
             "1024",
             "--ulimit",
@@ -113,6 +127,20 @@ impl Podman {
         .map(|s| s.to_string())
         .collect();
         args.extend(["--label".into(), format!("{RUN_LABEL}={}", spec.run_id)]);
+        args.extend([
+            "--network".into(),
+            match &spec.netns {
+                Some(ns) => format!("ns:/run/netns/{ns}"),
+                None => "none".into(),
+            },
+        ]);
+        for dir in &spec.read_only {
+            let dir = dir.to_string_lossy();
+            args.extend(["-v".into(), format!("{dir}:{dir}:ro")]);
+        }
+        if let Some(t) = spec.lifetime {
+            args.extend(["--timeout".into(), t.as_secs().max(1).to_string()]);
+        }
         for (k, v) in &spec.labels {
             args.extend(["--label".into(), format!("{k}={v}")]);
         }
@@ -129,6 +157,21 @@ impl Podman {
             podman: self.clone(),
             name: spec.name.clone(),
         })
+    }
+
+    /// The runs that have sandboxes here, running or not.
+    pub async fn runs(&self) -> Result<std::collections::BTreeSet<String>, SandboxError> {
+        let format = format!("{{{{ index .Labels \"{RUN_LABEL}\" }}}}");
+        let filter = format!("label={RUN_LABEL}");
+        let out = self
+            .podman("ps", &["ps", "-a", "--filter", &filter, "--format", &format])
+            .await?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
     }
 
     /// Removes every sandbox of `run` (the run's, when given; else all of
@@ -186,7 +229,7 @@ impl Sandbox {
         workdir: &str,
         env: &[(String, String)],
         timeout: Duration,
-    ) -> Result<ExecEnd, SandboxError> {
+    ) -> Result<Exec, SandboxError> {
         let secs = format!("{}", timeout.as_secs_f64().max(1.0).ceil() as u64);
         let mut cmd = Command::new(&self.podman.program);
         cmd.args(["--runtime", "runc", "exec", "-w", workdir]);
@@ -206,9 +249,14 @@ impl Sandbox {
             })?
             .map_err(SandboxError::NoPodman)?;
         // `timeout -s KILL` exits 137 when it killed the command.
-        Ok(match out.status.code() {
+        let end = match out.status.code() {
             Some(137) => ExecEnd::TimedOut,
             code => ExecEnd::Exited(code),
+        };
+        Ok(Exec {
+            end,
+            stdout: out.stdout,
+            stderr: out.stderr,
         })
     }
 

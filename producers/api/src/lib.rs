@@ -170,6 +170,9 @@ pub struct Finished {
     pub session_id: String,
     /// `CallFinished` events this proxy recorded for the session.
     pub model_calls: i64,
+    /// Tokens the model sampled in those calls.
+    #[serde(default)]
+    pub sampled_tokens: i64,
     /// The attempt was recorded as abandoned: run the rollout again.
     #[serde(default)]
     pub abandoned: bool,

@@ -104,6 +104,7 @@ async fn end_session(st: &ProxyState, id: &str, finish: &Finish) -> Response {
     Json(Finished {
         session_id: s.id.clone(),
         model_calls,
+        sampled_tokens: s.sampled_tokens(),
         abandoned: verdict_abandoned,
     })
     .into_response()
@@ -139,6 +140,7 @@ pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Byt
     Json(Finished {
         session_id,
         model_calls: 0,
+        sampled_tokens: 0,
         abandoned: true,
     })
     .into_response()

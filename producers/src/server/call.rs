@@ -101,8 +101,9 @@ impl Call {
         let status = format!("{:?}", event.status);
         metrics::counter!("forgelog_proxy_calls_total", "dialect" => format!("{:?}", self.dialect), "status" => status)
             .increment(1);
+        let sampled = event.completion_token_ids.len();
         if self.st.send(event.into()) {
-            self.session.call_finished();
+            self.session.call_finished(sampled);
         }
     }
 

@@ -1,0 +1,288 @@
+//! `forgelog run TASKS_DIR`: every task with every harness, in GRPO groups,
+//! each rollout in a sandbox of its own through the capture proxy (one in
+//! this process, or `--proxy`), verifiers run, everything in the log. A
+//! restarted `--run R` resumes where the log says R stopped.
+
+use crate::up::LocalEngine;
+use crate::BrokerArgs;
+use anyhow::{bail, Context, Result};
+use forgelog_api::SessionClient;
+use forgelog_deploy::harness::Harness;
+use forgelog_deploy::local::Podman;
+use forgelog_deploy::orchestrator::{Orchestrator, Progress, RunOptions};
+use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
+use forgelog_deploy_core::{Outcome, Rollout, RunHistory, RunPlan, RunSummary, Task};
+use forgelog_producers::server::ProxyConfig;
+use forgelog_producers::RunningProxy;
+use forgelog_schemas::Topic;
+use forgelog_stream::admin::{self, TopicLayout};
+use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// A directory of Harbor-style task directories (e.g. deploy/tasks)
+    pub tasks_dir: PathBuf,
+    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent,
+    /// solve (the task's reference solution), or a launch script path (NAME.sh)
+    #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent")]
+    pub harness: Vec<String>,
+    /// Rollouts per GRPO group (one task, one harness)
+    #[arg(long, default_value_t = 8)]
+    pub group_size: usize,
+    /// Rollouts running at once
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Only these tasks (by directory name; repeatable)
+    #[arg(long = "task")]
+    pub tasks: Vec<String>,
+    /// A vLLM-compatible engine for the proxy this run starts (default: the
+    /// embedded engine, on the CPU)
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
+    #[arg(long, conflicts_with = "upstream")]
+    pub proxy: Option<String>,
+    /// The admin token of --proxy
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// The run id; an existing run resumes (default: run-<unix time>)
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Model calls per rollout, past which the proxy stops the harness
+    #[arg(long)]
+    pub max_model_calls: Option<u32>,
+    /// Completion tokens per model call
+    #[arg(long)]
+    pub max_tokens: Option<i64>,
+    /// Where rollouts run (the Kubernetes backend is separate work)
+    #[arg(long, default_value = "local", value_parser = ["local"])]
+    pub backend: String,
+    /// The model of the embedded engine
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+}
+
+/// Counts per harness for the progress bar's message.
+#[derive(Default)]
+struct Counts {
+    running: usize,
+    done: usize,
+    unscored: usize,
+}
+
+struct Bar {
+    bar: indicatif::ProgressBar,
+    counts: Mutex<BTreeMap<String, Counts>>,
+}
+
+impl Bar {
+    fn new(total: usize) -> Bar {
+        let bar = indicatif::ProgressBar::new(total as u64).with_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} rollouts  {msg}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        Bar {
+            bar,
+            counts: Mutex::default(),
+        }
+    }
+
+    fn update(&self, harness: &str, f: impl FnOnce(&mut Counts)) {
+        let mut counts = self.counts.lock().expect("progress lock");
+        f(counts.entry(harness.to_string()).or_default());
+        let msg: Vec<String> = counts
+            .iter()
+            .map(|(h, c)| format!("{h}: {} done, {} running, {} unscored", c.done, c.running, c.unscored))
+            .collect();
+        self.bar.set_message(msg.join(" | "));
+    }
+}
+
+impl Progress for Bar {
+    fn started(&self, rollout: &Rollout) {
+        self.update(&rollout.harness, |c| c.running += 1);
+    }
+
+    fn finished(&self, o: &Outcome) {
+        let unscored = o.status.is_some_and(|s| s != forgelog_deploy_core::RolloutStatus::Scored);
+        self.update(&o.harness, |c| {
+            if o.status.is_some() {
+                c.running = c.running.saturating_sub(1);
+            }
+            c.done += 1;
+            c.unscored += usize::from(unscored);
+        });
+        self.bar.inc(1);
+    }
+}
+
+/// The run's rollout events already in the log.
+fn history(config: &StreamConfig, run: &str) -> Result<RunHistory> {
+    let reader = ReplayReader::new(config)?;
+    let mut history = RunHistory::default();
+    for topic in [Topic::Rollouts, Topic::Rewards] {
+        for rec in reader.read(topic.name(), StartAt::Beginning, Some(run))? {
+            if let Ok(e) = &rec.event {
+                history.observe(e);
+            }
+        }
+    }
+    Ok(history)
+}
+
+pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
+    let all = Task::load_all(&args.tasks_dir)?;
+    let tasks: BTreeMap<String, Task> = all
+        .into_iter()
+        .filter(|t| args.tasks.is_empty() || args.tasks.contains(&t.id))
+        .map(|t| (t.id.clone(), t))
+        .collect();
+    if tasks.is_empty() {
+        bail!("no tasks in {} (a task is a directory with a task.toml)", args.tasks_dir.display());
+    }
+    for t in tasks.values() {
+        for w in &t.warnings {
+            eprintln!("{}: {w}", t.id);
+        }
+    }
+    let home = forgelog_stream::forgelog_home();
+    let bundles = home.join("harnesses");
+    let mut harnesses = BTreeMap::new();
+    for spec in &args.harness {
+        let h = Harness::resolve(spec)?;
+        h.check_bundle(&bundles)?;
+        harnesses.insert(h.name.clone(), h);
+    }
+    let run_id = match &args.run {
+        Some(r) => r.clone(),
+        None => format!(
+            "run-{}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs()
+        ),
+    };
+    let names: Vec<String> = harnesses.keys().cloned().collect();
+    let ids: Vec<String> = tasks.keys().cloned().collect();
+    let plan = RunPlan::new(&run_id, &ids, &names, args.group_size);
+    let dir = RunDir::acquire(&home, &run_id)?;
+    let podman = Podman::default();
+    let reaped = rt.block_on(reap_dead_runs(&podman, &home))?;
+    if !reaped.is_empty() {
+        eprintln!("reaped the sandboxes of dead runs: {}", reaped.join(", "));
+    }
+    let config = args.broker.config();
+    rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
+    rt.block_on(orchestrate(&args, &config, plan, tasks, harnesses, dir, podman, bundles))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn orchestrate(
+    args: &RunArgs,
+    config: &StreamConfig,
+    plan: RunPlan,
+    tasks: BTreeMap<String, Task>,
+    harnesses: BTreeMap<String, Harness>,
+    dir: RunDir,
+    podman: Podman,
+    bundles: PathBuf,
+) -> Result<()> {
+    let run_id = plan.run_id.clone();
+    let mut engine = None;
+    let mut local_proxy = None;
+    let (url, token) = match &args.proxy {
+        Some(url) => {
+            let Some(token) = args.admin_token.clone() else {
+                bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
+            };
+            (url.trim_end_matches('/').to_string(), token)
+        }
+        None => {
+            let upstream = match &args.upstream {
+                Some(u) => u.clone(),
+                None => {
+                    let e = LocalEngine::start(&args.model, "127.0.0.1:0".parse()?, config).await;
+                    let e = e.context("starting the embedded engine (or pass --upstream)")?;
+                    let url = e.url.clone();
+                    engine = Some(e);
+                    url
+                }
+            };
+            // Sandboxes reach the proxy: its session API must refuse them.
+            let token = forgelog_producers::sessions::random_key();
+            let proxy_config = ProxyConfig {
+                run_id: Some(run_id.clone()),
+                admin_token: Some(token.clone()),
+                ..ProxyConfig::new(&upstream)
+            };
+            let proxy =
+                RunningProxy::start(proxy_config, config, dir.spool(), "127.0.0.1:0".parse()?).await?;
+            // What a killed predecessor left in the spool goes to the log first.
+            proxy.flush(Duration::from_secs(60)).await?;
+            let url = proxy.url();
+            local_proxy = Some(proxy);
+            (url, token)
+        }
+    };
+    let proxy_addr: SocketAddr = url
+        .trim_start_matches("http://")
+        .to_socket_addrs()
+        .with_context(|| format!("the proxy's address in {url}"))?
+        .next()
+        .with_context(|| format!("{url} resolves to no address"))?;
+    let history = {
+        let (config, run) = (config.clone(), run_id.clone());
+        tokio::task::spawn_blocking(move || history(&config, &run)).await??
+    };
+    let total = plan.rollouts().count();
+    eprintln!(
+        "run {run_id}: {} tasks × {} harnesses × {} = {total} rollouts, {} at a time, proxy {url}{}",
+        tasks.len(),
+        harnesses.len(),
+        args.group_size.max(1),
+        args.concurrency,
+        if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
+    );
+    let orchestrator = Orchestrator::new(
+        podman.clone(),
+        SessionClient::new(&url, Some(token)),
+        plan,
+        tasks,
+        harnesses,
+        RunOptions {
+            concurrency: args.concurrency,
+            max_model_calls: args.max_model_calls,
+            max_tokens: args.max_tokens,
+            bundles,
+            proxy: proxy_addr,
+        },
+        dir,
+    );
+    let bar = Bar::new(total);
+    let stop = forgelog_stream::shutdown_signal()?;
+    let result = tokio::select! {
+        r = orchestrator.run(&history, &bar) => r.map_err(anyhow::Error::from),
+        _ = stop => Err(anyhow::anyhow!("interrupted: resume with --run {run_id}")),
+    };
+    bar.bar.finish();
+    // Whatever ended the run, none of its sandboxes or networks outlive it.
+    let _ = orchestrator.dir.clean_up(&podman, &run_id).await;
+    if let Some(proxy) = local_proxy {
+        proxy.shutdown(Duration::from_secs(30)).await?;
+    }
+    if let Some(e) = engine {
+        e.stop().await;
+    }
+    let outcomes = result?;
+    let summary = RunSummary::of(&outcomes);
+    println!("\nrun {run_id}\n{summary}");
+    Ok(())
+}
