@@ -102,7 +102,12 @@ impl Bar {
         f(counts.entry(harness.to_string()).or_default());
         let msg: Vec<String> = counts
             .iter()
-            .map(|(h, c)| format!("{h}: {} done, {} running, {} unscored", c.done, c.running, c.unscored))
+            .map(|(h, c)| {
+                format!(
+                    "{h}: {} done, {} running, {} unscored",
+                    c.done, c.running, c.unscored
+                )
+            })
             .collect();
         self.bar.set_message(msg.join(" | "));
     }
@@ -114,7 +119,9 @@ impl Progress for Bar {
     }
 
     fn finished(&self, o: &Outcome) {
-        let unscored = o.status.is_some_and(|s| s != forgelog_deploy_core::RolloutStatus::Scored);
+        let unscored = o
+            .status
+            .is_some_and(|s| s != forgelog_deploy_core::RolloutStatus::Scored);
         self.update(&o.harness, |c| {
             if o.status.is_some() {
                 c.running = c.running.saturating_sub(1);
@@ -148,7 +155,10 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         .map(|t| (t.id.clone(), t))
         .collect();
     if tasks.is_empty() {
-        bail!("no tasks in {} (a task is a directory with a task.toml)", args.tasks_dir.display());
+        bail!(
+            "no tasks in {} (a task is a directory with a task.toml)",
+            args.tasks_dir.display()
+        );
     }
     for t in tasks.values() {
         for w in &t.warnings {
@@ -167,7 +177,9 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         Some(r) => r.clone(),
         None => format!(
             "run-{}",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs()
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_secs()
         ),
     };
     let names: Vec<String> = harnesses.keys().cloned().collect();
@@ -181,7 +193,9 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     }
     let config = args.broker.config();
     rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
-    rt.block_on(orchestrate(&args, &config, plan, tasks, harnesses, dir, podman, bundles))
+    rt.block_on(orchestrate(
+        &args, &config, plan, tasks, harnesses, dir, podman, bundles,
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -224,7 +238,8 @@ async fn orchestrate(
                 ..ProxyConfig::new(&upstream)
             };
             let proxy =
-                RunningProxy::start(proxy_config, config, dir.spool(), "127.0.0.1:0".parse()?).await?;
+                RunningProxy::start(proxy_config, config, dir.spool(), "127.0.0.1:0".parse()?)
+                    .await?;
             // What a killed predecessor left in the spool goes to the log first.
             proxy.flush(Duration::from_secs(60)).await?;
             let url = proxy.url();

@@ -180,7 +180,11 @@ pub struct LocalEngine {
 
 impl LocalEngine {
     /// Serves `model` on `listen`, reporting to `config`'s brokers; returns once healthy.
-    pub async fn start(model: &str, listen: SocketAddr, config: &StreamConfig) -> Result<LocalEngine> {
+    pub async fn start(
+        model: &str,
+        listen: SocketAddr,
+        config: &StreamConfig,
+    ) -> Result<LocalEngine> {
         let engine = forgelog_engine::EngineArgs {
             model: model.to_string(),
             listen,

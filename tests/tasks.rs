@@ -4,8 +4,11 @@
 //! fail comes out as its typed status with a null reward, never a 0, with no
 //! sandbox left behind.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::{Command, Output};
+use support::{containers_of, shipped, variant};
 
 fn tasks_check(dir: &Path, run: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_forgelog"))
@@ -25,27 +28,6 @@ fn report(out: &Output) -> Vec<(String, String, String)> {
             (w[0].to_string(), w[1].to_string(), w[3].to_string())
         })
         .collect()
-}
-
-fn shipped() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tasks")
-}
-
-/// Sandboxes of `run` still there, running or not.
-fn containers_of(run: &str) -> usize {
-    let out = Command::new("podman")
-        .args([
-            "ps",
-            "-a",
-            "-q",
-            "--filter",
-            &format!("label=forgelog.run={run}"),
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .count()
 }
 
 #[test]
@@ -71,25 +53,6 @@ fn every_shipped_solution_scores_one_through_its_own_verifier() {
         said.contains(&format!("tasks: {} passed, 0 failed", rows.len())),
         "{said}"
     );
-}
-
-/// A copy of the shipped `hello-file` task with one file replaced.
-fn variant(root: &Path, name: &str, file: &str, text: &str) {
-    let dir = root.join(name);
-    let from = shipped().join("hello-file");
-    for sub in ["", "environment", "tests", "solution"] {
-        std::fs::create_dir_all(dir.join(sub)).unwrap();
-    }
-    for f in [
-        "instruction.md",
-        "task.toml",
-        "environment/Dockerfile",
-        "tests/test.sh",
-        "solution/solve.sh",
-    ] {
-        std::fs::copy(from.join(f), dir.join(f)).unwrap();
-    }
-    std::fs::write(dir.join(file), text).unwrap();
 }
 
 #[test]

@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 
 /// The four harnesses the kit installs (`deploy/harnesses/install.sh`).
 pub const BUILTIN: [(&str, &str); 4] = [
-    ("claude-code", include_str!("../harnesses/agents/claude-code.sh")),
+    (
+        "claude-code",
+        include_str!("../harnesses/agents/claude-code.sh"),
+    ),
     ("codex", include_str!("../harnesses/agents/codex.sh")),
     ("opencode", include_str!("../harnesses/agents/opencode.sh")),
     (

@@ -12,7 +12,9 @@
 //! up attempts its dead predecessor left open.
 
 use crate::harness::Harness;
-use crate::local::{infra, run_attempt, task_image, AttemptSpec, Podman, SandboxNetwork, SandboxSpec};
+use crate::local::{
+    infra, run_attempt, task_image, AttemptSpec, Podman, SandboxNetwork, SandboxSpec,
+};
 use crate::run_dir::RunDir;
 use forgelog_api::{AbandonAttempt, ClientError, Finish, NewSession, SessionClient};
 use forgelog_deploy_core::outcome::{judge, AgentEnd, Stage};
@@ -86,7 +88,13 @@ struct Attempt {
 fn container_name(id: &str) -> String {
     let clean: String = id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '.' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '.'
+            }
+        })
         .collect();
     format!("forgelog-{clean}")
 }

@@ -19,7 +19,9 @@ async fn main() -> std::io::Result<()> {
         .parse()
         .expect("usage: fake-upstream HOST:PORT [AGENT_STEPS]");
     let options = FakeOptions {
-        agent_steps: args.next().map(|n| n.parse().expect("AGENT_STEPS is a number")),
+        agent_steps: args
+            .next()
+            .map(|n| n.parse().expect("AGENT_STEPS is a number")),
         ..Default::default()
     };
     let (addr, _) = fake_upstream::spawn(listen, options).await?;

@@ -23,7 +23,10 @@ pub struct RunHistory {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resume {
     /// Attempt `attempt` finished: not run again.
-    Done { attempt: String, reward: Option<f64> },
+    Done {
+        attempt: String,
+        reward: Option<f64>,
+    },
     /// Run it as attempt `next`, after giving up the `dangling` attempts.
     Run { next: u32, dangling: Vec<String> },
 }
@@ -33,7 +36,10 @@ impl RunHistory {
         match event {
             Event::RolloutStarted(s) => {
                 let (rollout, n) = attempt_of(&s.rollout_id);
-                self.started.entry(rollout.to_string()).or_default().insert(n);
+                self.started
+                    .entry(rollout.to_string())
+                    .or_default()
+                    .insert(n);
             }
             Event::RolloutFinished(f) => {
                 self.finished.insert(f.rollout_id.clone());

@@ -19,9 +19,9 @@ pub mod reward;
 pub mod summary;
 pub mod task;
 
-pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
 pub use history::{Resume, RunHistory};
+pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
 pub use plan::{Group, Rollout, RunPlan};
-pub use summary::{Outcome, RunSummary};
 pub use reward::{Reward, RewardError};
+pub use summary::{Outcome, RunSummary};
 pub use task::{Task, TaskConfig, TaskError};

@@ -107,7 +107,8 @@ impl fmt::Display for RunSummary {
             "harness", "rollouts", "done", "scored", "pass", "reward", "retries", "calls", "tokens"
         )?;
         for h in &self.harnesses {
-            let failures: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let failures: Vec<String> =
+                h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
             writeln!(
                 f,
                 "{:<16} {:>8} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>10}  {}",
@@ -120,7 +121,11 @@ impl fmt::Display for RunSummary {
                 h.retries,
                 h.model_calls,
                 h.sampled_tokens,
-                if failures.is_empty() { "-".into() } else { failures.join(", ") }
+                if failures.is_empty() {
+                    "-".into()
+                } else {
+                    failures.join(", ")
+                }
             )?;
         }
         Ok(())
@@ -157,13 +162,24 @@ mod tests {
         let [aider, codex] = &s.harnesses[..] else {
             panic!("{s:?}")
         };
-        assert_eq!((aider.rollouts, aider.scored, aider.mean_reward()), (1, 0, None));
+        assert_eq!(
+            (aider.rollouts, aider.scored, aider.mean_reward()),
+            (1, 0, None)
+        );
         assert_eq!(aider.failures["agent_timeout"], 1);
         assert_eq!(
-            (codex.rollouts, codex.already_done, codex.scored, codex.passed),
+            (
+                codex.rollouts,
+                codex.already_done,
+                codex.scored,
+                codex.passed
+            ),
             (4, 1, 2, 1)
         );
-        assert_eq!((codex.mean_reward(), codex.pass_rate()), (Some(0.5), Some(0.5)));
+        assert_eq!(
+            (codex.mean_reward(), codex.pass_rate()),
+            (Some(0.5), Some(0.5))
+        );
         assert_eq!((codex.infra(), codex.retries, codex.model_calls), (1, 1, 8));
         assert_eq!(s.infra(), 1);
         let table = s.to_string();

@@ -143,7 +143,9 @@ impl SandboxNetwork {
         };
         let to_host = ip(&["-n", ns, "route", "get", &self.host_ip.to_string()]).await?;
         if !to_host.contains(&format!("flr{}n", self.slot)) {
-            return Err(not_isolated(format!("the host end is routed as {to_host:?}")));
+            return Err(not_isolated(format!(
+                "the host end is routed as {to_host:?}"
+            )));
         }
         for outside in ["1.1.1.1", "8.8.8.8", "10.0.0.1", "192.168.0.1"] {
             match ip(&["-n", ns, "route", "get", outside]).await {

@@ -164,7 +164,10 @@ impl Podman {
         let format = format!("{{{{ index .Labels \"{RUN_LABEL}\" }}}}");
         let filter = format!("label={RUN_LABEL}");
         let out = self
-            .podman("ps", &["ps", "-a", "--filter", &filter, "--format", &format])
+            .podman(
+                "ps",
+                &["ps", "-a", "--filter", &filter, "--format", &format],
+            )
             .await?;
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()

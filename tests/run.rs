@@ -1,0 +1,489 @@
+//! `forgelog run` end to end: real podman sandboxes (runc, one network
+//! namespace each whose only route is the proxy), the real harnesses from
+//! their read-only bundles, the in-process capture proxy in front of the fake
+//! upstream (playing a two-step agent), the real broker, the shipped tasks'
+//! verifiers. Then the log is read back: every rollout's start, end and
+//! verdict, every call with its tokens, trees built and groups joined.
+
+mod support;
+
+use forgelog_consumers::{Processor, RewardJoin, TrajectoryBuilder};
+use forgelog_producers::fake_upstream::{self, FakeOptions};
+use forgelog_schemas::{Event, Topic, TrainingBatch, VerifierResult};
+use forgelog_stream::testing::{shared_broker, unique_run_id};
+use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{containers_of, shipped, variant};
+
+const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
+
+struct Fixture {
+    /// Serves the fake upstream while the fixture lives.
+    _rt: tokio::runtime::Runtime,
+    stream: StreamConfig,
+    upstream: String,
+    fake: std::sync::Arc<fake_upstream::FakeUpstream>,
+}
+
+fn fixture() -> Fixture {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let (addr, fake) = rt
+        .block_on(fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            FakeOptions {
+                agent_steps: Some(2),
+                keep_answers: true,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    Fixture {
+        _rt: rt,
+        stream,
+        upstream: format!("http://{addr}"),
+        fake,
+    }
+}
+
+impl Fixture {
+    fn command(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+        cmd.arg("run")
+            .arg(tasks)
+            .args(["--harness", harnesses, "--run", run])
+            .args(["--group-size", &group.to_string(), "--concurrency", "4"])
+            .args([
+                "--upstream",
+                &self.upstream,
+                "--brokers",
+                &self.stream.brokers,
+            ])
+            .args(["--max-model-calls", "8"]);
+        cmd
+    }
+
+    fn run(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Output {
+        let started = Instant::now();
+        let out = self.command(tasks, run, harnesses, group).output().unwrap();
+        eprintln!(
+            "forgelog run {run}: {} in {:.1} s\n{}",
+            out.status,
+            started.elapsed().as_secs_f64(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        out
+    }
+
+    /// The run's events: calls, rollouts, rewards.
+    fn events(&self, run: &str) -> Vec<Event> {
+        let reader = ReplayReader::new(&self.stream).unwrap();
+        let mut out = Vec::new();
+        for topic in [Topic::Calls, Topic::Rollouts, Topic::Rewards] {
+            for r in reader
+                .read(topic.name(), StartAt::Beginning, Some(run))
+                .unwrap()
+            {
+                out.push(r.event.expect("decodable"));
+            }
+        }
+        out
+    }
+}
+
+fn stderr_of(out: &Output) -> String {
+    let s = String::from_utf8_lossy(&out.stderr);
+    s[s.len().saturating_sub(4000)..].to_string()
+}
+
+/// Trees, then GRPO groups, from the run's events, as the consumers build them.
+fn derive(events: &[Event]) -> (Vec<Event>, Vec<TrainingBatch>) {
+    let mut trees = Vec::new();
+    let mut builder = TrajectoryBuilder::default();
+    for e in events.iter().cloned() {
+        builder.process(e, &mut trees);
+    }
+    let mut join = RewardJoin::new(Default::default());
+    let mut batches = Vec::new();
+    let inputs = events
+        .iter()
+        .filter(|e| !matches!(e, Event::CallFinished(_) | Event::CallStarted(_)));
+    for e in inputs.cloned().chain(trees.iter().cloned()) {
+        join.process(e, &mut batches);
+    }
+    let batches = batches
+        .into_iter()
+        .map(|e| match e {
+            Event::TrainingBatch(b) => b,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    (trees, batches)
+}
+
+fn verdicts(events: &[Event]) -> BTreeMap<String, VerifierResult> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::VerifierResult(v) => Some((v.rollout_id.clone(), v.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn status_of(v: &VerifierResult) -> String {
+    let details: serde_json::Value = serde_json::from_str(&v.details).unwrap();
+    details["status"].as_str().unwrap_or("?").to_string()
+}
+
+fn run_dir(run: &str) -> PathBuf {
+    forgelog_stream::forgelog_home().join("runs").join(run)
+}
+
+/// Network slots the run still holds.
+fn slots_of(run: &str) -> usize {
+    std::fs::read_dir(run_dir(run).join("slots"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A harness of our own (a launch script): from inside the sandbox it
+/// writes the routing table to its stdout, then tries to finish its own
+/// session through the proxy with reward 1 (a reward hack): it exits 0 only
+/// when the session API refuses it.
+const INTRUDER: &str = r#"cat /proc/net/route
+python3 - <<'PY'
+import os, sys, urllib.request, urllib.error
+url = os.environ["FORGELOG_BASE_URL"] + "/sessions/anything/finish"
+body = b'{"verifier": {"ok": true, "reward": 1.0}}'
+req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json",
+      "Authorization": "Bearer " + os.environ["FORGELOG_API_KEY"]})
+try:
+    urllib.request.urlopen(req, timeout=10)
+    sys.exit(1)
+except urllib.error.HTTPError as e:
+    print("session api:", e.code)
+    sys.exit(0 if e.code == 401 else 1)
+PY
+"#;
+
+#[test]
+fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
+    let f = fixture();
+    let run = unique_run_id("run-e2e");
+    let scripts = tempfile::tempdir().unwrap();
+    let intruder = scripts.path().join("intruder.sh");
+    std::fs::write(&intruder, INTRUDER).unwrap();
+    let harnesses = format!("{HARNESSES},solve,{}", intruder.display());
+    let out = f.run(&shipped(), &run, &harnesses, 1);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for h in HARNESSES.split(',').chain(["solve", "intruder"]) {
+        assert!(table.lines().any(|l| l.starts_with(h)), "{h}: {table}");
+    }
+
+    let events = f.events(&run);
+    let verdicts = verdicts(&events);
+    let tasks = std::fs::read_dir(shipped()).unwrap().count();
+    assert!(tasks >= 12);
+    assert_eq!(verdicts.len(), tasks * 6, "one verdict per rollout");
+    let finished: BTreeMap<String, (Option<i64>, i64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutFinished(r) => {
+                Some((r.rollout_id.clone(), (r.exit_status, r.model_calls)))
+            }
+            _ => None,
+        })
+        .collect();
+    for (id, v) in &verdicts {
+        assert!(!v.abandoned, "{id}: nothing was retried");
+        let (exit, calls) = finished[id];
+        let harness = HARNESSES
+            .split(',')
+            .chain(["solve", "intruder"])
+            .find(|h| id.ends_with(&format!("-{h}-0")))
+            .unwrap();
+        match harness {
+            // The reference solutions score 1, every one.
+            "solve" => assert_eq!((v.ok, v.reward, calls), (true, Some(1.0), 0), "{id}"),
+            // Refused by the session API; it did not solve the task either.
+            "intruder" => assert_eq!(
+                (status_of(v).as_str(), v.reward),
+                ("scored", Some(0.0)),
+                "{id}: {v:?}"
+            ),
+            // The fake agent runs two shell steps and answers: the harness
+            // exits 0, the verifier scores what is in /app (not solved: 0).
+            _ => {
+                assert_eq!(status_of(v), "scored", "{id}: {v:?}");
+                assert_eq!((exit, v.reward), (Some(0), Some(0.0)), "{id}");
+                assert!(calls >= 3, "{id}: {calls} calls");
+            }
+        }
+    }
+    // Every call reached the fake upstream and is recorded with exactly the
+    // token ids and logprobs it answered.
+    let calls: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        calls.len() as i64,
+        finished.values().map(|(_, n)| n).sum::<i64>()
+    );
+    let answers = f.fake.answers.lock().unwrap().clone();
+    fake_upstream::assert_calls_match(&calls, &answers, fake_upstream::POLICY_VERSION);
+
+    // Trees for every rollout, with every call on them; a group per rollout.
+    let (trees, batches) = derive(&events);
+    assert_eq!(trees.len(), verdicts.len());
+    for t in &trees {
+        let Event::TrajectoryBuilt(t) = t else {
+            panic!()
+        };
+        assert_eq!(t.calls, finished[&t.rollout_id].1, "{}", t.rollout_id);
+    }
+    assert_eq!(batches.len(), verdicts.len());
+
+    // From inside: the only route is the veth's /30, no default route.
+    let routes = std::fs::read_to_string(
+        run_dir(&run)
+            .join("attempts")
+            .join(format!("{run}-hello-file-intruder-0"))
+            .join("stdout"),
+    )
+    .unwrap();
+    let table: Vec<Vec<&str>> = routes
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("session api"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(table.len(), 1, "{routes}");
+    assert!(table[0][0].starts_with("flr"), "{routes}");
+    assert_ne!(table[0][1], "00000000", "no default route: {routes}");
+    assert!(routes.contains("session api: 401"), "{routes}");
+
+    assert_eq!(containers_of(&run), 0, "sandboxes left behind");
+    assert_eq!(slots_of(&run), 0, "network namespaces left behind");
+}
+
+/// Attempt ids of the run's `RolloutStarted` events.
+fn started(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(s) => Some(s.rollout_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every way a rollout can fail comes out as its typed status with a null
+/// reward; an attempt that never reached the model (the `solve` harness
+/// never does) is abandoned and tried again twice, each try recorded, and
+/// the group's members are the final attempts only.
+#[test]
+fn failures_are_typed_and_tried_again_twice_before_the_first_model_call() {
+    let f = fixture();
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    variant(r, "good", "instruction.md", "Write hello.txt.\n");
+    variant(
+        r,
+        "wrong-answer",
+        "solution/solve.sh",
+        "echo 'Hello?' > /app/hello.txt\n",
+    );
+    variant(r, "verifier-crashes", "tests/test.sh", "exit 3\n");
+    variant(r, "reward-missing", "tests/test.sh", "true\n");
+    variant(
+        r,
+        "reward-nan",
+        "tests/test.sh",
+        "echo NaN > /logs/verifier/reward.txt\n",
+    );
+    variant(r, "agent-hangs", "solution/solve.sh", "sleep 600\n");
+    let toml = std::fs::read_to_string(shipped().join("hello-file/task.toml")).unwrap();
+    std::fs::write(
+        r.join("agent-hangs/task.toml"),
+        toml.replace("timeout_sec = 300.0", "timeout_sec = 2.0"),
+    )
+    .unwrap();
+    variant(
+        r,
+        "image-missing",
+        "task.toml",
+        &format!("{toml}docker_image = \"localhost/forgelog-no-such-image\"\n"),
+    );
+    let run = unique_run_id("run-faults");
+    let out = f.run(r, &run, "solve", 2);
+    assert!(
+        out.status.success(),
+        "rollouts failed, the orchestrator did not: {}",
+        stderr_of(&out)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("infra:image 2"), "{table}");
+
+    let events = f.events(&run);
+    let verdicts = verdicts(&events);
+    let mut attempts = started(&events);
+    attempts.sort();
+    let expected = [
+        ("agent-hangs", "agent_timeout"),
+        ("image-missing", "infra:image"),
+        ("reward-missing", "reward_missing"),
+        ("reward-nan", "reward_invalid"),
+        ("verifier-crashes", "verifier_error"),
+    ];
+    for member in 0..2 {
+        for (task, status) in expected {
+            let id = format!("{run}-{task}-solve-{member}");
+            let tries = [id.clone(), format!("{id}~1"), format!("{id}~2")];
+            for (n, t) in tries.iter().enumerate() {
+                let v = &verdicts[t];
+                assert_eq!(status_of(v), status, "{t}");
+                assert_eq!((v.ok, v.reward), (false, None), "{t}: never a 0");
+                assert_eq!(
+                    v.abandoned,
+                    n < 2,
+                    "{t}: tries 1 and 2 are given up, 3 stands"
+                );
+                assert!(attempts.contains(t), "{t} started");
+            }
+        }
+        for (task, reward) in [("good", 1.0), ("wrong-answer", 0.0)] {
+            let id = format!("{run}-{task}-solve-{member}");
+            assert_eq!(verdicts[&id].reward, Some(reward), "{id}");
+            assert!(
+                !verdicts.contains_key(&format!("{id}~1")),
+                "{id}: scored, not retried"
+            );
+        }
+    }
+    assert_eq!(attempts.len(), 2 * (2 + 3 * expected.len()));
+    let (_, batches) = derive(&events);
+    assert_eq!(batches.len(), 2 + expected.len(), "one group per task");
+    for b in &batches {
+        let members: Vec<&str> = b.members.iter().map(|m| m.rollout_id.as_str()).collect();
+        assert_eq!(members.len(), 2, "{members:?}");
+        let failed = expected.iter().any(|(t, _)| b.task_id == *t);
+        for m in &b.members {
+            assert_eq!(m.rollout_id.ends_with("~2"), failed, "{members:?}");
+        }
+    }
+    assert_eq!(containers_of(&run), 0);
+    assert_eq!(slots_of(&run), 0);
+}
+
+/// `kill -9` of the orchestrator mid-run, then the same `forgelog run --run R`
+/// again: it reaps what the dead one left, gives up the attempts it left
+/// open, and runs what is not finished: no rollout is lost, none that
+/// finished runs twice, and every group is complete.
+#[test]
+fn a_killed_run_resumes_without_losing_or_repeating_a_rollout() {
+    let f = fixture();
+    let root = tempfile::tempdir().unwrap();
+    for t in ["slow-a", "slow-b", "slow-c"] {
+        variant(
+            root.path(),
+            t,
+            "solution/solve.sh",
+            "sleep 2; printf 'Hello, forgelog!\\n' > /app/hello.txt\n",
+        );
+    }
+    let run = unique_run_id("run-resume");
+    let mut child = f
+        .command(root.path(), &run, "solve", 2)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once two agents are done, with others in flight.
+    let attempts = run_dir(&run).join("attempts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_dir(&attempts).map_or(0, |d| d.count()) < 2 {
+        assert!(Instant::now() < deadline, "no rollout finished");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = f.events(&run);
+
+    let out = f.run(root.path(), &run, "solve", 2);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let events = f.events(&run);
+    let verdicts = verdicts(&events);
+    let starts = started(&events);
+    let finished_before: BTreeSet<String> = before
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutFinished(r) => Some(r.rollout_id.clone()),
+            _ => None,
+        })
+        .collect();
+    for t in ["slow-a", "slow-b", "slow-c"] {
+        for m in 0..2 {
+            let id = format!("{run}-{t}-solve-{m}");
+            let tries: Vec<&String> = starts
+                .iter()
+                .filter(|s| **s == id || s.starts_with(&format!("{id}~")))
+                .collect();
+            let standing: Vec<&&String> = tries
+                .iter()
+                .filter(|s| verdicts.get(**s).is_some_and(|v| !v.abandoned))
+                .collect();
+            assert_eq!(standing.len(), 1, "{id}: one finished attempt, {tries:?}");
+            assert_eq!(verdicts[*standing[0]].reward, Some(1.0));
+            if finished_before.contains(&id) {
+                assert_eq!(
+                    tries.len(),
+                    1,
+                    "{id} finished before the kill: not run again"
+                );
+            }
+            // Every other try was given up, with a reason, never scored.
+            for t in tries.iter().filter(|t| !standing.contains(t)) {
+                let v = &verdicts[*t];
+                assert!(v.abandoned && v.reward.is_none(), "{t}: {v:?}");
+            }
+        }
+    }
+    assert!(
+        starts.len() > finished_before.len(),
+        "something was in flight at the kill"
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let solve: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("solve"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        solve[2],
+        finished_before.len().to_string(),
+        "skipped as done: {table}"
+    );
+    let (_, batches) = derive(&events);
+    assert_eq!(batches.len(), 3);
+    assert!(batches.iter().all(|b| b.members.len() == 2));
+    assert_eq!(
+        containers_of(&run),
+        0,
+        "the dead run's sandboxes were reaped"
+    );
+    assert_eq!(slots_of(&run), 0);
+}
