@@ -33,7 +33,10 @@ fn main() {
     let concurrency: usize = args.next().map_or(8, |c| c.parse().expect("CONCURRENCY"));
     let exe = std::env::current_exe().unwrap();
     let forgelog = exe.parent().unwrap().parent().unwrap().join("forgelog");
-    assert!(forgelog.exists(), "build it first: cargo build --bin forgelog");
+    assert!(
+        forgelog.exists(),
+        "build it first: cargo build --bin forgelog"
+    );
     let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tasks");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -91,7 +94,10 @@ fn main() {
     let mut by_harness: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for (rollout, (harness, at)) in &session_at {
         if let Some(first) = first_call.get(rollout) {
-            by_harness.entry(harness.clone()).or_default().push(first - at);
+            by_harness
+                .entry(harness.clone())
+                .or_default()
+                .push(first - at);
         }
     }
     println!("{stdout}");

@@ -299,8 +299,15 @@ async fn orchestrate(
     let outcomes = result?;
     let summary = RunSummary::of(&outcomes);
     println!("\nrun {run_id}\n{summary}");
-    let ran = outcomes.iter().filter(|o| o.status.is_some()).count().max(1);
-    let (own, tools) = (cpu_seconds(libc::RUSAGE_SELF), cpu_seconds(libc::RUSAGE_CHILDREN));
+    let ran = outcomes
+        .iter()
+        .filter(|o| o.status.is_some())
+        .count()
+        .max(1);
+    let (own, tools) = (
+        cpu_seconds(libc::RUSAGE_SELF),
+        cpu_seconds(libc::RUSAGE_CHILDREN),
+    );
     println!(
         "orchestrator CPU per rollout: {:.0} ms in this process (the proxy included), {:.0} ms in podman and ip ({own:.1} s and {tools:.1} s in all)",
         own * 1000.0 / ran as f64,
