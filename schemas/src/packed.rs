@@ -43,7 +43,7 @@ pub fn pack<T: Packed>(values: &[T]) -> Vec<u8> {
 
 /// Unpacks little-endian bytes; `None` when the length is not a multiple of the width.
 pub fn unpack<T: Packed>(bytes: &[u8]) -> Option<Vec<T>> {
-    if bytes.len() % T::WIDTH != 0 {
+    if !bytes.len().is_multiple_of(T::WIDTH) {
         return None;
     }
     Some(bytes.chunks_exact(T::WIDTH).map(T::get).collect())
