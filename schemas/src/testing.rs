@@ -102,7 +102,11 @@ pub fn recorded_run(
                 .collect();
             let mut index = 0i64;
             for turn in 0..turns {
-                let attempts = if n.is_multiple_of(5) && turn == 1 { 2 } else { 1 };
+                let attempts = if n.is_multiple_of(5) && turn == 1 {
+                    2
+                } else {
+                    1
+                };
                 for attempt in 0..attempts {
                     let mut c = call_finished(run_id, &session, index, 0, 0);
                     c.event_id = event_id("CallFinished", &[run_id, &session, &index.to_string()]);
