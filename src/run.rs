@@ -8,7 +8,7 @@ use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
-use forgelog_deploy::local::Podman;
+use forgelog_deploy::local::{LocalBackend, Podman};
 use forgelog_deploy::orchestrator::{Orchestrator, Progress, RunOptions};
 use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
 use forgelog_deploy_core::{Outcome, Rollout, RunHistory, RunPlan, RunSummary, Task};
@@ -266,21 +266,18 @@ async fn orchestrate(
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
-    let orchestrator = Orchestrator::new(
-        podman.clone(),
-        SessionClient::new(&url, Some(token)),
+    let orchestrator = Orchestrator {
+        backend: LocalBackend::new(podman, bundles, proxy_addr, dir),
+        sessions: SessionClient::new(&url, Some(token)),
         plan,
         tasks,
         harnesses,
-        RunOptions {
+        options: RunOptions {
             concurrency: args.concurrency,
             max_model_calls: args.max_model_calls,
             max_tokens: args.max_tokens,
-            bundles,
-            proxy: proxy_addr,
         },
-        dir,
-    );
+    };
     let bar = Bar::new(total);
     let stop = forgelog_stream::shutdown_signal()?;
     let result = tokio::select! {
@@ -289,7 +286,7 @@ async fn orchestrate(
     };
     bar.bar.finish();
     // Whatever ended the run, none of its sandboxes or networks outlive it.
-    let _ = orchestrator.dir.clean_up(&podman, &run_id).await;
+    orchestrator.backend.clean_up(&run_id).await;
     if let Some(proxy) = local_proxy {
         proxy.shutdown(Duration::from_secs(30)).await?;
     }

@@ -12,20 +12,14 @@
 //! up attempts its dead predecessor left open.
 
 use crate::harness::Harness;
-use crate::local::{
-    infra, run_attempt, task_image, AttemptSpec, Podman, SandboxNetwork, SandboxSpec,
-};
-use crate::run_dir::RunDir;
+use crate::local::infra;
 use forgelog_api::{AbandonAttempt, ClientError, Finish, NewSession, SessionClient};
-use forgelog_deploy_core::outcome::{judge, AgentEnd, Stage};
+use forgelog_deploy_core::outcome::{judge, AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::plan::may_retry;
 use forgelog_deploy_core::{Outcome, Resume, Rollout, RunHistory, RunPlan, Task};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::future::Future;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestratorError {
@@ -46,10 +40,32 @@ pub struct RunOptions {
     pub max_model_calls: Option<u32>,
     /// Completion tokens per call.
     pub max_tokens: Option<i64>,
-    /// The harness bundles, mounted read-only into every sandbox.
-    pub bundles: PathBuf,
-    /// The proxy as this host reaches it: each sandbox's relay forwards here.
-    pub proxy: SocketAddr,
+}
+
+/// One attempt as a backend runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    pub run_id: &'a str,
+    pub rollout: &'a Rollout,
+    /// The attempt's id (its session's rollout id).
+    pub id: &'a str,
+    pub task: &'a Task,
+    pub harness: &'a Harness,
+    /// What [`SandboxBackend::prepare`] made of the task.
+    pub image: &'a str,
+    /// The session's key: the harness's only credential.
+    pub api_key: &'a str,
+}
+
+/// Where attempts run: one sandbox each, the harness and then the verifier
+/// in it, the sandbox gone when the attempt returns. The local podman
+/// backend is one; the Kubernetes backend another.
+pub trait SandboxBackend: Send + Sync {
+    /// The task's image, made or found once per run.
+    fn prepare(&self, task: &Task) -> impl Future<Output = Result<String, (Stage, String)>> + Send;
+
+    /// Runs one attempt to its end.
+    fn run(&self, attempt: Attempt<'_>) -> impl Future<Output = (AgentEnd, VerifierEnd)> + Send;
 }
 
 /// Told as rollouts start and end (the command line draws a progress bar).
@@ -66,63 +82,22 @@ impl Progress for Silent {
     fn finished(&self, _: &Outcome) {}
 }
 
-pub struct Orchestrator {
-    pub podman: Podman,
+pub struct Orchestrator<B> {
+    pub backend: B,
     pub sessions: SessionClient,
     pub plan: RunPlan,
     pub tasks: BTreeMap<String, Task>,
     pub harnesses: BTreeMap<String, Harness>,
     pub options: RunOptions,
-    pub dir: RunDir,
-    /// Where the next network slot search starts.
-    next_slot: AtomicU32,
 }
 
 /// How one attempt ended.
-struct Attempt {
+struct Ended {
     outcome: Outcome,
     abandoned: bool,
 }
 
-/// A podman container name for attempt `id`.
-fn container_name(id: &str) -> String {
-    let clean: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '.'
-            }
-        })
-        .collect();
-    format!("forgelog-{clean}")
-}
-
-impl Orchestrator {
-    pub fn new(
-        podman: Podman,
-        sessions: SessionClient,
-        plan: RunPlan,
-        tasks: BTreeMap<String, Task>,
-        harnesses: BTreeMap<String, Harness>,
-        options: RunOptions,
-        dir: RunDir,
-    ) -> Orchestrator {
-        // Spread concurrent orchestrators over the slot space.
-        let hint = (std::process::id() % 1024) * 16;
-        Orchestrator {
-            podman,
-            sessions,
-            plan,
-            tasks,
-            harnesses,
-            options,
-            dir,
-            next_slot: AtomicU32::new(hint),
-        }
-    }
-
+impl<B: SandboxBackend> Orchestrator<B> {
     /// Builds each task's image once, then runs every rollout the log does
     /// not hold finished. Outcomes come back in plan order.
     pub async fn run(
@@ -140,7 +115,7 @@ impl Orchestrator {
         }
         let mut images = BTreeMap::new();
         for (id, task) in &self.tasks {
-            images.insert(id.clone(), task_image(&self.podman, task).await);
+            images.insert(id.clone(), self.backend.prepare(task).await);
         }
         let rollouts: Vec<Rollout> = self.plan.rollouts().collect();
         let order: BTreeMap<String, usize> = rollouts
@@ -219,7 +194,7 @@ impl Orchestrator {
         n: u32,
         tries: u32,
         image: &Result<String, (Stage, String)>,
-    ) -> Result<Attempt, OrchestratorError> {
+    ) -> Result<Ended, OrchestratorError> {
         let id = rollout.attempt_id(n);
         let task = &self.tasks[&rollout.task];
         let harness = &self.harnesses[&rollout.harness];
@@ -242,8 +217,16 @@ impl Orchestrator {
         let (agent, verifier) = match image {
             Err((stage, why)) => infra(*stage, why.clone()),
             Ok(image) => {
-                self.in_sandbox(rollout, &id, task, harness, image, &session.api_key)
-                    .await
+                let attempt = Attempt {
+                    run_id: &self.plan.run_id,
+                    rollout,
+                    id: &id,
+                    task,
+                    harness,
+                    image,
+                    api_key: &session.api_key,
+                };
+                self.backend.run(attempt).await
             }
         };
         let (status, verdict) = judge(&agent, &verifier);
@@ -256,7 +239,7 @@ impl Orchestrator {
             abandon_if_unused: may_retry(status, tries),
         };
         let finished = self.sessions.finish(&session.session_id, &finish).await?;
-        Ok(Attempt {
+        Ok(Ended {
             abandoned: finished.abandoned,
             outcome: Outcome {
                 rollout_id: rollout.id.clone(),
@@ -269,65 +252,5 @@ impl Orchestrator {
                 retries: tries,
             },
         })
-    }
-
-    async fn in_sandbox(
-        &self,
-        rollout: &Rollout,
-        id: &str,
-        task: &Task,
-        harness: &Harness,
-        image: &str,
-        api_key: &str,
-    ) -> (AgentEnd, forgelog_deploy_core::VerifierEnd) {
-        let hint = self.next_slot.fetch_add(1, Ordering::Relaxed);
-        let network = match SandboxNetwork::create(self.options.proxy, hint).await {
-            Ok(n) => n,
-            Err(e) => return infra(Stage::Sandbox, e.to_string()),
-        };
-        self.dir.slot_taken(network.slot);
-        let timeouts = task.config.agent.timeout_sec + task.config.verifier.timeout_sec;
-        let bundles = self.options.bundles.to_string_lossy().into_owned();
-        let spec = AttemptSpec {
-            task,
-            harness,
-            sandbox: SandboxSpec {
-                name: container_name(id),
-                labels: vec![
-                    ("forgelog.rollout".into(), rollout.id.clone()),
-                    ("forgelog.attempt".into(), id.to_string()),
-                    ("forgelog.task".into(), rollout.task.clone()),
-                    ("forgelog.harness".into(), rollout.harness.clone()),
-                ],
-                run_id: self.plan.run_id.clone(),
-                cpus: task.config.environment.cpus,
-                memory_mb: task.config.environment.memory_mb,
-                netns: Some(network.namespace.clone()),
-                read_only: vec![self.options.bundles.clone()],
-                // Setup and copies are seconds; a margin of two minutes.
-                lifetime: Some(Duration::from_secs_f64(timeouts + 120.0)),
-            },
-            env: vec![
-                (
-                    "FORGELOG_BASE_URL".into(),
-                    format!("http://{}:{}", network.host_ip, network.port),
-                ),
-                ("FORGELOG_API_KEY".into(), api_key.into()),
-                ("FORGELOG_BUNDLES".into(), bundles),
-                (
-                    "PATH".into(),
-                    format!(
-                        "{}/node/bin:/usr/local/bin:/usr/bin:/bin",
-                        self.options.bundles.display()
-                    ),
-                ),
-            ],
-            logs: Some(self.dir.attempt_logs(id)),
-        };
-        let ends = run_attempt(&self.podman, image, &spec).await;
-        let slot = network.slot;
-        network.remove().await;
-        self.dir.slot_freed(slot);
-        ends
     }
 }

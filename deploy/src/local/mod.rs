@@ -185,3 +185,131 @@ async fn run_agent(sandbox: &Sandbox, spec: &AttemptSpec<'_>) -> AgentEnd {
         Err(e) => failed(e.to_string()),
     }
 }
+
+/// `forgelog run`'s local backend: each attempt in a podman sandbox in a
+/// network namespace of its own whose only way out is a relay to the proxy,
+/// the harness bundles mounted read-only.
+pub struct LocalBackend {
+    pub podman: Podman,
+    /// The harness bundles, mounted read-only into every sandbox.
+    pub bundles: PathBuf,
+    /// The proxy as this host reaches it: each sandbox's relay forwards here.
+    pub proxy: std::net::SocketAddr,
+    /// Notes the network slots in use, for reaping after a crash.
+    pub dir: crate::run_dir::RunDir,
+    /// Where the next network slot search starts.
+    next_slot: std::sync::atomic::AtomicU32,
+}
+
+/// A podman container name for attempt `id`.
+fn container_name(id: &str) -> String {
+    let clean: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '.'
+            }
+        })
+        .collect();
+    format!("forgelog-{clean}")
+}
+
+impl LocalBackend {
+    pub fn new(
+        podman: Podman,
+        bundles: PathBuf,
+        proxy: std::net::SocketAddr,
+        dir: crate::run_dir::RunDir,
+    ) -> LocalBackend {
+        // Spread concurrent orchestrators over the slot space.
+        let hint = (std::process::id() % 1024) * 16;
+        LocalBackend {
+            podman,
+            bundles,
+            proxy,
+            dir,
+            next_slot: hint.into(),
+        }
+    }
+
+    /// Removes the run's sandboxes and networks (after an interrupted run).
+    pub async fn clean_up(&self, run_id: &str) {
+        let _ = self.dir.clean_up(&self.podman, run_id).await;
+    }
+}
+
+impl crate::orchestrator::SandboxBackend for LocalBackend {
+    async fn prepare(&self, task: &Task) -> Result<String, (Stage, String)> {
+        task_image(&self.podman, task).await
+    }
+
+    async fn run(&self, a: crate::orchestrator::Attempt<'_>) -> (AgentEnd, VerifierEnd) {
+        let hint = self
+            .next_slot
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let network = match SandboxNetwork::create(self.proxy, hint).await {
+            Ok(n) => n,
+            Err(e) => return infra(Stage::Sandbox, e.to_string()),
+        };
+        self.dir.slot_taken(network.slot);
+        let task = a.task;
+        let timeouts = task.config.agent.timeout_sec + task.config.verifier.timeout_sec;
+        let spec = AttemptSpec {
+            task,
+            harness: a.harness,
+            sandbox: SandboxSpec {
+                name: container_name(a.id),
+                labels: vec![
+                    ("forgelog.rollout".into(), a.rollout.id.clone()),
+                    ("forgelog.attempt".into(), a.id.to_string()),
+                    ("forgelog.task".into(), a.rollout.task.clone()),
+                    ("forgelog.harness".into(), a.rollout.harness.clone()),
+                ],
+                run_id: a.run_id.to_string(),
+                cpus: task.config.environment.cpus,
+                memory_mb: task.config.environment.memory_mb,
+                netns: Some(network.namespace.clone()),
+                read_only: vec![self.bundles.clone()],
+                // Setup and copies are seconds; a margin of two minutes.
+                lifetime: Some(Duration::from_secs_f64(timeouts + 120.0)),
+            },
+            env: harness_env(
+                &format!("http://{}:{}", network.host_ip, network.port),
+                a.api_key,
+                &self.bundles,
+            ),
+            logs: Some(self.dir.attempt_logs(a.id)),
+        };
+        let ends = run_attempt(&self.podman, a.image, &spec).await;
+        let slot = network.slot;
+        network.remove().await;
+        self.dir.slot_freed(slot);
+        ends
+    }
+}
+
+/// The environment a launch script gets besides `HOME`, the instruction and
+/// the agent logs' place: where the proxy is, the session's key, the bundles.
+pub fn harness_env(
+    base_url: &str,
+    api_key: &str,
+    bundles: &std::path::Path,
+) -> Vec<(String, String)> {
+    vec![
+        ("FORGELOG_BASE_URL".into(), base_url.into()),
+        ("FORGELOG_API_KEY".into(), api_key.into()),
+        (
+            "FORGELOG_BUNDLES".into(),
+            bundles.to_string_lossy().into_owned(),
+        ),
+        (
+            "PATH".into(),
+            format!(
+                "{}/node/bin:/usr/local/bin:/usr/bin:/bin",
+                bundles.display()
+            ),
+        ),
+    ]
+}
