@@ -187,9 +187,14 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     let plan = RunPlan::new(&run_id, &ids, &names, args.group_size);
     let dir = RunDir::acquire(&home, &run_id)?;
     let podman = Podman::default();
-    let reaped = rt.block_on(reap_dead_runs(&podman, &home))?;
-    if !reaped.is_empty() {
-        eprintln!("reaped the sandboxes of dead runs: {}", reaped.join(", "));
+    // Leftovers of dead runs are removed again at the next start if this fails.
+    match rt.block_on(reap_dead_runs(&podman, &home)) {
+        Ok(reaped) if !reaped.is_empty() => {
+            eprintln!("reaped the sandboxes of dead runs: {}", reaped.join(", "))
+        }
+        Ok(_) => {}
+        Err(e @ forgelog_deploy::local::SandboxError::NoPodman(_)) => return Err(e.into()),
+        Err(e) => eprintln!("warning: reaping the sandboxes of dead runs: {e}"),
     }
     let config = args.broker.config();
     rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
@@ -278,6 +283,11 @@ async fn orchestrate(
             max_tokens: args.max_tokens,
         },
     };
+    orchestrator
+        .backend
+        .check()
+        .await
+        .context("sandbox networks (forgelog run needs root for network namespaces)")?;
     let bar = Bar::new(total);
     let stop = forgelog_stream::shutdown_signal()?;
     let result = tokio::select! {

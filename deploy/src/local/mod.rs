@@ -234,6 +234,18 @@ impl LocalBackend {
         }
     }
 
+    /// Fails when sandbox networks cannot be made here (not root, no `ip`),
+    /// before any rollout would fail for it.
+    pub async fn check(&self) -> Result<(), NetworkError> {
+        let probe = SandboxNetwork::create(
+            self.proxy,
+            self.next_slot.load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .await?;
+        probe.remove().await;
+        Ok(())
+    }
+
     /// Removes the run's sandboxes and networks (after an interrupted run).
     pub async fn clean_up(&self, run_id: &str) {
         let _ = self.dir.clean_up(&self.podman, run_id).await;

@@ -192,7 +192,7 @@ impl Podman {
             .map(str::to_string)
             .collect();
         if !ids.is_empty() {
-            let mut args = vec!["rm", "-f", "-t", "0"];
+            let mut args = vec!["rm", "--ignore", "-f", "-t", "0"];
             args.extend(ids.iter().map(String::as_str));
             self.podman("rm", &args).await?;
         }
@@ -278,7 +278,7 @@ impl Sandbox {
 
     pub async fn remove(self) -> Result<(), SandboxError> {
         self.podman
-            .podman("rm", &["rm", "-f", "-t", "0", &self.name])
+            .podman("rm", &["rm", "--ignore", "-f", "-t", "0", &self.name])
             .await
             .map(|_| ())
     }

@@ -1,0 +1,76 @@
+//! The local backend's parts on their own: a sandbox outlives no orchestrator
+//! (podman kills it at its lifetime), and a sandbox network's only route is
+//! its veth to the host, where the relay reaches the proxy.
+
+use forgelog_deploy::local::{Podman, SandboxNetwork, SandboxSpec};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const BASE: &str = "localhost/forgelog-base:bookworm";
+
+#[tokio::test]
+async fn a_sandbox_is_gone_at_its_lifetime_whatever_its_orchestrator_does() {
+    let podman = Podman::default();
+    let run = format!("lifetime-{}", std::process::id());
+    let spec = SandboxSpec {
+        name: format!("forgelog-{run}"),
+        run_id: run.clone(),
+        lifetime: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let sandbox = podman.start(BASE, &spec).await.unwrap();
+    // The orchestrator "dies": nothing of it touches the sandbox again.
+    std::mem::forget(sandbox);
+    assert!(podman.runs().await.unwrap().contains(&run));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while podman.runs().await.unwrap().contains(&run) {
+        assert!(Instant::now() < deadline, "still there after 30 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+// Two workers: the relay and the stand-in proxy serve while the test blocks on `ip`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_network_routes_only_to_the_relay_and_the_relay_reaches_the_proxy() {
+    // A stand-in proxy on the host's loopback: answers "pong".
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = proxy.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = proxy.accept().await {
+            let _ = s.write_all(b"pong").await;
+        }
+    });
+    let net = SandboxNetwork::create(addr, 9000).await.unwrap();
+    net.check_isolated().await.unwrap();
+    let ns = net.namespace.clone();
+    let route = |to: &str| {
+        std::process::Command::new("ip")
+            .args(["-n", &ns, "route", "get", to])
+            .output()
+            .unwrap()
+    };
+    let outside = route("1.1.1.1");
+    assert!(!outside.status.success());
+    assert!(String::from_utf8_lossy(&outside.stderr).contains("unreachable"));
+    assert!(route(&net.host_ip.to_string()).status.success());
+    // From inside the namespace, the host end's port is the proxy.
+    let inside = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns, "bash", "-c"])
+        .arg(format!(
+            "exec 3<>/dev/tcp/{}/{}; timeout 5 cat <&3",
+            net.host_ip, net.port
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&inside.stdout), "pong");
+    let slot = net.slot;
+    net.remove().await;
+    let gone = std::process::Command::new("ip")
+        .args(["link", "show", &format!("flr{slot}h")])
+        .output()
+        .unwrap();
+    assert!(
+        !gone.status.success(),
+        "the veth pair went with the namespace"
+    );
+}
