@@ -9,9 +9,10 @@ use anyhow::{bail, Context, Result};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
 use forgelog_deploy::local::{LocalBackend, Podman};
-use forgelog_deploy::orchestrator::{Orchestrator, Progress, RunOptions};
+use forgelog_deploy::orchestrator::{Orchestrator, Progress, RunOptions, SandboxBackend};
 use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
 use forgelog_deploy_core::{Outcome, Rollout, RunHistory, RunPlan, RunSummary, Task};
+use forgelog_kube::{BundleSource, KubeBackend, KubeOptions, TaskImages};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
@@ -61,12 +62,47 @@ pub struct RunArgs {
     /// Completion tokens per model call
     #[arg(long)]
     pub max_tokens: Option<i64>,
-    /// Where rollouts run (the Kubernetes backend is separate work)
-    #[arg(long, default_value = "local", value_parser = ["local"])]
+    /// Where rollouts run: podman sandboxes here, or one Job per attempt on Kubernetes
+    #[arg(long, default_value = "local", value_parser = ["local", "kube"])]
     pub backend: String,
+    /// Where the proxy this run starts listens
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub proxy_listen: SocketAddr,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// The model of the embedded engine
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+}
+
+/// `--backend kube`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeArgs {
+    /// The API server (plain URL, no credentials; default: KUBECONFIG or the in-cluster config)
+    #[arg(long)]
+    pub kube_api: Option<String>,
+    /// The namespace the run's Jobs go to
+    #[arg(long, default_value = "forgelog")]
+    pub namespace: String,
+    /// The proxy as pods reach it (default: http://forgelog-proxy:<the proxy's port>)
+    #[arg(long)]
+    pub kube_proxy_url: Option<String>,
+    /// Labels of the proxy's pods: the run's NetworkPolicy lets pods reach only them (and DNS)
+    #[arg(long, default_value = "app.kubernetes.io/name=forgelog-proxy")]
+    pub kube_proxy_labels: String,
+    /// The harness bundles as an image: `image:REF` (image volume), `copy:REF`
+    /// (an init container copies them), or `hostpath:DIR` (default: the bundles here)
+    #[arg(long)]
+    pub bundles: Option<String>,
+    /// Task images are PREFIX/forgelog-task-ID:latest, pushed beforehand (default: built here with podman)
+    #[arg(long)]
+    pub image_registry: Option<String>,
+    /// A pod Pending longer than this is infra:schedule
+    #[arg(long, default_value_t = 300)]
+    pub schedule_timeout_sec: u64,
+    /// Job creations per second at most
+    #[arg(long, default_value_t = 10.0)]
+    pub creates_per_second: f64,
 }
 
 /// Counts per harness for the progress bar's message.
@@ -243,8 +279,7 @@ async fn orchestrate(
                 ..ProxyConfig::new(&upstream)
             };
             let proxy =
-                RunningProxy::start(proxy_config, config, dir.spool(), "127.0.0.1:0".parse()?)
-                    .await?;
+                RunningProxy::start(proxy_config, config, dir.spool(), args.proxy_listen).await?;
             // What a killed predecessor left in the spool goes to the log first.
             proxy.flush(Duration::from_secs(60)).await?;
             let url = proxy.url();
@@ -271,32 +306,25 @@ async fn orchestrate(
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
-    let orchestrator = Orchestrator {
-        backend: LocalBackend::new(podman, bundles, proxy_addr, dir),
-        sessions: SessionClient::new(&url, Some(token)),
-        plan,
-        tasks,
-        harnesses,
-        options: RunOptions {
-            concurrency: args.concurrency,
-            max_model_calls: args.max_model_calls,
-            max_tokens: args.max_tokens,
-        },
+    let sessions = SessionClient::new(&url, Some(token));
+    let options = RunOptions {
+        concurrency: args.concurrency,
+        max_model_calls: args.max_model_calls,
+        max_tokens: args.max_tokens,
     };
-    orchestrator
-        .backend
-        .check()
-        .await
-        .context("sandbox networks (forgelog run needs root for network namespaces)")?;
-    let bar = Bar::new(total);
-    let stop = forgelog_stream::shutdown_signal()?;
-    let result = tokio::select! {
-        r = orchestrator.run(&history, &bar) => r.map_err(anyhow::Error::from),
-        _ = stop => Err(anyhow::anyhow!("interrupted: resume with --run {run_id}")),
+    let result = if args.backend == "kube" {
+        let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
+        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options);
+        drive(orchestrator, &history, total).await
+    } else {
+        let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
+        backend
+            .check()
+            .await
+            .context("sandbox networks (forgelog run needs root for network namespaces)")?;
+        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options);
+        drive(orchestrator, &history, total).await
     };
-    bar.bar.finish();
-    // Whatever ended the run, none of its sandboxes or networks outlive it.
-    orchestrator.backend.clean_up(&run_id).await;
     if let Some(proxy) = local_proxy {
         proxy.shutdown(Duration::from_secs(30)).await?;
     }
@@ -321,6 +349,71 @@ async fn orchestrate(
         tools * 1000.0 / ran as f64
     );
     Ok(())
+}
+
+/// Runs the plan with a progress bar until it ends or a signal stops it;
+/// whatever ended it, the backend removes what is left of the run.
+async fn drive<B: SandboxBackend>(
+    orchestrator: Orchestrator<B>,
+    history: &RunHistory,
+    total: usize,
+) -> Result<Vec<Outcome>> {
+    let run_id = orchestrator.plan.run_id.clone();
+    let bar = Bar::new(total);
+    let stop = forgelog_stream::shutdown_signal()?;
+    let result = tokio::select! {
+        r = orchestrator.run(history, &bar) => r.map_err(anyhow::Error::from),
+        _ = stop => Err(anyhow::anyhow!("interrupted: resume with --run {run_id}")),
+    };
+    bar.bar.finish();
+    orchestrator.backend.clean_up().await;
+    result
+}
+
+async fn kube_backend(
+    args: &KubeArgs,
+    run_id: &str,
+    proxy: SocketAddr,
+    bundles: &std::path::Path,
+    podman: Podman,
+) -> Result<KubeBackend> {
+    let client = match &args.kube_api {
+        Some(url) => kube::Client::try_from(kube::Config::new(url.parse()?))?,
+        None => kube::Client::try_default()
+            .await
+            .context("no Kubernetes configuration (KUBECONFIG, in-cluster, or --kube-api)")?,
+    };
+    let bundles = match args.bundles.as_deref().map(|b| b.split_once(':')) {
+        None => BundleSource::HostPath(bundles.to_string_lossy().into_owned()),
+        Some(Some(("image", r))) => BundleSource::Image(r.into()),
+        Some(Some(("copy", r))) => BundleSource::CopiedFrom(r.into()),
+        Some(Some(("hostpath", d))) => BundleSource::HostPath(d.into()),
+        Some(_) => bail!("--bundles is image:REF, copy:REF or hostpath:DIR"),
+    };
+    let proxy_labels = args
+        .kube_proxy_labels
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let options = KubeOptions {
+        namespace: args.namespace.clone(),
+        proxy_url: args
+            .kube_proxy_url
+            .clone()
+            .unwrap_or_else(|| format!("http://forgelog-proxy:{}", proxy.port())),
+        proxy_labels,
+        proxy_port: i32::from(proxy.port()),
+        bundles,
+        images: match &args.image_registry {
+            Some(prefix) => TaskImages::Registry(prefix.clone()),
+            None => TaskImages::BuiltLocally(podman),
+        },
+        schedule_timeout: Duration::from_secs(args.schedule_timeout_sec),
+        creates_per_second: args.creates_per_second,
+        lease_seconds: 30,
+    };
+    Ok(KubeBackend::start(client, options, run_id).await?)
 }
 
 /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its

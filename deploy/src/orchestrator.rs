@@ -66,6 +66,12 @@ pub trait SandboxBackend: Send + Sync {
 
     /// Runs one attempt to its end.
     fn run(&self, attempt: Attempt<'_>) -> impl Future<Output = (AgentEnd, VerifierEnd)> + Send;
+
+    /// Removes whatever of the run is left (after an interrupted run: what
+    /// was in flight when it stopped).
+    fn clean_up(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Told as rollouts start and end (the command line draws a progress bar).
@@ -98,6 +104,24 @@ struct Ended {
 }
 
 impl<B: SandboxBackend> Orchestrator<B> {
+    pub fn new(
+        backend: B,
+        sessions: SessionClient,
+        plan: RunPlan,
+        tasks: BTreeMap<String, Task>,
+        harnesses: BTreeMap<String, Harness>,
+        options: RunOptions,
+    ) -> Orchestrator<B> {
+        Orchestrator {
+            backend,
+            sessions,
+            plan,
+            tasks,
+            harnesses,
+            options,
+        }
+    }
+
     /// Builds each task's image once, then runs every rollout the log does
     /// not hold finished. Outcomes come back in plan order.
     pub async fn run(

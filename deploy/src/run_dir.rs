@@ -22,6 +22,7 @@ pub enum RunDirError {
 /// A run's directory, locked by this process while it lives.
 #[derive(Debug)]
 pub struct RunDir {
+    pub run: String,
     pub path: PathBuf,
     _lock: File,
 }
@@ -56,7 +57,11 @@ impl RunDir {
         let path = home.join("runs").join(run);
         std::fs::create_dir_all(path.join("slots")).map_err(io(&path))?;
         match try_lock(&path)? {
-            Some(lock) => Ok(RunDir { path, _lock: lock }),
+            Some(lock) => Ok(RunDir {
+                run: run.to_string(),
+                path,
+                _lock: lock,
+            }),
             None => Err(RunDirError::Busy {
                 run: run.into(),
                 path: path.join("lock"),
@@ -79,8 +84,8 @@ impl RunDir {
 
     /// Removes this run's sandboxes and networks (after an interrupted run:
     /// what was in flight when it stopped).
-    pub async fn clean_up(&self, podman: &Podman, run: &str) -> Result<(), SandboxError> {
-        reap_run(podman, run, &self.path).await
+    pub async fn clean_up(&self, podman: &Podman) -> Result<(), SandboxError> {
+        reap_run(podman, &self.run, &self.path).await
     }
 
     /// Where attempt `id`'s harness output is kept.

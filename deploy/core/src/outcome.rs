@@ -22,6 +22,9 @@ pub enum Stage {
     Harness,
     /// Copying the tests in, starting the verifier.
     Verifier,
+    /// A cluster that did not run the sandbox: unschedulable, image not
+    /// pulled, stuck pending past its timeout.
+    Schedule,
 }
 
 impl Stage {
@@ -31,6 +34,7 @@ impl Stage {
             Stage::Sandbox => "sandbox",
             Stage::Harness => "harness",
             Stage::Verifier => "verifier",
+            Stage::Schedule => "schedule",
         }
     }
 }

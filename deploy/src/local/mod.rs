@@ -6,7 +6,7 @@ mod network;
 mod podman;
 
 pub use network::{remove_slot, NetworkError, SandboxNetwork};
-pub use podman::{Exec, ExecEnd, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
+pub use podman::{Exec, ExecEnd, Mount, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
 
 use crate::harness::{Harness, Launch};
 use std::path::PathBuf;
@@ -245,16 +245,15 @@ impl LocalBackend {
         probe.remove().await;
         Ok(())
     }
-
-    /// Removes the run's sandboxes and networks (after an interrupted run).
-    pub async fn clean_up(&self, run_id: &str) {
-        let _ = self.dir.clean_up(&self.podman, run_id).await;
-    }
 }
 
 impl crate::orchestrator::SandboxBackend for LocalBackend {
     async fn prepare(&self, task: &Task) -> Result<String, (Stage, String)> {
         task_image(&self.podman, task).await
+    }
+
+    async fn clean_up(&self) {
+        let _ = self.dir.clean_up(&self.podman).await;
     }
 
     async fn run(&self, a: crate::orchestrator::Attempt<'_>) -> (AgentEnd, VerifierEnd) {
@@ -283,7 +282,8 @@ impl crate::orchestrator::SandboxBackend for LocalBackend {
                 cpus: task.config.environment.cpus,
                 memory_mb: task.config.environment.memory_mb,
                 netns: Some(network.namespace.clone()),
-                read_only: vec![self.bundles.clone()],
+                mounts: vec![Mount::same_path(&self.bundles)],
+                hosts: Vec::new(),
                 // Setup and copies are seconds; a margin of two minutes.
                 lifetime: Some(Duration::from_secs_f64(timeouts + 120.0)),
             },

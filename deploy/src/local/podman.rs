@@ -44,11 +44,32 @@ pub struct SandboxSpec {
     pub memory_mb: Option<u64>,
     /// A network namespace to join (see `SandboxNetwork`); none: no network.
     pub netns: Option<String>,
-    /// Host directories mounted read-only at the same path (harness bundles).
-    pub read_only: Vec<std::path::PathBuf>,
+    /// Host paths mounted into the sandbox (harness bundles, task files).
+    pub mounts: Vec<Mount>,
+    /// `/etc/hosts` entries: (name, address), e.g. a Service name for the proxy.
+    pub hosts: Vec<(String, String)>,
     /// The container is killed (and, started with `--rm`, removed) after
     /// this long whatever happens to its orchestrator.
     pub lifetime: Option<Duration>,
+}
+
+/// A host path in the sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mount {
+    pub host: std::path::PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+impl Mount {
+    /// `dir` read-only at the same path (a bundle whose files name their own paths).
+    pub fn same_path(dir: &Path) -> Mount {
+        Mount {
+            host: dir.to_path_buf(),
+            target: dir.to_string_lossy().into_owned(),
+            read_only: true,
+        }
+    }
 }
 
 /// How a command in the sandbox ended.
@@ -134,9 +155,15 @@ impl Podman {
                 None => "none".into(),
             },
         ]);
-        for dir in &spec.read_only {
-            let dir = dir.to_string_lossy();
-            args.extend(["-v".into(), format!("{dir}:{dir}:ro")]);
+        for m in &spec.mounts {
+            let mode = if m.read_only { "ro" } else { "rw" };
+            args.extend([
+                "-v".into(),
+                format!("{}:{}:{mode}", m.host.to_string_lossy(), m.target),
+            ]);
+        }
+        for (name, addr) in &spec.hosts {
+            args.extend(["--add-host".into(), format!("{name}:{addr}")]);
         }
         if let Some(t) = spec.lifetime {
             args.extend(["--timeout".into(), t.as_secs().max(1).to_string()]);
