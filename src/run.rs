@@ -103,6 +103,10 @@ pub struct KubeArgs {
     /// Job creations per second at most
     #[arg(long, default_value_t = 10.0)]
     pub creates_per_second: f64,
+    /// The run's lease: renewed every third of this; a run not renewed for
+    /// this long is deleted, with all its Jobs, by the next `forgelog run`
+    #[arg(long, default_value_t = 30)]
+    pub lease_seconds: u64,
 }
 
 /// Counts per harness for the progress bar's message.
@@ -411,7 +415,7 @@ async fn kube_backend(
         },
         schedule_timeout: Duration::from_secs(args.schedule_timeout_sec),
         creates_per_second: args.creates_per_second,
-        lease_seconds: 30,
+        lease_seconds: args.lease_seconds,
     };
     Ok(KubeBackend::start(client, options, run_id).await?)
 }

@@ -58,7 +58,12 @@ impl Cluster {
             .args(["--proxy-listen", &self.proxy.to_string()])
             .args(["--harness", harnesses, "--run", run])
             .args(["--group-size", "1", "--concurrency", "4"])
-            .args(["--upstream", &self.upstream, "--brokers", &self.stream.brokers])
+            .args([
+                "--upstream",
+                &self.upstream,
+                "--brokers",
+                &self.stream.brokers,
+            ])
             .args(["--max-model-calls", "8"])
             .args(extra)
             .output()
@@ -125,4 +130,176 @@ fn rollouts_run_as_jobs_on_the_fake_cluster_and_leave_nothing_behind() {
         assert_eq!(store.count(kind), 0, "{kind}s left behind");
     }
     drop(c.rt);
+}
+
+/// Three copies of `hello-file` whose solution takes `secs` seconds.
+fn slow_tasks(root: &Path, secs: u32) {
+    for t in ["slow-a", "slow-b", "slow-c"] {
+        support::variant(
+            root,
+            t,
+            "solution/solve.sh",
+            &format!("sleep {secs}; printf 'Hello, forgelog!\\n' > /app/hello.txt\n"),
+        );
+    }
+}
+
+/// The run's Jobs created, by name, from the fake's history.
+fn jobs_created(c: &Cluster) -> Vec<String> {
+    let (past, _) = c.cluster.store().watch(0);
+    past.iter()
+        .filter(|ch| ch.kind == "Job" && ch.what == "ADDED")
+        .map(|ch| ch.object["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The API server answers 500s and 429s for a while: every call is retried,
+/// every rollout still scores, and no Job is created twice.
+#[test]
+fn an_api_server_failing_for_a_while_duplicates_nothing() {
+    let c = cluster();
+    let root = tempfile::tempdir().unwrap();
+    slow_tasks(root.path(), 0);
+    c.cluster.fail_next(8, 500);
+    c.cluster.fail_next(8, 429);
+    let run = unique_run_id("kube-faults");
+    let out = c.run(root.path(), &run, "solve", &[]);
+    assert!(out.status.success());
+    let verdicts = c.verdicts(&run);
+    assert_eq!(verdicts.len(), 3);
+    assert!(
+        verdicts.values().all(|v| v.reward == Some(1.0)),
+        "{verdicts:?}"
+    );
+    let mut jobs = jobs_created(&c);
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
+    jobs.dedup();
+    assert_eq!(jobs.len(), 3);
+    assert!(
+        c.cluster.server.faults.lock().unwrap().is_empty(),
+        "the faults were met"
+    );
+}
+
+/// A Job deleted from outside ends its attempt as `infra:sandbox` with a
+/// null reward; it never reached the model, so it is abandoned and run again.
+#[test]
+fn a_job_deleted_from_outside_fails_its_attempt_with_a_typed_status() {
+    let c = cluster();
+    let root = tempfile::tempdir().unwrap();
+    slow_tasks(root.path(), 4);
+    let run = unique_run_id("kube-deleted");
+    let store = c.cluster.server.store.clone();
+    // Deletes the first Job of slow-a once its pod runs.
+    let deleter = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            let (pods, _) = store.list("Pod", "forgelog", Some("forgelog.dev/task=slow-a"));
+            if let Some(p) = pods.iter().find(|p| p["status"]["phase"] == "Running") {
+                let job = p["metadata"]["labels"]["job-name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                store.delete("Job", "forgelog", &job).unwrap();
+                return job;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("no pod of slow-a ran");
+    });
+    let out = c.run(root.path(), &run, "solve", &[]);
+    let deleted = deleter.join().unwrap();
+    assert!(out.status.success());
+    let verdicts = c.verdicts(&run);
+    let first = &verdicts[&format!("{run}-slow-a-solve-0")];
+    assert_eq!(
+        status_of(first),
+        "infra:sandbox",
+        "{first:?} (Job {deleted})"
+    );
+    assert!(first.details.contains("deleted"), "{}", first.details);
+    assert_eq!((first.reward, first.abandoned), (None, true));
+    let again = &verdicts[&format!("{run}-slow-a-solve-0~1")];
+    assert_eq!((again.reward, again.abandoned), (Some(1.0), false));
+    assert_eq!(c.cluster.store().count("Job"), 0);
+}
+
+/// `kill -9` of the orchestrator mid-run: its Jobs run on until its lease
+/// expires; then the next orchestrator's start deletes the lease and the
+/// garbage collector takes every Job and Pod of the run (the kubelet stops
+/// their sandboxes).
+#[test]
+fn a_killed_orchestrator_leaks_nothing_once_its_lease_expires() {
+    let c = cluster();
+    let root = tempfile::tempdir().unwrap();
+    slow_tasks(root.path(), 30);
+    let run = unique_run_id("kube-killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("run")
+        .arg(root.path())
+        .args(["--backend", "kube", "--kube-api", &c.cluster.url])
+        .args(["--proxy-listen", &c.proxy.to_string()])
+        .args(["--harness", "solve", "--run", &run, "--group-size", "1"])
+        .args(["--upstream", &c.upstream, "--brokers", &c.stream.brokers])
+        .args(["--lease-seconds", "3"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let store = c.cluster.server.store.clone();
+    let running = || {
+        store
+            .list("Pod", "forgelog", None)
+            .0
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while running() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the pods never ran");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        store.count("Job"),
+        3,
+        "the Jobs outlive their orchestrator a while"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    // The next orchestrator (any run) starts by deleting expired runs.
+    let empty = tempfile::tempdir().unwrap();
+    support::variant(
+        empty.path(),
+        "quick",
+        "instruction.md",
+        "Write hello.txt.\n",
+    );
+    let next = unique_run_id("kube-next");
+    let out = c.run(empty.path(), &next, "solve", &[]);
+    assert!(out.status.success());
+    for kind in ["Job", "Pod", "Secret", "ConfigMap", "NetworkPolicy"] {
+        assert_eq!(store.count(kind), 0, "{kind}s of the dead run left");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while containers_of_kubelet() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pods' sandboxes still run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The fake kubelet's sandboxes still there.
+fn containers_of_kubelet() -> usize {
+    let out = Command::new("podman")
+        .args(["ps", "-a", "-q", "--filter", "label=forgelog.kube/pod"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .count()
 }
