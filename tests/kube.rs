@@ -6,7 +6,7 @@
 
 mod support;
 
-use forgelog_kube::fake::FakeCluster;
+use forgelog_kube::fake::{FakeCluster, Pods};
 use forgelog_producers::fake_upstream::{self, FakeOptions};
 use forgelog_schemas::{Event, Topic, VerifierResult};
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
@@ -39,7 +39,9 @@ fn cluster() -> Cluster {
         .unwrap();
     // The proxy `forgelog run` will start, where the kubelet's pods reach it.
     let proxy = free_local_addr();
-    let cluster = rt.block_on(FakeCluster::start(Some(proxy))).unwrap();
+    let cluster = rt
+        .block_on(FakeCluster::start(Pods::Podman(proxy)))
+        .unwrap();
     Cluster {
         rt,
         stream,
@@ -302,4 +304,110 @@ fn containers_of_kubelet() -> usize {
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .count()
+}
+
+/// A pod that cannot start (its image cannot be pulled) stays Pending; past
+/// the schedule timeout its attempt is `infra:schedule` with a null reward,
+/// tried again twice, and its Jobs are gone.
+#[test]
+fn a_pod_stuck_pending_is_infra_schedule() {
+    let c = cluster();
+    let root = tempfile::tempdir().unwrap();
+    support::variant(
+        root.path(),
+        "unpullable",
+        "instruction.md",
+        "Write hello.txt.\n",
+    );
+    let run = unique_run_id("kube-pending");
+    let extra = [
+        "--image-registry",
+        "registry.invalid",
+        "--schedule-timeout-sec",
+        "2",
+    ];
+    let out = c.run(root.path(), &run, "solve", &extra);
+    assert!(out.status.success());
+    let verdicts = c.verdicts(&run);
+    let id = format!("{run}-unpullable-solve-0");
+    for (n, attempt) in [id.clone(), format!("{id}~1"), format!("{id}~2")]
+        .iter()
+        .enumerate()
+    {
+        let v = &verdicts[attempt];
+        assert_eq!(status_of(v), "infra:schedule", "{v:?}");
+        assert_eq!((v.reward, v.abandoned), (None, n < 2), "{attempt}");
+    }
+    assert_eq!(c.cluster.store().count("Job"), 0);
+}
+
+/// The same rollouts on a real cluster, when one is given: `KUBECONFIG` set,
+/// plus where pods reach this machine's proxy (`FORGELOG_KUBE_PROXY_URL`),
+/// the registry holding the shipped tasks' images
+/// (`FORGELOG_KUBE_REGISTRY`, images `forgelog-task-ID:latest`) and the
+/// namespace (`FORGELOG_KUBE_NAMESPACE`, with the RBAC of
+/// `deploy/k8s/base/rbac.yaml`). Without `KUBECONFIG` it says so and checks
+/// nothing: nothing here ever stands in for a real cluster.
+#[test]
+fn on_a_real_cluster_when_one_is_configured() {
+    let Ok(kubeconfig) = std::env::var("KUBECONFIG") else {
+        eprintln!("skipped: KUBECONFIG is not set (no real cluster here)");
+        return;
+    };
+    let need = |k: &str| {
+        std::env::var(k)
+            .unwrap_or_else(|_| panic!("KUBECONFIG={kubeconfig} is set: {k} is needed too"))
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let (addr, _) = rt
+        .block_on(fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            Default::default(),
+        ))
+        .unwrap();
+    let run = unique_run_id("kube-real");
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("run")
+        .arg(shipped())
+        .args([
+            "--backend",
+            "kube",
+            "--namespace",
+            &need("FORGELOG_KUBE_NAMESPACE"),
+        ])
+        .args(["--kube-proxy-url", &need("FORGELOG_KUBE_PROXY_URL")])
+        .args(["--image-registry", &need("FORGELOG_KUBE_REGISTRY")])
+        .args([
+            "--proxy-listen",
+            "0.0.0.0:0",
+            "--harness",
+            "solve",
+            "--group-size",
+            "1",
+        ])
+        .args([
+            "--run",
+            &run,
+            "--upstream",
+            &format!("http://{addr}"),
+            "--brokers",
+            &stream.brokers,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let solve: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("solve"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(solve[1], solve[3], "every rollout scored: {table}");
+    assert_eq!(solve[4], "100%", "{table}");
 }

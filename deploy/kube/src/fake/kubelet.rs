@@ -21,7 +21,8 @@ pub const PROXY_HOST: &str = "forgelog-proxy";
 
 pub struct Kubelet {
     pub store: Arc<Store>,
-    pub podman: Podman,
+    /// None: pods end at once, as a reference solution that scored 1.
+    pub podman: Option<Podman>,
     /// The proxy as this host reaches it.
     pub proxy: SocketAddr,
     /// Cancels a Job's pod, by the Job's uid.
@@ -57,7 +58,7 @@ struct Prepared {
 }
 
 impl Kubelet {
-    pub fn new(store: Arc<Store>, podman: Podman, proxy: SocketAddr) -> Arc<Kubelet> {
+    pub fn new(store: Arc<Store>, podman: Option<Podman>, proxy: SocketAddr) -> Arc<Kubelet> {
         Arc::new(Kubelet {
             store,
             podman,
@@ -236,6 +237,16 @@ impl Kubelet {
         if self.store.create("Pod", &ns, pod.clone()).is_err() {
             return;
         }
+        let Some(podman) = &self.podman else {
+            // "MQo=" is "1\n": reward 1.
+            let report =
+                r#"{"agent":"exit:0","verifier":"exit:0","reward_json":"-","reward_txt":"MQo="}"#;
+            self.set_pod(&ns, &name, json!({"phase": "Succeeded", "containerStatuses": [{
+                "name": "attempt", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": report}}}]}));
+            self.set_job(&ns, &job_name, "Complete", "Completed", true);
+            return;
+        };
         // Pending until what the pod needs is there (as a kubelet retries).
         let prepared = loop {
             match self.prepare(&ns, &pod) {
@@ -273,7 +284,7 @@ impl Kubelet {
             lifetime: Some(Duration::from_secs(deadline + 30)),
             ..Default::default()
         };
-        let sandbox = match self.podman.start(&prepared.image, &spec).await {
+        let sandbox = match podman.start(&prepared.image, &spec).await {
             Ok(s) => s,
             Err(e) => {
                 network.remove().await;

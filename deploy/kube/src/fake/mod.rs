@@ -13,6 +13,19 @@ use forgelog_deploy::local::Podman;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// What runs the Jobs' pods.
+#[derive(Debug, Clone, Copy)]
+pub enum Pods {
+    /// Nothing: Jobs stay without pods.
+    None,
+    /// Each pod in a podman sandbox, reaching the proxy at this address as
+    /// `http://forgelog-proxy:PORT`.
+    Podman(SocketAddr),
+    /// Each pod ends at once as a reference solution that scored 1 (for the
+    /// bench: the orchestrator and the API path, no containers).
+    Instant,
+}
+
 pub struct FakeCluster {
     /// The API server's URL (plain HTTP, no auth).
     pub url: String,
@@ -22,9 +35,8 @@ pub struct FakeCluster {
 }
 
 impl FakeCluster {
-    /// An API server on 127.0.0.1 and, when `proxy` is given, a kubelet
-    /// whose pods reach it as `http://forgelog-proxy:PORT`.
-    pub async fn start(proxy: Option<SocketAddr>) -> std::io::Result<FakeCluster> {
+    /// An API server on 127.0.0.1 and a kubelet running its Jobs' pods as `pods` says.
+    pub async fn start(pods: Pods) -> std::io::Result<FakeCluster> {
         let store = Arc::new(store::Store::default());
         let server = Arc::new(server::Server {
             store: store.clone(),
@@ -37,9 +49,19 @@ impl FakeCluster {
         let serve = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        let stop_kubelet = proxy.map(|proxy| {
+        let kubelet = match pods {
+            Pods::None => None,
+            Pods::Podman(proxy) => {
+                Some(kubelet::Kubelet::new(store, Some(Podman::default()), proxy))
+            }
+            Pods::Instant => Some(kubelet::Kubelet::new(
+                store,
+                None,
+                "127.0.0.1:9".parse().expect("an address"),
+            )),
+        };
+        let stop_kubelet = kubelet.map(|kubelet| {
             let (stop, stopped) = tokio::sync::oneshot::channel();
-            let kubelet = kubelet::Kubelet::new(store, Podman::default(), proxy);
             tokio::spawn(kubelet.run(stopped));
             stop
         });
