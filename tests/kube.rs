@@ -346,7 +346,8 @@ fn a_pod_stuck_pending_is_infra_schedule() {
 /// the registry holding the shipped tasks' images
 /// (`FORGELOG_KUBE_REGISTRY`, images `forgelog-task-ID:latest`) and the
 /// namespace (`FORGELOG_KUBE_NAMESPACE`, with the RBAC of
-/// `deploy/k8s/base/rbac.yaml`). Without `KUBECONFIG` it says so and checks
+/// `deploy/k8s/base/rbac.yaml`); the proxy listens on
+/// `FORGELOG_KUBE_PROXY_LISTEN` (default 0.0.0.0:8100). Without `KUBECONFIG` it says so and checks
 /// nothing: nothing here ever stands in for a real cluster.
 #[test]
 fn on_a_real_cluster_when_one_is_configured() {
