@@ -416,6 +416,7 @@ async fn kube_backend(
         schedule_timeout: Duration::from_secs(args.schedule_timeout_sec),
         creates_per_second: args.creates_per_second,
         lease_seconds: args.lease_seconds,
+        reconcile_every: Duration::from_secs(30),
     };
     Ok(KubeBackend::start(client, options, run_id).await?)
 }

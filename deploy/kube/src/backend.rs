@@ -62,12 +62,15 @@ pub struct KubeOptions {
     /// Job creations per second at most.
     pub creates_per_second: f64,
     pub lease_seconds: u64,
+    /// How often the run's Jobs and Pods are listed besides being watched.
+    pub reconcile_every: Duration,
 }
 
 /// What the watchers know of one attempt (by its attempt label).
 #[derive(Debug, Default, Clone)]
 struct Seen {
-    job: bool,
+    /// When a watch or a list first showed the attempt's Job.
+    job_seen_at: Option<Instant>,
     job_gone: bool,
     /// A Job condition `Failed` with this reason (e.g. `DeadlineExceeded`).
     job_failed: Option<String>,
@@ -121,7 +124,7 @@ fn on_job(t: &Tracker, job: &Job, gone: bool) {
         })
         .map(|c| c.reason.clone().unwrap_or_default());
     t.update(&a, |s| {
-        s.job = true;
+        s.job_seen_at.get_or_insert_with(Instant::now);
         s.job_gone |= gone;
         if failed.is_some() {
             s.job_failed = failed;
@@ -210,6 +213,56 @@ where
                     on(&tracker, &o, true);
                 }
                 Err(e) => tracing::warn!(error = %e, "watching the run's objects"),
+            }
+        }
+    })
+}
+
+/// Every `every`, lists the run's Jobs and Pods and applies what it finds
+/// (a missed watch event is caught here): a Job the tracker saw that is no
+/// longer listed is gone.
+fn reconcile(
+    jobs: Api<Job>,
+    pods: Api<Pod>,
+    sel: String,
+    tracker: Arc<Tracker>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let lp = kube::api::ListParams::default().labels(&sel);
+        loop {
+            tokio::time::sleep(every).await;
+            let listing = Instant::now();
+            let (Ok(listed), Ok(pod_list)) = (
+                retrying(|| jobs.list(&lp)).await,
+                retrying(|| pods.list(&lp)).await,
+            ) else {
+                continue;
+            };
+            let live: BTreeSet<String> = listed
+                .items
+                .iter()
+                .filter_map(|j| attempt_of(&j.metadata))
+                .collect();
+            for job in &listed.items {
+                on_job(&tracker, job, false);
+            }
+            for pod in &pod_list.items {
+                on_pod(&tracker, pod);
+            }
+            let seen: Vec<String> = tracker
+                .seen
+                .lock()
+                .expect("tracker")
+                .iter()
+                // Seen before the list began, and not in it: deleted.
+                .filter(|(a, s)| {
+                    s.job_seen_at.is_some_and(|t| t < listing) && !s.job_gone && !live.contains(*a)
+                })
+                .map(|(a, _)| a.clone())
+                .collect();
+            for a in seen {
+                tracker.update(&a, |s| s.job_gone = true);
             }
         }
     })
@@ -311,9 +364,16 @@ impl KubeBackend {
             ),
             follow::<Pod>(
                 Api::namespaced(client.clone(), ns),
-                sel,
+                sel.clone(),
                 tracker.clone(),
                 |t, p, _| on_pod(t, p),
+            ),
+            reconcile(
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                sel,
+                tracker.clone(),
+                options.reconcile_every,
             ),
         ];
         Ok(KubeBackend {
