@@ -3,6 +3,7 @@
 //! summary table from the log and exports the run as an SFT dataset.
 
 use anyhow::{bail, Context, Result};
+use forgelog_consumers::core::report::Report;
 use forgelog_consumers::{export, rebuild::read_run};
 use forgelog_deploy::demo::{self, summary::RunSummary, DemoPlan, ProxyClient};
 use forgelog_schemas::{Event, Topic};
@@ -11,36 +12,81 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 use std::time::Duration;
 
-pub async fn run(config: &StreamConfig, base: &str, run_id: &str, export_to: &Path) -> Result<()> {
-    let plan = DemoPlan::new(run_id);
+/// The demo once; with `train_steps`, rounds of it until the learner has
+/// published that many versions (each round sampled by the version the
+/// engine serves then), ending with the report per version.
+pub async fn run(
+    config: &StreamConfig,
+    base: &str,
+    run_id: &str,
+    export_to: &Path,
+    train_steps: Option<u64>,
+) -> Result<()> {
+    let mut plan = DemoPlan::new(run_id);
     println!(
-        "\ndemo run {run_id}: {} GRPO groups of {} rollouts (OpenAI Chat and Anthropic Messages), a calculator tool, a verifier",
+        "\ndemo run {run_id}: {} GRPO groups of {} rollouts (OpenAI Chat and Anthropic Messages), a calculator tool, a verifier{}",
         plan.groups.len(),
-        plan.group_size
+        plan.group_size,
+        train_steps.map_or(String::new(), |s| format!(", rounds until {s} versions are trained"))
     );
-    let bar = ProgressBar::new(plan.rollouts() as u64).with_style(
-        ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")?
-            .progress_chars("=> "),
-    );
-    bar.set_message("rollouts");
-    bar.enable_steady_tick(Duration::from_millis(200));
     let proxy = ProxyClient::new(base, None);
-    let outcomes = demo::run(&proxy, &plan, |o| {
-        if let Some(e) = &o.error {
-            bar.println(format!("rollout {} failed: {e}", o.rollout_id));
+    let mut failed = 0;
+    let mut rollouts = 0;
+    let events = loop {
+        let bar = ProgressBar::new(plan.rollouts() as u64).with_style(
+            ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")?
+                .progress_chars("=> "),
+        );
+        bar.set_message(format!("round {}", plan.round));
+        bar.enable_steady_tick(Duration::from_millis(200));
+        let outcomes = demo::run(&proxy, &plan, |o| {
+            if let Some(e) = &o.error {
+                bar.println(format!("rollout {} failed: {e}", o.rollout_id));
+            }
+            bar.inc(1);
+        })
+        .await;
+        bar.finish();
+        failed += outcomes.iter().filter(|o| o.error.is_some()).count();
+        rollouts += outcomes.len();
+        let groups = plan.groups.len() * (plan.round + 1);
+        let spinner = crate::spinner("consumers: building trees and groups".into());
+        let events = wait_for_groups(config, run_id, groups).await?;
+        spinner.finish_with_message("consumers: done");
+        let Some(steps) = train_steps else {
+            break events;
+        };
+        let published = |events: &[Event]| {
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::PolicyPublished(_)))
+                .count() as u64
+        };
+        if published(&events) >= steps {
+            break events;
         }
-        bar.inc(1);
-    })
-    .await;
-    bar.finish();
-    let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
-
-    let spinner = crate::spinner("consumers: building trees and groups".into());
-    let events = wait_for_groups(config, run_id, plan.groups.len()).await?;
-    spinner.finish_with_message("consumers: done");
+        // The next round waits for the learner's next version, so it samples from it.
+        let before = published(&events);
+        let spinner = crate::spinner(format!("trainer: version {} of {steps}", before + 1));
+        let mut waited = 0;
+        while published(&crate::report::events_of(config, run_id).await?) == before && waited < 600
+        {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += 1;
+        }
+        spinner.finish_and_clear();
+        plan.round += 1;
+    };
 
     let summary = RunSummary::of(&events);
     println!("\n{summary}");
+    if train_steps.is_some() {
+        let report = Report::of(&events);
+        println!("{report}");
+        if let Some((first, last)) = report.first_and_last(5) {
+            println!("reward first 5 versions: {first:.3}, last 5 versions: {last:.3}");
+        }
+    }
 
     std::fs::create_dir_all(export_to)
         .with_context(|| format!("creating {}", export_to.display()))?;
@@ -59,11 +105,9 @@ pub async fn run(config: &StreamConfig, base: &str, run_id: &str, export_to: &Pa
     for path in written {
         println!("  {path}");
     }
-    println!(
-        "\nnext: forgelog replay show --run {run_id}   |   forgelog replay rebuild --run {run_id}"
-    );
+    println!("\nnext: forgelog replay show --run {run_id}   |   forgelog report --run {run_id}");
     if failed > 0 {
-        bail!("{failed} of {} rollouts failed (see above)", outcomes.len());
+        bail!("{failed} of {rollouts} rollouts failed (see above)");
     }
     Ok(())
 }
@@ -82,11 +126,7 @@ async fn wait_for_groups(config: &StreamConfig, run_id: &str, groups: usize) -> 
         };
         for _ in 0..300 {
             if read(Topic::Batches)?.len() >= groups {
-                let mut events = Vec::new();
-                for topic in Topic::ALL {
-                    events.extend(read(topic)?);
-                }
-                return Ok(events);
+                return crate::report::run_events(&reader, &run_id);
             }
             std::thread::sleep(Duration::from_millis(500));
         }

@@ -15,6 +15,7 @@ mod consume;
 mod demo;
 mod export;
 mod replay;
+mod report;
 mod run;
 mod spool;
 mod tail;
@@ -80,6 +81,8 @@ enum Command {
     },
     /// Run every task with every harness in GRPO groups, one sandbox per rollout, through the capture proxy; resumes an existing --run
     Run(run::RunArgs),
+    /// What happened in a run, per policy version and harness, and each published version's training step
+    Report(report::ReportArgs),
     /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
     Tasks {
         #[command(subcommand)]
@@ -117,6 +120,7 @@ fn main() -> Result<()> {
         Command::Spool { action } => spool::run(&rt, action),
         Command::Tasks { action } => tasks::run(&rt, action),
         Command::Run(args) => run::run(&rt, args),
+        Command::Report(args) => report::run(args),
     }
 }
 

@@ -46,6 +46,72 @@ pub struct UpArgs {
     /// Score correct answers with the efficiency bonus in the reward join
     #[arg(long)]
     pub efficiency_bonus: bool,
+    /// Start the GRPO learner too: it trains on this run's groups and
+    /// publishes versions the engine reloads (checkpoints under --home)
+    #[arg(long)]
+    pub train: bool,
+    /// With --demo --train: run demo rounds until this many versions are published
+    #[arg(long, default_value_t = 30)]
+    pub steps: u64,
+    /// The learner's rate (with --train)
+    #[arg(long, default_value_t = 1e-5)]
+    pub learning_rate: f64,
+    /// Tokens per training step (with --train; with --demo one step per round, whatever this is)
+    #[arg(long, default_value_t = 4096)]
+    pub tokens_per_step: usize,
+}
+
+/// `forgelog train`'s arguments, parsed as its command line would be.
+#[derive(clap::Parser)]
+struct TrainCli {
+    #[command(flatten)]
+    train: forgelog_trainer::TrainArgs,
+}
+
+/// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
+fn train_args(
+    args: &UpArgs,
+    config: &StreamConfig,
+    run: &str,
+) -> Result<forgelog_trainer::TrainArgs> {
+    use clap::Parser;
+    let home = std::fs::canonicalize(&args.home)?;
+    let mut argv = vec![
+        "train".to_string(),
+        "--model".into(),
+        args.model.clone(),
+        "--brokers".into(),
+        config.brokers.clone(),
+        "--run".into(),
+        run.into(),
+        "--checkpoints".into(),
+        format!("file://{}/checkpoints/{run}", home.display()),
+        "--spool".into(),
+        home.join("trainer-spool").join(run).display().to_string(),
+        "--learning-rate".into(),
+        args.learning_rate.to_string(),
+        "--idle-flush".into(),
+        "5".into(),
+    ];
+    if args.demo {
+        // One step per round: the step waits for the round's last group (the
+        // idle flush), and each round is then sampled by the version it made.
+        // The learner scores tokens at the temperature they were sampled at.
+        let temperature = forgelog_deploy::demo::DemoPlan::new(run)
+            .sampling
+            .temperature;
+        argv.extend([
+            "--max-steps".into(),
+            args.steps.to_string(),
+            "--tokens-per-step".into(),
+            "100000000".into(),
+            "--temperature".into(),
+            temperature.unwrap_or(1.0).to_string(),
+        ]);
+    } else {
+        argv.extend(["--tokens-per-step".into(), args.tokens_per_step.to_string()]);
+    }
+    Ok(TrainCli::try_parse_from(argv)?.train)
 }
 
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {
@@ -152,14 +218,29 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         args.home.join("consumers").display()
     );
 
+    let trainer = if args.train {
+        let train = train_args(args, config, &run)?;
+        eprintln!(
+            "trainer   GRPO on {}'s groups, checkpoints in {}",
+            run,
+            train.checkpoints.as_deref().unwrap_or("?")
+        );
+        Some(tokio::spawn(forgelog_trainer::run(train)))
+    } else {
+        None
+    };
+    let rounds = if args.train { Some(args.steps) } else { None };
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &run, &args.export_to) => r,
+            r = crate::demo::run(config, &base, &run, &args.export_to, rounds) => r,
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
         serve(config, &base, &run, stamp, stop).await
     };
+    if let Some(t) = trainer {
+        t.abort();
+    }
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
     proxy.shutdown(Duration::from_secs(10)).await?;
     stop_consumers.store(true, Ordering::Relaxed);

@@ -5,9 +5,11 @@
 //! - [`TrajectoryBuilder`]: `forgelog.calls` + `forgelog.rollouts` → `forgelog.trajectories`
 //! - [`RewardJoin`]: `forgelog.rollouts` + `forgelog.trajectories` + `forgelog.rewards` → `forgelog.batches`
 //! - [`rebuild`]: both again over a recorded run, and the comparison with what was stored
+//! - [`report`]: a run per policy version and harness (`forgelog report`)
 
 mod processor;
 pub mod rebuild;
+pub mod report;
 pub mod rewards;
 pub mod show;
 mod trajectories;

@@ -28,6 +28,9 @@ pub struct DemoPlan {
     /// Model calls one rollout may make.
     pub max_calls: usize,
     pub sampling: SamplingParams,
+    /// Which pass over the groups this is (`up --demo --train` runs many):
+    /// part of every id after the first.
+    pub round: usize,
 }
 
 impl DemoPlan {
@@ -48,6 +51,7 @@ impl DemoPlan {
                 temperature: Some(0.7),
                 ..Default::default()
             },
+            round: 0,
         }
     }
 
@@ -196,7 +200,10 @@ async fn rollout(
     task: &Task,
     member: usize,
 ) -> RolloutOutcome {
-    let group_id = format!("{}-{}-{}", plan.run_id, dialect.harness(), task.id);
+    let group_id = match plan.round {
+        0 => format!("{}-{}-{}", plan.run_id, dialect.harness(), task.id),
+        r => format!("{}-{}-{}-round{r}", plan.run_id, dialect.harness(), task.id),
+    };
     let mut outcome = RolloutOutcome {
         rollout_id: format!("{group_id}-{member}"),
         dialect,

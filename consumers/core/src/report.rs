@@ -1,0 +1,300 @@
+//! `forgelog report`: what happened in a run, per policy version, read from
+//! the log alone. A rollout belongs to the version that served its first
+//! call (what the engine stamped on it), or the one its session started
+//! under when it made none. Pure: events in, tables out.
+
+use forgelog_schemas::Event;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One (version, harness) row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VersionRow {
+    /// `None`: the engine reported no version.
+    pub version: Option<i64>,
+    pub harness: String,
+    pub rollouts: usize,
+    pub scored: usize,
+    /// Scored with a reward of at least 1.
+    pub passed: usize,
+    pub reward_sum: f64,
+    /// Null rewards (the verifier did not score), counted apart.
+    pub unscored: usize,
+    pub model_calls: i64,
+    pub tool_calls: i64,
+    pub sampled_tokens: i64,
+}
+
+impl VersionRow {
+    pub fn mean_reward(&self) -> Option<f64> {
+        (self.scored > 0).then(|| self.reward_sum / self.scored as f64)
+    }
+}
+
+/// A published version and the training step that made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub version: i64,
+    pub step: i64,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub rows: Vec<VersionRow>,
+    pub published: Vec<Published>,
+}
+
+#[derive(Default)]
+struct Rollout {
+    harness: String,
+    started_version: Option<i64>,
+    first_call_version: Option<(i64, Option<i64>)>,
+    reward: Option<Option<f64>>,
+    model_calls: i64,
+    tool_calls: i64,
+    sampled: i64,
+    abandoned: bool,
+}
+
+impl Report {
+    /// The report of one run's events (any order; other runs' events are
+    /// the caller's to leave out).
+    pub fn of(events: &[Event]) -> Report {
+        let mut rollouts: BTreeMap<&str, Rollout> = BTreeMap::new();
+        let mut published = BTreeMap::new();
+        for e in events {
+            match e {
+                Event::RolloutStarted(s) => {
+                    let r = rollouts.entry(&s.rollout_id).or_default();
+                    r.harness = s.harness.clone();
+                    r.started_version = s.policy_version;
+                }
+                Event::CallFinished(c) => {
+                    let r = rollouts.entry(&c.rollout_id).or_default();
+                    r.model_calls += 1;
+                    r.sampled += c.completion_token_ids.len() as i64;
+                    if r.first_call_version.is_none_or(|(i, _)| c.call_index < i) {
+                        r.first_call_version = Some((c.call_index, c.policy_version));
+                    }
+                }
+                Event::TrajectoryBuilt(t) => {
+                    rollouts.entry(&t.rollout_id).or_default().tool_calls = t.tool_calls;
+                }
+                Event::VerifierResult(v) => {
+                    let r = rollouts.entry(&v.rollout_id).or_default();
+                    r.reward = Some(v.reward.filter(|_| v.ok));
+                    r.abandoned = v.abandoned;
+                }
+                Event::PolicyPublished(p) => {
+                    published.insert(
+                        p.version,
+                        Published {
+                            version: p.version,
+                            step: p.step,
+                            metrics: p.metrics.clone(),
+                        },
+                    );
+                }
+                _ => {}
+            }
+        }
+        let mut rows: BTreeMap<(Option<i64>, String), VersionRow> = BTreeMap::new();
+        // Abandoned attempts ran again under another id; unfinished ones have no verdict yet.
+        for r in rollouts
+            .values()
+            .filter(|r| !r.abandoned && r.reward.is_some())
+        {
+            let version = match r.first_call_version {
+                Some((_, v)) => v,
+                None => r.started_version,
+            };
+            let row = rows
+                .entry((version, r.harness.clone()))
+                .or_insert_with(|| VersionRow {
+                    version,
+                    harness: r.harness.clone(),
+                    ..Default::default()
+                });
+            row.rollouts += 1;
+            row.model_calls += r.model_calls;
+            row.tool_calls += r.tool_calls;
+            row.sampled_tokens += r.sampled;
+            match r.reward.flatten() {
+                Some(x) => {
+                    row.scored += 1;
+                    row.reward_sum += x;
+                    row.passed += usize::from(x >= 1.0);
+                }
+                None => row.unscored += 1,
+            }
+        }
+        Report {
+            rows: rows.into_values().collect(),
+            published: published.into_values().collect(),
+        }
+    }
+
+    /// Mean reward over the scored rollouts of the first and the last `n`
+    /// versions that served rollouts.
+    pub fn first_and_last(&self, n: usize) -> Option<(f64, f64)> {
+        let mut by_version: BTreeMap<i64, (f64, usize)> = BTreeMap::new();
+        for r in &self.rows {
+            if let Some(v) = r.version {
+                let e = by_version.entry(v).or_default();
+                e.0 += r.reward_sum;
+                e.1 += r.scored;
+            }
+        }
+        let versions: Vec<(f64, usize)> = by_version.into_values().collect();
+        let mean = |xs: &[(f64, usize)]| {
+            let (sum, count) = xs.iter().fold((0.0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
+            (count > 0).then(|| sum / count as f64)
+        };
+        let n = n.min(versions.len());
+        Some((
+            mean(&versions[..n])?,
+            mean(&versions[versions.len() - n..])?,
+        ))
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let num = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+        let per = |x: i64, n: usize| format!("{:.1}", x as f64 / n.max(1) as f64);
+        writeln!(
+            f,
+            "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9}",
+            "version",
+            "harness",
+            "rollouts",
+            "scored",
+            "pass",
+            "reward",
+            "unscored",
+            "calls",
+            "tools",
+            "tokens"
+        )?;
+        for r in &self.rows {
+            let pass = (r.scored > 0).then(|| r.passed as f64 / r.scored as f64);
+            writeln!(
+                f,
+                "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9}",
+                r.version.map_or("?".into(), |v| v.to_string()),
+                r.harness,
+                r.rollouts,
+                r.scored,
+                pass.map_or("-".into(), |p| format!("{:.0}%", p * 100.0)),
+                num(r.mean_reward()),
+                r.unscored,
+                per(r.model_calls, r.rollouts),
+                per(r.tool_calls, r.rollouts),
+                r.sampled_tokens
+            )?;
+        }
+        if self.published.is_empty() {
+            return writeln!(f, "\nno policy published in this run");
+        }
+        writeln!(
+            f,
+            "\n{:>7} {:>5} {:>9} {:>9} {:>20} {:>6} {:>9}",
+            "version", "step", "loss", "grad", "IS ratio mean/min/max", "clip", "staleness"
+        )?;
+        for p in &self.published {
+            let m = |k: &str| p.metrics.get(k).copied();
+            writeln!(
+                f,
+                "{:>7} {:>5} {:>9} {:>9} {:>20} {:>6} {:>9}",
+                p.version,
+                p.step,
+                num(m("loss")),
+                num(m("grad_norm")),
+                format!(
+                    "{}/{}/{}",
+                    num(m("is_ratio_mean")),
+                    num(m("is_ratio_min")),
+                    num(m("is_ratio_max"))
+                ),
+                num(m("clip_fraction")),
+                num(m("staleness_mean"))
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forgelog_schemas::testing::recorded_run;
+    use forgelog_schemas::{PolicyPublished, RolloutStarted};
+
+    #[test]
+    fn rollouts_are_reported_under_the_version_that_served_them() {
+        let mut events = recorded_run("run", 2, 2, 2, 8);
+        // The second group's calls were served by version 1.
+        for e in events.iter_mut() {
+            if let Event::CallFinished(c) = e {
+                c.policy_version = Some(i64::from(c.rollout_id.contains("-g1-")));
+            }
+        }
+        events.push(
+            PolicyPublished {
+                run_id: "run".into(),
+                event_id: "p1".into(),
+                version: 1,
+                step: 1,
+                checkpoint_uri: "file:///c/1".into(),
+                metrics: BTreeMap::from([("loss".into(), 0.25), ("is_ratio_mean".into(), 1.0)]),
+            }
+            .into(),
+        );
+        // A rollout with no call goes under the version its session started at.
+        let Some(Event::RolloutStarted(s)) = events.first().cloned() else {
+            panic!()
+        };
+        events.push(
+            RolloutStarted {
+                rollout_id: "silent".into(),
+                policy_version: Some(5),
+                ..s
+            }
+            .into(),
+        );
+        let report = Report::of(&events);
+        let versions: Vec<(Option<i64>, &str, usize)> = report
+            .rows
+            .iter()
+            .map(|r| (r.version, r.harness.as_str(), r.rollouts))
+            .collect();
+        assert_eq!(
+            versions,
+            [
+                (Some(0), "claude-code", 1),
+                (Some(0), "opencode", 1),
+                (Some(1), "claude-code", 1),
+                (Some(1), "opencode", 1)
+            ],
+            "the silent rollout has no verdict yet: not reported"
+        );
+        let total: usize = report.rows.iter().map(|r| r.scored + r.unscored).sum();
+        assert_eq!(total, 4);
+        assert!(report.rows.iter().all(|r| r.model_calls >= 2));
+        let (first, last) = report.first_and_last(1).unwrap();
+        let mean = |v: i64| {
+            let rows: Vec<&VersionRow> = report
+                .rows
+                .iter()
+                .filter(|r| r.version == Some(v))
+                .collect();
+            rows.iter().map(|r| r.reward_sum).sum::<f64>()
+                / rows.iter().map(|r| r.scored).sum::<usize>() as f64
+        };
+        assert_eq!((first, last), (mean(0), mean(1)));
+        let text = report.to_string();
+        assert!(text.contains("0.250"), "{text}");
+        assert_eq!(Report::of(&events), report, "a pure function of its events");
+    }
+}

@@ -1,0 +1,55 @@
+//! `forgelog report --run R`: the run per policy version and harness, and
+//! each published version's training step, from the log alone.
+
+use crate::BrokerArgs;
+use anyhow::{bail, Result};
+use forgelog_consumers::core::report::Report;
+use forgelog_consumers::rebuild::read_run;
+use forgelog_schemas::{Event, Topic};
+use forgelog_stream::ReplayReader;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// The run
+    #[arg(long)]
+    pub run: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
+
+/// The run's events on every topic.
+pub fn run_events(reader: &ReplayReader, run: &str) -> Result<Vec<Event>> {
+    let mut events = Vec::new();
+    for topic in Topic::ALL {
+        events.extend(
+            read_run(reader, topic, run)?
+                .into_iter()
+                .filter_map(|r| r.event.ok()),
+        );
+    }
+    Ok(events)
+}
+
+/// [`run_events`] off the async runtime (the reads block).
+pub async fn events_of(config: &forgelog_stream::StreamConfig, run: &str) -> Result<Vec<Event>> {
+    let (config, run) = (config.clone(), run.to_string());
+    tokio::task::spawn_blocking(move || run_events(&ReplayReader::new(&config)?, &run)).await?
+}
+
+pub fn run(args: ReportArgs) -> Result<()> {
+    let reader = ReplayReader::new(&args.broker.config())?;
+    let events = run_events(&reader, &args.run)?;
+    if events.is_empty() {
+        bail!(
+            "run {} has no events in the log at {}",
+            args.run,
+            args.broker.brokers
+        );
+    }
+    let report = Report::of(&events);
+    println!("run {}\n{report}", args.run);
+    if let Some((first, last)) = report.first_and_last(5) {
+        println!("reward first 5 versions: {first:.3}, last 5 versions: {last:.3}");
+    }
+    Ok(())
+}
