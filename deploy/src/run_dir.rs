@@ -10,8 +10,12 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
-    #[error("run {run} is being orchestrated by another live process (lock {path})")]
-    Busy { run: String, path: PathBuf },
+    #[error("run {run} is being orchestrated by another live process (pid {holder}, lock {path})")]
+    Busy {
+        run: String,
+        path: PathBuf,
+        holder: String,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -52,20 +56,35 @@ fn try_lock(dir: &Path) -> Result<Option<File>, RunDirError> {
 }
 
 impl RunDir {
-    /// `runs/run` under `home`, locked; refused while another process holds it.
+    /// `runs/run` under `home`, locked; refused while another process holds
+    /// it. A holder is waited for up to 10 s: an orchestrator killed a moment
+    /// ago may not have let go yet (seen under load right after `kill -9`).
     pub fn acquire(home: &Path, run: &str) -> Result<RunDir, RunDirError> {
         let path = home.join("runs").join(run);
         std::fs::create_dir_all(path.join("slots")).map_err(io(&path))?;
-        match try_lock(&path)? {
-            Some(lock) => Ok(RunDir {
-                run: run.to_string(),
-                path,
-                _lock: lock,
-            }),
-            None => Err(RunDirError::Busy {
-                run: run.into(),
-                path: path.join("lock"),
-            }),
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(mut lock) = try_lock(&path)? {
+                // Who holds it, for whoever finds it held.
+                use std::io::{Seek, Write};
+                let _ = lock.set_len(0);
+                let _ = lock.rewind();
+                let _ = write!(lock, "{}", std::process::id());
+                return Ok(RunDir {
+                    run: run.to_string(),
+                    path,
+                    _lock: lock,
+                });
+            }
+            if std::time::Instant::now() > deadline {
+                let holder = std::fs::read_to_string(path.join("lock")).unwrap_or_default();
+                return Err(RunDirError::Busy {
+                    run: run.into(),
+                    path: path.join("lock"),
+                    holder,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
 
