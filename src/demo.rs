@@ -65,7 +65,9 @@ pub async fn run(
         if published(&events) >= steps {
             break events;
         }
-        // The next round waits for the learner's next version, so it samples from it.
+        // The next round waits for the learner's next version (one step per
+        // round: `--groups-per-step`), so it samples from it; a learner that
+        // makes none within 10 minutes leaves it to the version there is.
         let before = published(&events);
         let spinner = crate::spinner(format!("trainer: version {} of {steps}", before + 1));
         let mut waited = 0;

@@ -9,6 +9,8 @@ use forgelog_schemas::TrainingBatch;
 #[derive(Debug, Default)]
 pub struct StepAssembler {
     pub tokens_per_step: usize,
+    /// Full at this many groups too, whatever their tokens.
+    pub groups_per_step: Option<usize>,
     pending: Vec<(TrainingBatch, u64)>,
     tokens: usize,
     pub dropped_stale: u64,
@@ -38,9 +40,12 @@ impl StepAssembler {
         true
     }
 
-    /// A step's worth of tokens is waiting.
+    /// A step's worth of tokens, or of groups, is waiting.
     pub fn full(&self) -> bool {
         self.tokens >= self.tokens_per_step
+            || self
+                .groups_per_step
+                .is_some_and(|g| self.pending.len() >= g)
     }
 
     pub fn is_empty(&self) -> bool {

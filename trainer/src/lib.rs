@@ -75,6 +75,10 @@ pub struct TrainArgs {
     /// Sampled tokens per optimizer step (batches are gathered until there are this many).
     #[arg(long, default_value_t = 4096)]
     pub tokens_per_step: usize,
+    /// Also step once this many groups are waiting, whatever their tokens
+    /// (a driver that samples in rounds of known size: one step per round)
+    #[arg(long)]
+    pub groups_per_step: Option<usize>,
     /// Rows per forward/backward pass (gradients accumulate over them).
     #[arg(long, default_value_t = 1024)]
     pub micro_batch_tokens: usize,
@@ -266,6 +270,7 @@ pub async fn train(
     // they travel in the checkpoint, so a restart continues exactly there.
     let mut positions = state.offsets.clone();
     let mut assembler = learner::StepAssembler::new(args.tokens_per_step);
+    assembler.groups_per_step = args.groups_per_step;
     assembler.dropped_stale = state.dropped_stale;
     let idle = Duration::from_secs_f64(args.idle_flush);
     let mut last_new = std::time::Instant::now();
