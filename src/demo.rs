@@ -18,6 +18,7 @@ use std::time::Duration;
 pub async fn run(
     config: &StreamConfig,
     base: &str,
+    engine: &str,
     run_id: &str,
     export_to: &Path,
     train_steps: Option<u64>,
@@ -68,13 +69,26 @@ pub async fn run(
         // The next round waits for the learner's next version (one step per
         // round: `--groups-per-step`), so it samples from it; a learner that
         // makes none within 10 minutes leaves it to the version there is.
-        let before = published(&events);
-        let spinner = crate::spinner(format!("trainer: version {} of {steps}", before + 1));
+        // Round k makes version k + 1: waiting for that count (not for "one
+        // more than now") cannot miss a version published before we looked.
+        let target = plan.round as u64 + 1;
+        let spinner = crate::spinner(format!("trainer: version {target} of {steps}"));
         let mut waited = 0;
-        while published(&crate::report::events_of(config, run_id).await?) == before && waited < 600
-        {
+        while published(&crate::report::events_of(config, run_id).await?) < target && waited < 600 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             waited += 1;
+        }
+        // And for the engine to serve it (it reloads once it reads the event).
+        let newest = crate::report::events_of(config, run_id)
+            .await?
+            .iter()
+            .filter_map(|e| match e {
+                Event::PolicyPublished(p) => Some(p.version),
+                _ => None,
+            })
+            .max();
+        if let Some(version) = newest {
+            wait_until_served(engine, version).await;
         }
         spinner.finish_and_clear();
         plan.round += 1;
@@ -112,6 +126,28 @@ pub async fn run(
         bail!("{failed} of {rollouts} rollouts failed (see above)");
     }
     Ok(())
+}
+
+/// Until `engine` reports serving `version` (`policy_version` in its
+/// `/v1/models`), for two minutes at most; an engine that reports no version
+/// (vLLM) is not waited for.
+async fn wait_until_served(engine: &str, version: i64) {
+    let http = reqwest::Client::new();
+    for _ in 0..240 {
+        let served = match http.get(format!("{engine}/v1/models")).send().await {
+            Ok(r) => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .map(|v| v["policy_version"].as_i64()),
+            Err(_) => None,
+        };
+        match served {
+            Some(Some(v)) if v >= version => return,
+            Some(None) => return,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
 }
 
 /// The run's events on every topic, once the consumers have emitted all its

@@ -232,7 +232,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let rounds = if args.train { Some(args.steps) } else { None };
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &run, &args.export_to, rounds) => r,
+            r = crate::demo::run(config, &base, &upstream, &run, &args.export_to, rounds) => r,
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
