@@ -16,18 +16,16 @@ struct Report {
     reward_txt: String,
 }
 
-fn decode(b64: &str) -> Option<String> {
-    if b64 == "-" {
-        return None;
-    }
-    // Standard base64, as coreutils writes it.
+/// Standard base64 (as coreutils writes it, and as Kubernetes carries
+/// Secret and ConfigMap bytes) to bytes; other characters are skipped.
+pub fn base64(text: &str) -> Vec<u8> {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::new();
-    for c in b64.bytes().filter(|&c| c != b'=') {
-        let v = ALPHABET.iter().position(|&a| a == c)? as u32;
-        bits = (bits << 6) | v;
+    let (mut bits, mut n, mut out) = (0u32, 0, Vec::new());
+    for c in text.bytes() {
+        let Some(v) = ALPHABET.iter().position(|&a| a == c) else {
+            continue;
+        };
+        bits = (bits << 6) | v as u32;
         n += 6;
         if n >= 8 {
             n -= 8;
@@ -35,7 +33,12 @@ fn decode(b64: &str) -> Option<String> {
             bits &= (1 << n) - 1;
         }
     }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    out
+}
+
+/// A reward file as the runner reported it (`-`: not written).
+fn decode(b64: &str) -> Option<String> {
+    (b64 != "-").then(|| String::from_utf8_lossy(&base64(b64)).into_owned())
 }
 
 fn exit(s: &str) -> Option<i32> {

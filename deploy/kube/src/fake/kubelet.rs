@@ -8,6 +8,7 @@
 //! meanwhile has its sandbox removed.
 
 use super::store::{Change, Store};
+use crate::termination::base64 as b64;
 use forgelog_deploy::local::{Exec, ExecEnd, Mount, Podman, SandboxNetwork, SandboxSpec};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -27,24 +28,6 @@ pub struct Kubelet {
     pub proxy: SocketAddr,
     /// Cancels a Job's pod, by the Job's uid.
     running: Mutex<BTreeMap<String, tokio::sync::oneshot::Sender<()>>>,
-}
-
-fn b64(s: &str) -> Vec<u8> {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let (mut bits, mut n, mut out) = (0u32, 0, Vec::new());
-    for c in s.bytes().filter(|&c| c != b'=') {
-        let Some(v) = A.iter().position(|&a| a == c) else {
-            continue;
-        };
-        bits = (bits << 6) | v as u32;
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-            bits &= (1 << n) - 1;
-        }
-    }
-    out
 }
 
 /// What a pod needs from the store before it can start.
