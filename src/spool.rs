@@ -2,7 +2,7 @@
 
 use crate::BrokerArgs;
 use anyhow::Result;
-use forgelog_stream::{EventProducer, Spool, SpoolOptions};
+use forgelog_stream::{EventProducer, SpoolOptions, SpoolStatus};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,16 +37,40 @@ pub fn run(rt: &tokio::runtime::Runtime, action: SpoolAction) -> Result<()> {
             eprintln!("draining {pending} events from {}", dir.display());
             producer.close(Duration::from_secs(timeout_secs)).await?;
             eprintln!("spool {} is empty", dir.display());
+            let parked = SpoolStatus::read(&dir)?.parked.len();
+            if parked > 0 {
+                eprintln!("{parked} records the broker refused for good are parked: forgelog spool status --dir {}", dir.display());
+            }
             Ok(())
         }),
         SpoolAction::Status { dir } => {
-            let spool = Spool::open(&dir, SpoolOptions::default())?;
+            // Read-only: safe beside the proxy that is writing this spool.
+            let s = SpoolStatus::read(&dir)?;
             println!(
-                "pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}",
-                spool.pending(),
-                spool.acked(),
-                spool.bytes()
+                "pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}\nin use: {}",
+                s.pending,
+                s.acked_through,
+                s.bytes,
+                if s.in_use { "yes (a producer holds it)" } else { "no" }
             );
+            if s.incomplete_tail > 0 {
+                println!(
+                    "incomplete last record: {} bytes (being written, or torn by a crash: cut on the next open)",
+                    s.incomplete_tail
+                );
+            }
+            println!("parked (refused by the broker for good): {}", s.parked.len());
+            for p in &s.parked {
+                println!(
+                    "  seq {} topic {} ({} bytes): {}  [{}/parked/{:020}.rec]",
+                    p.seq,
+                    p.topic,
+                    p.bytes,
+                    p.reason,
+                    dir.display(),
+                    p.seq
+                );
+            }
             Ok(())
         }
     }

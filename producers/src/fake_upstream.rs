@@ -297,6 +297,8 @@ pub fn router(up: Arc<FakeUpstream>) -> Router {
             }),
         )
         .route("/v1/chat/completions", post(chat))
+        // Takes what a real engine takes: the proxy's limits are under test.
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(up)
 }
 

@@ -31,9 +31,11 @@ pub struct ServeArgs {
     /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
-    /// Largest request body accepted, in MiB
-    #[arg(long, default_value_t = ProxyConfig::BODY_LIMIT >> 20)]
-    pub body_limit_mib: usize,
+    /// Largest request body accepted, in MiB (at most 7: a call's events must
+    /// fit the log's 16 MiB messages)
+    #[arg(long, default_value_t = (ProxyConfig::BODY_LIMIT >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=(ProxyConfig::BODY_LIMIT >> 20) as u64))]
+    pub body_limit_mib: u64,
 }
 
 /// `forgelog proxy`: the capture proxy.
@@ -71,7 +73,7 @@ impl ProxyArgs {
             upstream: self.upstream.clone(),
             run_id: self.run_id.clone(),
             admin_token: self.serve.admin_token.clone(),
-            body_limit: self.serve.body_limit_mib << 20,
+            body_limit: (self.serve.body_limit_mib as usize) << 20,
             max_calls_in_flight: self.max_calls_in_flight.max(1),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
@@ -95,7 +97,7 @@ impl ReplayServeArgs {
         ProxyConfig {
             run_id: Some(self.run.clone()),
             admin_token: self.serve.admin_token.clone(),
-            body_limit: self.serve.body_limit_mib << 20,
+            body_limit: (self.serve.body_limit_mib as usize) << 20,
             upstream_timeout: Duration::from_secs(60),
             ..ProxyConfig::new(format!("recorded run {}", self.run))
         }

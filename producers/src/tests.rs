@@ -122,23 +122,39 @@ async fn the_session_api_wants_the_admin_token_before_any_body() {
         .unwrap();
     assert!(created.api_key.starts_with("fl-"));
 
-    // 1 MiB a second for a minute, no token: the answer comes first.
-    let endless = futures::stream::unfold(0u32, |n| async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        (n < 60).then(|| (Ok::<_, std::io::Error>(vec![b' '; 1 << 20]), n + 1))
-    });
-    let started = std::time::Instant::now();
-    let answered = reqwest::Client::new()
+    // 1 MiB a second for a minute, no token: the answer comes first, on every
+    // route that takes a body (count_tokens used to buffer it all first).
+    for path in [
+        "/sessions",
+        "/v1/messages/count_tokens",
+        "/v1/chat/completions",
+    ] {
+        let endless = futures::stream::unfold(0u32, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            (n < 60).then(|| (Ok::<_, std::io::Error>(vec![b' '; 1 << 20]), n + 1))
+        });
+        let started = std::time::Instant::now();
+        let answered = reqwest::Client::new()
+            .post(format!("{}{path}", proxy.url()))
+            .body(reqwest::Body::wrap_stream(endless))
+            .send()
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{path}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(answered.unwrap().status().as_u16(), 401, "{path}");
+    }
+    // With the token, session requests are still limited.
+    let oversize = reqwest::Client::new()
         .post(format!("{}/sessions", proxy.url()))
-        .body(reqwest::Body::wrap_stream(endless))
+        .bearer_auth("secret")
+        .body(vec![b' '; server::SESSION_BODY_LIMIT + 1])
         .send()
-        .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    assert_eq!(answered.unwrap().status().as_u16(), 401);
+        .await
+        .unwrap();
+    assert_eq!(oversize.status().as_u16(), 413);
 }
 
 /// An attempt that never reached the model is recorded as abandoned when the
@@ -214,4 +230,62 @@ async fn attempts_are_abandoned_only_before_their_first_model_call() {
             ("r2".to_string(), false, true)
         ]
     );
+}
+
+/// A call too large for one event of the log (here: a 3.6 MB prompt, as
+/// 14.4 MB of token ids and 3.6 MB of chat form) is recorded without its bodies, keeping its
+/// tokens, and says so; it used to jam the spool for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_too_large_for_the_log_is_recorded_without_its_bodies() {
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("large".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1);
+    let probe = client.probe().await.unwrap();
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), probe));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let sessions = SessionClient::new(proxy.url(), None);
+    let s = sessions
+        .create(&NewSession::new("r1", "t", "sdk", "g"))
+        .await
+        .unwrap();
+    let prompt = "a".repeat(3_600_000);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(&s.api_key)
+        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let done = sessions
+        .finish(&s.session_id, &Finish::default())
+        .await
+        .unwrap();
+    assert_eq!(done.model_calls, 1);
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+    let finished: Vec<_> = log
+        .events(Topic::Calls.name())
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let [call] = &finished[..] else {
+        panic!("one CallFinished expected, got {}", finished.len())
+    };
+    assert_eq!(call.status, CallStatus::Ok);
+    assert!(call.trainable);
+    assert!(call.prompt_token_ids.len() > 3_600_000);
+    assert!(call.chat_request.is_empty() && call.response_body.is_empty());
+    let error = call.error.as_deref().unwrap_or_default();
+    assert!(error.contains("recorded without"), "{error}");
 }

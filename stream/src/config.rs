@@ -17,6 +17,11 @@ pub struct StreamConfig {
 /// Largest event the clients accept: a 100k-token call with its raw request fits.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// Largest event (key and value) the producer takes into its spool: the
+/// message limit less room for the record's framing, so that nothing accepted
+/// is then refused by the client.
+pub const MAX_EVENT_BYTES: usize = MAX_MESSAGE_BYTES - (64 << 10);
+
 /// Names a file of librdkafka properties that every Kafka client of the process
 /// gets: how a cluster's security settings (`security.protocol=SASL_SSL`,
 /// `sasl.mechanism`, `ssl.ca.location`, ...) reach the proxy, the engine, the

@@ -15,12 +15,12 @@ pub mod store;
 pub mod testing;
 
 pub use config::{
-    env_properties, parse_properties, PropertiesError, StreamConfig, MAX_MESSAGE_BYTES,
-    PROPERTIES_ENV,
+    env_properties, parse_properties, PropertiesError, StreamConfig, MAX_EVENT_BYTES,
+    MAX_MESSAGE_BYTES, PROPERTIES_ENV,
 };
 pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt};
 pub use forgelog_schemas::Received;
 pub use log::{EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
-pub use spool::{FsyncPolicy, Spool, SpoolError, SpoolOptions};
+pub use spool::{FsyncPolicy, ParkedRecord, Spool, SpoolError, SpoolOptions, SpoolStatus};

@@ -101,7 +101,7 @@ impl MemoryLog {
 
     /// Appends `event` to its topic; returns (partition, offset).
     pub fn append(&self, event: &Event) -> Result<(i32, i64), SendError> {
-        let value = Codec::global().encode(event)?;
+        let value = SendError::encode_within_limit(event)?;
         let key = event.key().as_bytes().to_vec();
         let partition = (kafka_murmur2(&key) & 0x7fff_ffff) as usize % self.partitions;
         let mut topics = self.lock();

@@ -260,3 +260,64 @@ async fn flush_waits_for_the_broker_and_the_checkpoint_follows_once_quiet() {
     let saved = forgelog_stream::spool::Checkpoint::load(spool.path()).unwrap();
     assert_eq!(saved.acked_through, 30);
 }
+
+/// An event over the message limit used to enter the spool, be refused by the
+/// client on every retry, and hold back every event behind it, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_the_spool() {
+    let config = shared_broker().await;
+    let run = unique_run_id("oversize");
+    let spool_dir = tempfile::tempdir().unwrap();
+    let mut huge = call_finished(&run, "s0", 99, 10, 16);
+    huge.response_body = vec![b'x'; forgelog_stream::MAX_MESSAGE_BYTES + 1];
+    {
+        let producer =
+            EventProducer::start(&config, spool_dir.path(), SpoolOptions::default()).unwrap();
+        let err = producer.send(&huge.clone().into()).unwrap_err();
+        assert!(err.to_string().contains("over the log's"), "{err}");
+        assert_eq!(
+            producer.spool().next_seq(),
+            0,
+            "the refused event is not spooled"
+        );
+        producer.close(Duration::from_secs(5)).await.unwrap();
+    }
+    // A spool an older producer wrote: the oversize record between good ones.
+    {
+        let spool =
+            forgelog_stream::Spool::open(spool_dir.path(), SpoolOptions::default()).unwrap();
+        let codec = Codec::global();
+        for i in 0..10 {
+            let e = event(&run, i, 10);
+            if i == 3 {
+                let value = codec.encode(&huge.clone().into()).unwrap();
+                spool.append(Topic::Calls.name(), b"s0", &value).unwrap();
+            }
+            spool
+                .append(
+                    e.topic().name(),
+                    e.key().as_bytes(),
+                    &codec.encode(&e).unwrap(),
+                )
+                .unwrap();
+        }
+    }
+    let producer =
+        EventProducer::start(&config, spool_dir.path(), SpoolOptions::default()).unwrap();
+    producer.flush(Duration::from_secs(60)).await.unwrap();
+    producer.close(Duration::from_secs(5)).await.unwrap();
+    let reader = ReplayReader::new(&config).unwrap();
+    let got = reader
+        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+        .unwrap();
+    assert_exactly_once_in_order(&got, &run, 10, 10);
+    let status = forgelog_stream::SpoolStatus::read(spool_dir.path()).unwrap();
+    assert_eq!(status.pending, 0);
+    let [parked] = &status.parked[..] else {
+        panic!("one parked record expected: {:?}", status.parked)
+    };
+    assert_eq!(parked.seq, 3);
+    assert!(parked.reason.contains("too large"), "{}", parked.reason);
+    let rec = parked.record(spool_dir.path()).unwrap().unwrap();
+    assert_eq!(rec.value, Codec::global().encode(&huge.into()).unwrap());
+}

@@ -11,6 +11,18 @@ pub(super) fn too_large(limit: usize) -> DialectError {
     )
 }
 
+/// The request body, read up to `limit` bytes and decoded ([`decode_body`]).
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<Bytes, DialectError> {
+    match axum::body::to_bytes(body, limit).await {
+        Ok(b) => decode_body(headers, b, limit),
+        Err(_) => Err(too_large(limit)),
+    }
+}
+
 /// The request body as sent, undoing its `Content-Encoding` (Codex compresses
 /// large Responses bodies with zstd; gzip and deflate too), at most `limit`
 /// bytes decoded. The decoded body is what is recorded.

@@ -3,7 +3,7 @@
 //! answered), the answer recorded and returned in the dialect's shape.
 
 use super::auth::api_key;
-use super::body::{decode_body, too_large};
+use super::body::read_body;
 use super::record::{failure_status, CallIds};
 use super::{clamp_max_tokens, error_response, now_ms, stream, ProxyState, BUDGET_EXHAUSTED};
 use crate::sessions::Session;
@@ -270,10 +270,7 @@ async fn serve<D: DialectAdapter>(
         dialect: D::KIND,
     };
     let limit = st.config.body_limit;
-    let raw = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => decode_body(&headers, b, limit),
-        Err(_) => Err(too_large(limit)),
-    };
+    let raw = read_body(&headers, body, limit).await;
     let started = CallIds::of(&session, index).started(
         D::KIND,
         &session.harness,

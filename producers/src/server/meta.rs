@@ -2,9 +2,9 @@
 //! metrics, and the answer to anything else.
 
 use super::auth::api_key;
-use super::{admin_error, decode_body, error_response, ProxyState};
+use super::body::read_body;
+use super::{admin_error, error_response, ProxyState};
 use crate::upstream::{rl_sampling, upstream_body};
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,13 +19,10 @@ use std::sync::Arc;
 pub(super) async fn count_tokens(
     State(st): State<Arc<ProxyState>>,
     headers: HeaderMap,
-    body: Bytes,
+    req: Request,
 ) -> Response {
     type D = AnthropicDialect;
-    let body = match decode_body(&headers, body, st.config.body_limit) {
-        Ok(b) => b,
-        Err(e) => return error_response::<D>(&e),
-    };
+    // Who asks, before a byte of the body is read.
     if api_key(&headers, None)
         .and_then(|k| st.sessions.by_key(k))
         .is_none()
@@ -35,6 +32,10 @@ pub(super) async fn count_tokens(
             "unknown or ended session key",
         ));
     }
+    let body = match read_body(&headers, req.into_body(), st.config.body_limit).await {
+        Ok(b) => b,
+        Err(e) => return error_response::<D>(&e),
+    };
     let req = match serde_json::from_slice::<Value>(&body)
         .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))
         .and_then(|v| D::decode_request(&v, &RouteHints::default()))

@@ -25,11 +25,14 @@ use forgelog_dialects::dialect::{
     AnthropicDialect, DialectAdapter, DialectError, OpenAiChatDialect, OpenAiResponsesDialect,
 };
 use forgelog_schemas::{Event, SamplingParams};
-use forgelog_stream::EventSink;
+use forgelog_stream::{EventSink, SendError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The largest session-API request body (`POST /sessions`, `/finish`, ...).
+pub const SESSION_BODY_LIMIT: usize = 1 << 20;
 
 /// The `untrainable_reason` of a budget stop.
 pub const BUDGET_EXHAUSTED: &str = "budget exhausted";
@@ -72,7 +75,9 @@ pub struct ProxyConfig {
 }
 
 impl ProxyConfig {
-    pub const BODY_LIMIT: usize = 32 << 20;
+    /// The largest body whose call still fits one event of the log (its
+    /// `CallStarted` holds the body; its `CallFinished` about as much again).
+    pub const BODY_LIMIT: usize = 7 << 20;
     pub const MAX_CALLS_IN_FLIGHT: u32 = 16;
     pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
     pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
@@ -157,11 +162,20 @@ impl ProxyState {
         Some(self.policy_version.load(Ordering::Relaxed)).filter(|v| *v >= 0)
     }
 
-    fn send(&self, event: Event) -> bool {
+    /// Records `event`; false (logged, counted) if it could not be.
+    fn send(&self, mut event: Event) -> bool {
         let Some(events) = &self.events else {
             return true;
         };
-        match events.send(&event) {
+        let mut sent = events.send(&event);
+        if let (Err(too_large @ SendError::TooLarge { .. }), Event::CallFinished(call)) =
+            (&sent, &mut event)
+        {
+            // A call is large by its bodies; its tokens, what training needs, are small.
+            record::without_bodies(call, too_large);
+            sent = events.send(&event);
+        }
+        match sent {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");
@@ -187,6 +201,8 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .route("/sessions", create_sessions)
         .route("/sessions/{id}/finish", post(admin::finish_session))
         .route("/sessions/abandon", post(admin::abandon_attempt))
+        // Session requests are small: an admin's mistake must not fill memory either.
+        .layer(axum::extract::DefaultBodyLimit::max(SESSION_BODY_LIMIT))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::admin_only,

@@ -13,7 +13,7 @@
 //! its header table for every record fetched, which makes reads quadratic.
 
 use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
-use crate::{ConsumeError, ReplayReader, StreamConfig};
+use crate::{ConsumeError, ReplayReader, StreamConfig, MAX_EVENT_BYTES};
 use delivering::DeliveringProducer;
 use forgelog_schemas::{Codec, EncodeError, Event};
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -40,6 +40,30 @@ pub enum SendError {
     Encode(#[from] EncodeError),
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    #[error("a {kind} event of {bytes} bytes is over the log's {max}-byte limit: not recorded")]
+    TooLarge {
+        kind: &'static str,
+        bytes: usize,
+        max: usize,
+    },
+}
+
+impl SendError {
+    /// `event` encoded, if it fits the log's message limit: a larger one would
+    /// be refused by the broker after the caller was told it is recorded.
+    pub(crate) fn encode_within_limit(event: &Event) -> Result<Vec<u8>, SendError> {
+        let value = Codec::global().encode(event)?;
+        let bytes = value.len() + event.key().len();
+        if bytes > MAX_EVENT_BYTES {
+            metrics::counter!("forgelog_events_too_large_total").increment(1);
+            return Err(SendError::TooLarge {
+                kind: event.kind().name(),
+                bytes,
+                max: MAX_EVENT_BYTES,
+            });
+        }
+        Ok(value)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +119,7 @@ impl EventProducer {
     /// Encodes `event` and appends it to the spool; returns its spool seq.
     /// Never waits for the broker.
     pub fn send(&self, event: &Event) -> Result<u64, SendError> {
-        let value = Codec::global().encode(event)?;
+        let value = SendError::encode_within_limit(event)?;
         let seq = self
             .spool
             .append(event.topic().name(), event.key().as_bytes(), &value)?;
@@ -147,8 +171,25 @@ struct Drainer {
     checkpoint: Checkpoint,
 }
 
-/// A record's fate: delivered at (partition, offset).
-type Delivered = Result<(i32, i64), DrainError>;
+/// A record's fate, unless the drain must stop and retry.
+enum Fate {
+    /// In the log at (partition, offset).
+    At(i32, i64),
+    /// The broker (or the client) refuses this record for good: retrying it
+    /// would only hold back every record behind it.
+    Refused(String),
+}
+
+type Delivered = Result<Fate, DrainError>;
+
+/// Refusals no retry can change: the record itself is the problem.
+fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::InvalidRecord | C::InvalidMessage)
+    )
+}
 
 impl Drainer {
     fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
@@ -213,7 +254,9 @@ impl Drainer {
                 let delivery: std::pin::Pin<
                     Box<dyn std::future::Future<Output = Delivered> + Send>,
                 > = match already.take(&rec) {
-                    Some(at) => Box::pin(std::future::ready(Ok(at))),
+                    Some((partition, offset)) => {
+                        Box::pin(std::future::ready(Ok(Fate::At(partition, offset))))
+                    }
                     None => Box::pin(or_end!('session, self.produce(&producer, rec))),
                 };
                 inflight.push_back(async move { (seq, topic, delivery.await) });
@@ -237,16 +280,25 @@ impl Drainer {
                 continue;
             };
             match delivered {
-                Ok((partition, offset)) => {
+                Ok(fate) => {
+                    match fate {
+                        Fate::At(partition, offset) => {
+                            let from = self
+                                .checkpoint
+                                .scan_from
+                                .entry(topic)
+                                .or_default()
+                                .entry(partition)
+                                .or_insert(0);
+                            *from = (*from).max(offset + 1);
+                        }
+                        Fate::Refused(reason) => {
+                            let rec = or_end!('session, self.spool.reader(seq).next_record());
+                            let rec = or_end!('session, rec.ok_or_else(|| DrainError::Other(format!("spool record {seq} vanished"))));
+                            or_end!('session, self.spool.park(&rec, &reason));
+                        }
+                    }
                     self.checkpoint.acked_through = seq + 1;
-                    let from = self
-                        .checkpoint
-                        .scan_from
-                        .entry(topic)
-                        .or_default()
-                        .entry(partition)
-                        .or_insert(0);
-                    *from = (*from).max(offset + 1);
                     self.spool.delivered_through(seq + 1);
                     metrics::counter!("forgelog_events_delivered_total").increment(1);
                     since_checkpoint += 1;
@@ -285,14 +337,25 @@ impl Drainer {
         producer: &DeliveringProducer,
         rec: SpoolRecord,
     ) -> Result<impl std::future::Future<Output = Delivered> + Send, DrainError> {
-        let delivery = producer.send(&rec.topic, &rec.key, &rec.value)?;
-        Ok(async move {
+        let delivery = match producer.send(&rec.topic, &rec.key, &rec.value) {
+            Ok(d) => d,
+            Err(e) if refused_for_good(&e) => {
+                return Ok(futures::future::Either::Left(std::future::ready(Ok(
+                    Fate::Refused(format!("refused by the Kafka client: {e}")),
+                ))))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(futures::future::Either::Right(async move {
             match delivery.await {
-                Some(Ok(at)) => Ok(at),
+                Some(Ok((partition, offset))) => Ok(Fate::At(partition, offset)),
+                Some(Err(e)) if refused_for_good(&e) => {
+                    Ok(Fate::Refused(format!("refused by the broker: {e}")))
+                }
                 Some(Err(e)) => Err(DrainError::Kafka(e)),
                 None => Err(DrainError::Other("producer dropped the message".into())),
             }
-        })
+        }))
     }
 
     /// Before the first message to `topic`, remember where its partitions end:

@@ -7,10 +7,14 @@
 //! order and deletes segments once everything in them is acknowledged.
 
 mod checkpoint;
+mod parked;
 mod record;
+mod status;
 
 pub use checkpoint::Checkpoint;
+pub use parked::ParkedRecord;
 pub use record::SpoolRecord;
+pub use status::SpoolStatus;
 
 use record::FRAME_HEADER;
 use std::fs::{self, File, OpenOptions};
@@ -52,6 +56,8 @@ impl Default for SpoolOptions {
 pub enum SpoolError {
     #[error("spool {dir} is full ({bytes} of {max} bytes): the broker has been away too long; event refused")]
     Full { dir: PathBuf, bytes: u64, max: u64 },
+    #[error("spool {dir} is in use by another process (a running proxy?): `forgelog spool status` reads it without opening it")]
+    InUse { dir: PathBuf },
     #[error("spool {dir}: {source}")]
     Io { dir: PathBuf, source: io::Error },
 }
@@ -82,6 +88,35 @@ pub struct Spool {
     options: SpoolOptions,
     active: Mutex<ActiveSegment>,
     shared: Arc<Shared>,
+    /// Held (flock) while open: one writer per directory, or the second one's
+    /// open would cut the first one's record in mid-write as a torn tail.
+    _lock: File,
+}
+
+/// The lock file every open spool holds.
+const LOCK_FILE: &str = "LOCK";
+
+/// Takes the spool directory's lock, or says who holds it.
+fn lock(dir: &Path) -> Result<File, SpoolError> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))
+        .map_err(|source| SpoolError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(SpoolError::InUse {
+            dir: dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(SpoolError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
@@ -132,6 +167,22 @@ fn read_frame(r: &mut impl Read) -> io::Result<Option<(SpoolRecord, u64)>> {
     Ok(SpoolRecord::decode_payload(&payload).map(|r| (r, (FRAME_HEADER + len) as u64)))
 }
 
+/// Where the complete records of the segment starting at `first` end: the
+/// seq after the last one, and its byte length (what follows is torn, or being
+/// written).
+fn complete_records(path: &Path, first: u64) -> io::Result<(u64, u64)> {
+    let mut r = BufReader::new(File::open(path)?);
+    let (mut next, mut good) = (first, 0u64);
+    while let Some((rec, n)) = read_frame(&mut r)? {
+        if rec.seq != next {
+            break;
+        }
+        next += 1;
+        good += n;
+    }
+    Ok((next, good))
+}
+
 impl Spool {
     /// Opens (or creates) the spool in `dir`, cutting off a torn tail left by a crash.
     pub fn open(dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Spool, SpoolError> {
@@ -141,6 +192,7 @@ impl Spool {
             source,
         };
         fs::create_dir_all(&dir).map_err(io_err)?;
+        let lock = lock(&dir)?;
         let checkpoint = Checkpoint::load(&dir).map_err(io_err)?;
         let segs = segments(&dir).map_err(io_err)?;
         let mut bytes = 0;
@@ -153,15 +205,7 @@ impl Spool {
                 (seq, seq, 0, segment_path(&dir, seq))
             }
             Some((first, path)) => {
-                let mut r = BufReader::new(File::open(path).map_err(io_err)?);
-                let (mut next, mut good) = (*first, 0u64);
-                while let Some((rec, n)) = read_frame(&mut r).map_err(io_err)? {
-                    if rec.seq != next {
-                        break;
-                    }
-                    next += 1;
-                    good += n;
-                }
+                let (next, good) = complete_records(path, *first).map_err(io_err)?;
                 let size = fs::metadata(path).map_err(io_err)?.len();
                 if size != good {
                     tracing::warn!(segment = %path.display(), cut = size - good, "spool: cutting off a torn tail");
@@ -202,6 +246,7 @@ impl Spool {
                 buf: Vec::new(),
             }),
             shared,
+            _lock: lock,
         })
     }
 
@@ -326,6 +371,20 @@ impl Spool {
     pub fn delivered_through(&self, seq: u64) {
         self.shared.acked.fetch_max(seq, Ordering::AcqRel);
         self.shared.drained.notify_waiters();
+    }
+
+    /// Sets `rec` aside in `parked/` with `reason` (the broker refused it for
+    /// good), so that the records behind it can be delivered.
+    pub fn park(&self, rec: &SpoolRecord, reason: &str) -> Result<ParkedRecord, SpoolError> {
+        let parked =
+            ParkedRecord::store(&self.dir, rec, reason).map_err(|source| SpoolError::Io {
+                dir: self.dir.clone(),
+                source,
+            })?;
+        tracing::error!(seq = rec.seq, topic = %rec.topic, bytes = parked.bytes, %reason,
+            "spool: the broker refuses this record for good; parked in {}/parked", self.dir.display());
+        metrics::counter!("forgelog_spool_parked_total").increment(1);
+        Ok(parked)
     }
 
     /// Saves `checkpoint`, records what it acknowledges as delivered and

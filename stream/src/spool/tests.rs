@@ -124,3 +124,82 @@ fn acknowledged_segments_are_deleted_and_resume_after_reopen() {
         (40..50).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn one_writer_per_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(dir.path(), options(1 << 20)).unwrap();
+    spool.append("t", b"k", b"one").unwrap();
+    let err = Spool::open(dir.path(), options(1 << 20))
+        .err()
+        .expect("a second writer is refused");
+    assert!(matches!(err, SpoolError::InUse { .. }), "{err}");
+    drop(spool);
+    let spool = Spool::open(dir.path(), options(1 << 20)).unwrap();
+    assert_eq!(spool.next_seq(), 1);
+}
+
+/// `spool status` on a running producer's spool, whose last record is being
+/// written at that moment, used to cut that record off as a torn tail: the
+/// producer's next records then sat behind a gap for good.
+#[test]
+fn status_reads_a_spool_in_use_without_writing_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(dir.path(), options(1 << 20)).unwrap();
+    for i in 0..5u8 {
+        spool.append("t", b"k", &[i; 10]).unwrap();
+    }
+    let (_, last) = segments(dir.path()).unwrap().pop().unwrap();
+    // Half of the next frame, as a concurrent `status` can see it mid-write.
+    let mut half = Vec::new();
+    SpoolRecord::encode_into(5, "t", b"k", &[5; 10], &mut half);
+    let (head, tail) = half.split_at(half.len() / 2);
+    OpenOptions::new()
+        .append(true)
+        .open(&last)
+        .unwrap()
+        .write_all(head)
+        .unwrap();
+    let before = fs::read(&last).unwrap();
+
+    let status = SpoolStatus::read(dir.path()).unwrap();
+    assert!(status.in_use);
+    assert_eq!(status.pending, 5);
+    assert_eq!(status.incomplete_tail, head.len() as u64);
+    assert_eq!(
+        fs::read(&last).unwrap(),
+        before,
+        "status wrote to the spool"
+    );
+
+    // The writer finishes its record: it is read back whole, after the others.
+    OpenOptions::new()
+        .append(true)
+        .open(&last)
+        .unwrap()
+        .write_all(tail)
+        .unwrap();
+    spool.shared.next_seq.store(6, Ordering::Release);
+    assert_eq!(drain_all(&spool, 0).len(), 6);
+    drop(spool);
+    let status = SpoolStatus::read(dir.path()).unwrap();
+    assert!(!status.in_use);
+    assert_eq!((status.pending, status.incomplete_tail), (6, 0));
+}
+
+#[test]
+fn parked_records_are_listed_with_their_reason_and_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(dir.path(), options(1 << 20)).unwrap();
+    spool.append("calls", b"k", &[7; 100]).unwrap();
+    let rec = drain_all(&spool, 0).remove(0);
+    let parked = spool.park(&rec, "too large").unwrap();
+    let listed = ParkedRecord::list(dir.path()).unwrap();
+    assert_eq!(listed, vec![parked.clone()]);
+    assert_eq!(
+        (parked.seq, parked.topic.as_str(), parked.reason.as_str()),
+        (0, "calls", "too large")
+    );
+    assert_eq!(parked.record(dir.path()).unwrap(), Some(rec));
+    assert_eq!(SpoolStatus::read(dir.path()).unwrap().parked.len(), 1);
+}
