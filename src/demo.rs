@@ -18,6 +18,7 @@ use std::time::Duration;
 pub async fn run(
     config: &StreamConfig,
     base: &str,
+    admin_token: &str,
     engine: &str,
     run_id: &str,
     export_to: &Path,
@@ -30,7 +31,7 @@ pub async fn run(
         plan.group_size,
         train_steps.map_or(String::new(), |s| format!(", rounds until {s} versions are trained"))
     );
-    let proxy = ProxyClient::new(base, None);
+    let proxy = ProxyClient::new(base, Some(admin_token.to_string()));
     let mut failed = 0;
     let mut rollouts = 0;
     let events = loop {

@@ -276,7 +276,7 @@ async fn orchestrate(
                 }
             };
             // Sandboxes reach the proxy: its session API must refuse them.
-            let token = forgelog_producers::sessions::random_key();
+            let token = forgelog_http::random_token();
             let proxy_config = ProxyConfig {
                 run_id: Some(run_id.clone()),
                 admin_token: Some(token.clone()),

@@ -190,14 +190,18 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
 
+    // The session API is not left open: anyone who reaches the proxy could
+    // create sessions and post rewards. `up`'s own clients hold this token.
+    let admin_token = forgelog_http::random_token();
     let proxy_config = ProxyConfig {
         run_id: Some(run.clone()),
+        admin_token: Some(admin_token.clone()),
         ..ProxyConfig::new(&upstream)
     };
     let spool = args.home.join("proxy-spool");
     let proxy = RunningProxy::start(proxy_config, config, spool, args.proxy_listen).await?;
     let base = format!("http://{}", proxy.addr);
-    eprintln!("proxy     {base} → {upstream}");
+    eprintln!("proxy     {base} → {upstream}  (session API admin token: {admin_token})");
 
     let options = ShellOptions::new(args.home.join("consumers"));
     let stop_consumers = options.stop.clone();
@@ -232,11 +236,11 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let rounds = if args.train { Some(args.steps) } else { None };
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &upstream, &run, &args.export_to, rounds) => r,
+            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, &args.export_to, rounds) => r,
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
-        serve(config, &base, &run, stamp, stop).await
+        serve(config, &base, &admin_token, &run, stamp, stop).await
     };
     if let Some(t) = trainer {
         t.abort();
@@ -298,6 +302,7 @@ impl LocalEngine {
 async fn serve(
     config: &StreamConfig,
     base: &str,
+    admin_token: &str,
     run: &str,
     stamp: u64,
     stop: impl std::future::Future<Output = ()>,
@@ -305,7 +310,7 @@ async fn serve(
     println!(
         "\nforgelog is up. Point a harness at the proxy with one of these session keys (run {run}):"
     );
-    let sessions = SessionClient::new(base, None);
+    let sessions = SessionClient::new(base, Some(admin_token.to_string()));
     for (dialect, how) in DIALECTS {
         let new = NewSession::new(
             format!("{dialect}-{stamp}"),

@@ -62,14 +62,11 @@ async fn over_long_prompts_to_the_real_engine_are_context_length_errors_in_each_
     let spool = tempfile::tempdir().unwrap();
     let proxy = RunningProxy::start(
         ProxyConfig {
-            upstream,
             run_id: Some(run),
-            admin_token: None,
-            body_limit: 8 << 20,
             max_calls_in_flight: 4,
             upstream_timeout: Duration::from_secs(300),
-            keep_alive: Duration::from_secs(5),
             max_upstream_requests: 4,
+            ..ProxyConfig::new(upstream)
         },
         &stream,
         spool.path().to_path_buf(),

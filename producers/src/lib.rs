@@ -28,7 +28,8 @@ pub struct ServeArgs {
     /// Kafka bootstrap servers (comma-separated host:port)
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     pub brokers: String,
-    /// Bearer token for POST /sessions and /sessions/{id}/finish (none: open, for local use)
+    /// Bearer token for the session API (POST /sessions, /sessions/{id}/finish);
+    /// none given: a random one, printed at start
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
     /// Largest request body accepted, in MiB (at most 7: a call's events must
@@ -67,17 +68,28 @@ pub struct ProxyArgs {
     pub max_upstream_requests: usize,
 }
 
+impl ServeArgs {
+    /// The admin token given, or a new random one (a server on a port is never open).
+    fn admin_token(&self) -> String {
+        self.admin_token
+            .clone()
+            .unwrap_or_else(forgelog_http::random_token)
+    }
+}
+
 impl ProxyArgs {
+    /// The proxy's configuration; its admin token is the one given or a new one.
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
             upstream: self.upstream.clone(),
             run_id: self.run_id.clone(),
-            admin_token: self.serve.admin_token.clone(),
+            admin_token: Some(self.serve.admin_token()),
             body_limit: (self.serve.body_limit_mib as usize) << 20,
             max_calls_in_flight: self.max_calls_in_flight.max(1),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
             max_upstream_requests: self.max_upstream_requests,
+            shutdown_grace: ProxyConfig::SHUTDOWN_GRACE,
         }
     }
 }
@@ -96,7 +108,7 @@ impl ReplayServeArgs {
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
             run_id: Some(self.run.clone()),
-            admin_token: self.serve.admin_token.clone(),
+            admin_token: Some(self.serve.admin_token()),
             body_limit: (self.serve.body_limit_mib as usize) << 20,
             upstream_timeout: Duration::from_secs(60),
             ..ProxyConfig::new(format!("recorded run {}", self.run))
@@ -147,7 +159,9 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
             .map(|s| s.calls.len())
             .sum::<usize>(),
     );
-    let proxy = RunningProxy::replay(args.config(), recording, args.serve.listen).await?;
+    let config = args.config();
+    let proxy = RunningProxy::replay(config.clone(), recording, args.serve.listen).await?;
+    print_admin_token(&args.serve, &config);
     eprintln!(
         "forgelog replay serve on {}: run {} ({sessions} sessions, {calls} calls), nothing recorded\n\
          start a replay session with POST /sessions {{\"replay_of\": \"<session or rollout id>\"}} \
@@ -226,8 +240,7 @@ pub struct RunningProxy {
     pub state: Arc<ProxyState>,
     /// The spool-backed producer the proxy records through, closed on shutdown.
     spool: Option<Arc<EventProducer>>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: forgelog_http::HttpServer,
 }
 
 impl RunningProxy {
@@ -292,21 +305,13 @@ impl RunningProxy {
             addr: listen,
             source,
         })?;
-        let addr = listener.local_addr().map_err(ProxyError::Serve)?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = server::router(state.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let server = forgelog_http::HttpServer::start(listener, app, Default::default())
+            .map_err(ProxyError::Serve)?;
         Ok(RunningProxy {
-            addr,
+            addr: server.addr(),
             state,
             spool: None,
-            stop,
             server,
         })
     }
@@ -325,11 +330,16 @@ impl RunningProxy {
         Ok(())
     }
 
-    /// Stops serving, then flushes what was recorded (to the broker, for up
-    /// to `flush`) and stops the spool's drainer when nothing else holds it.
+    /// Stops serving: lets the calls in flight finish for the config's
+    /// `shutdown_grace` and records those left as interrupted; then flushes
+    /// what was recorded (to the broker, for up to `flush`) and stops the
+    /// spool's drainer when nothing else holds it.
     pub async fn shutdown(self, flush: Duration) -> Result<(), ProxyError> {
-        let _ = self.stop.send(());
-        let _ = self.server.await;
+        let grace = self.state.config.shutdown_grace;
+        let deadline = tokio::time::Instant::now() + grace;
+        self.server.shutdown(grace).await;
+        // Calls outlive their connections (a harness that hung up is still recorded).
+        self.state.settle_calls(deadline).await;
         if let Some(events) = &self.state.events {
             events.flush(flush).await?;
         }
@@ -341,24 +351,30 @@ impl RunningProxy {
     }
 }
 
+/// Prints a generated admin token (as Jupyter prints its): the one way to use
+/// the session API of a server started without `--admin-token`.
+fn print_admin_token(args: &ServeArgs, config: &ProxyConfig) {
+    if let (None, Some(token)) = (&args.admin_token, &config.admin_token) {
+        eprintln!(
+            "session API admin token (no --admin-token given; set FORGELOG_ADMIN_TOKEN to choose one):\n    {token}"
+        );
+    }
+}
+
 /// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
     raise_fd_limit();
+    let config = args.config();
     let proxy = RunningProxy::start(
-        args.config(),
+        config.clone(),
         &stream,
         args.spool.clone(),
         args.serve.listen,
     )
     .await?;
-    if args.serve.admin_token.is_none() {
-        eprintln!(
-            "forgelog proxy: no --admin-token: anyone who reaches {} can create sessions",
-            proxy.addr
-        );
-    }
+    print_admin_token(&args.serve, &config);
     eprintln!(
         "forgelog proxy on {} -> {} (events to {}, spool {})",
         proxy.url(),

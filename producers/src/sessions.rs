@@ -80,15 +80,6 @@ pub struct Sessions {
     tables: RwLock<Tables>,
 }
 
-/// 256 random bits as `fl-<hex>`: session keys, and the admin token an
-/// in-process proxy is given.
-pub fn random_key() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the OS random source works");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("fl-{hex}")
-}
-
 impl Sessions {
     /// Creates a session; returns it and its API key.
     pub fn create(
@@ -121,7 +112,7 @@ impl Sessions {
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
         });
-        let key = random_key();
+        let key = forgelog_http::random_token();
         let mut t = self.tables.write().expect("sessions lock");
         if t.by_id.contains_key(&id) {
             return Err(SessionError::Exists(session.rollout_id.clone()));

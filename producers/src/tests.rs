@@ -44,6 +44,19 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
             .unwrap();
         assert_eq!(r.status().as_u16(), [200, 400][i]);
     }
+    // An absurd reward is refused (it would turn its group's advantages to
+    // NaN) and the session stays open for the corrected verdict.
+    let absurd = sessions
+        .finish(
+            &s.session_id,
+            &Finish {
+                verifier: Some(Verdict::scored(1e300, "")),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(absurd.status(), Some(400), "{absurd}");
     let done = sessions
         .finish(
             &s.session_id,
@@ -288,4 +301,130 @@ async fn a_call_too_large_for_the_log_is_recorded_without_its_bodies() {
     assert!(call.chat_request.is_empty() && call.response_body.is_empty());
     let error = call.error.as_deref().unwrap_or_default();
     assert!(error.contains("recorded without"), "{error}");
+}
+
+/// Stopping used to wait on a hanging upstream call (70 s), then leave its
+/// `CallStarted` without a `CallFinished`: now it waits the grace, and the
+/// call is recorded as interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
+    let slow = fake_upstream::FakeOptions {
+        delay: Duration::from_secs(120),
+        ..Default::default()
+    };
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), slow)
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("interrupted".into()),
+        shutdown_grace: Duration::from_millis(500),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let s = SessionClient::new(proxy.url(), None)
+        .create(&NewSession::new("r1", "t", "sdk", "g"))
+        .await
+        .unwrap();
+    let call = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(&s.api_key)
+        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send();
+    let call = tokio::spawn(call);
+    while proxy.state.calls_in_flight.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = std::time::Instant::now();
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(call.await.unwrap().is_err(), "the connection was closed");
+    let finished: Vec<_> = log
+        .events(Topic::Calls.name())
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some((c.status, c.error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        finished,
+        [(
+            CallStatus::UpstreamError,
+            Some(server::INTERRUPTED.to_string())
+        )]
+    );
+}
+
+/// The wait for an upstream turn used to be outside the upstream timeout:
+/// queued calls outlived `/finish`'s wait, which then counted fewer calls
+/// than the log recorded. Now every call ends within the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_end_within_the_upstream_timeout_and_finish_counts_them_all() {
+    let slow = fake_upstream::FakeOptions {
+        delay: Duration::from_millis(800),
+        ..Default::default()
+    };
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), slow)
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("queued".into()),
+        upstream_timeout: Duration::from_millis(1200),
+        max_upstream_requests: 1,
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let sessions = SessionClient::new(proxy.url(), None);
+    let s = sessions
+        .create(&NewSession::new("r1", "t", "sdk", "g"))
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    // Ten calls queued on one upstream slot: the last would end 8 s in,
+    // past /finish's wait of timeout + 5 s.
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            tokio::spawn(
+                http.post(format!("{}/v1/chat/completions", proxy.url()))
+                    .bearer_auth(&s.api_key)
+                    .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+                    .send(),
+            )
+        })
+        .collect();
+    while proxy.state.calls_in_flight.len() < 10 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let done = sessions
+        .finish(&s.session_id, &Finish::default())
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for c in calls {
+        statuses.push(c.await.unwrap().unwrap().status().as_u16());
+    }
+    assert_eq!(done.model_calls, 10, "answers: {statuses:?}");
+    let recorded = log
+        .events(Topic::Calls.name())
+        .iter()
+        .filter(|e| matches!(e, Event::CallFinished(_)))
+        .count();
+    assert_eq!(recorded, 10);
+    assert!(
+        statuses.contains(&200) && statuses.iter().any(|s| *s >= 500),
+        "{statuses:?}"
+    );
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
 }

@@ -139,6 +139,8 @@ pub enum UpstreamError {
     Status { status: u16, body: String },
     #[error("upstream answer is not JSON: {0}")]
     NotJson(String),
+    #[error("upstream answer is over {0} bytes")]
+    TooLarge(usize),
     /// `replay serve`: the recording has no answer for this request.
     #[error(transparent)]
     Replay(#[from] crate::replay::ReplayError),
@@ -249,16 +251,18 @@ impl UpstreamClient {
         }
     }
 
+    /// One chat completion; the wait for a turn counts against the timeout
+    /// too, so every call ends within it (and `/finish`, which waits for the
+    /// calls in flight, sees them all).
     pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
-        let _turn = self.in_flight.acquire().await.expect("never closed");
-        let send = self
-            .http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(body).expect("JSON"))
-            .send();
         let answer = async {
-            let r = send
+            let _turn = self.in_flight.acquire().await.expect("never closed");
+            let r = self
+                .http
+                .post(format!("{}/v1/chat/completions", self.base))
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(body).expect("JSON"))
+                .send()
                 .await
                 .map_err(|e| UpstreamError::Connect(e.to_string()))?;
             read_json(r).await
@@ -313,12 +317,24 @@ impl UpstreamClient {
 
 /// The JSON body of an upstream response; a non-2xx status is an error carrying
 /// (the start of) the body.
-async fn read_json(r: reqwest::Response) -> Result<Value, UpstreamError> {
+/// The largest upstream answer read: far above any real completion (a
+/// 100k-token prompt's ids and logprobs are about 2 MB of JSON), so that a
+/// broken or hostile upstream cannot fill the proxy's memory.
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+async fn read_json(mut r: reqwest::Response) -> Result<Value, UpstreamError> {
     let status = r.status().as_u16();
-    let bytes = r
-        .bytes()
+    let mut bytes = Vec::new();
+    while let Some(chunk) = r
+        .chunk()
         .await
-        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        .map_err(|e| UpstreamError::Connect(e.to_string()))?
+    {
+        if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(UpstreamError::TooLarge(MAX_ANSWER_BYTES));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
     if status >= 300 {
         return Err(UpstreamError::Status {
             status,

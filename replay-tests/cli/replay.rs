@@ -131,22 +131,27 @@ fn serve_answers_recorded_requests_with_the_recorded_bodies() {
             &config.brokers,
         ])
         .args(["--listen", &addr.to_string()])
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(serve.try_wait().unwrap().is_none(), "replay serve exited");
-        assert!(
-            started.elapsed().as_secs() < 60,
-            "replay serve did not listen"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    // No --admin-token: it made one and printed it once listening (the
+    // session API used to be open to anyone who reached the port).
+    let mut stderr = std::io::BufReader::new(serve.stderr.take().unwrap());
+    let token = std::iter::from_fn(|| {
+        let mut line = String::new();
+        (std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0).then_some(line)
+    })
+    .find_map(|l| l.trim().strip_prefix("fl-").map(|t| format!("fl-{t}")))
+    .expect("replay serve printed its admin token");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let http = reqwest::Client::new();
     let url = format!("http://{addr}");
-    let sessions = SessionClient::new(&url, None);
+    let refused = rt
+        .block_on(SessionClient::new(&url, None).replay_of("any"))
+        .unwrap_err();
+    assert_eq!(refused.status(), Some(401), "{refused}");
+    let sessions = SessionClient::new(&url, Some(token));
     let mut answered = 0;
     for e in &events {
         let Event::RolloutStarted(r) = e else {

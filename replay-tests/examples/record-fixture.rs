@@ -52,6 +52,7 @@ async fn main() {
             upstream_timeout: Duration::from_secs(300),
             keep_alive: Duration::from_secs(5),
             max_upstream_requests: 8,
+            shutdown_grace: Duration::from_secs(5),
         },
         &config,
         spool.path().to_path_buf(),

@@ -161,6 +161,7 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
             upstream_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(5),
             max_upstream_requests: 8,
+            shutdown_grace: Duration::from_secs(5),
         },
         recording,
         "127.0.0.1:0".parse().unwrap(),

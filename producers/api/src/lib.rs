@@ -154,6 +154,21 @@ impl Verdict {
         }
     }
 
+    /// Rewards are bounded: GRPO normalizes a group's rewards, and one of
+    /// 1e300 turns every advantage of its group into NaN.
+    pub const MAX_ABS_REWARD: f64 = 1e6;
+
+    /// Why this verdict cannot be recorded, if it cannot.
+    pub fn invalid(&self) -> Option<String> {
+        let r = self.reward?;
+        (!(r.is_finite() && r.abs() <= Self::MAX_ABS_REWARD)).then(|| {
+            format!(
+                "reward {r} is out of range (finite, at most {} in magnitude)",
+                Self::MAX_ABS_REWARD
+            )
+        })
+    }
+
     /// `details` as the text recorded in `VerifierResult.details`.
     pub fn details_text(&self) -> String {
         match &self.details {

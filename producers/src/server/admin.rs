@@ -79,6 +79,13 @@ pub(super) async fn finish_session(
         Ok(f) => f,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, format!("bad finish request: {e}")),
     };
+    // Refused before the session ends: the orchestrator can send it again.
+    if let Some(why) = finish.verifier.as_ref().and_then(|v| v.invalid()) {
+        return admin_error(
+            StatusCode::BAD_REQUEST,
+            format!("bad finish request: {why}"),
+        );
+    }
     end_session(&st, &id, &finish).await
 }
 

@@ -16,10 +16,59 @@ use forgelog_dialects::canonical::{ChatRequest, ChatResponse, FinishReason, Part
 use forgelog_dialects::dialect::*;
 use forgelog_schemas::{CallFinished, CallStatus, SamplingParams, Usage};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Calls recorded as started and not yet as finished. Whoever takes a call
+/// out records how it ended: the call itself, or the proxy shutting down
+/// (which records those left as interrupted), never both.
+#[derive(Default)]
+pub struct CallsInFlight(Mutex<BTreeMap<(String, i64), (Arc<Session>, Instant)>>);
+
+/// The error of a call the proxy shut down under.
+pub const INTERRUPTED: &str = "interrupted: the proxy shut down with the call in flight";
+
+impl CallsInFlight {
+    fn calls(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, i64), (Arc<Session>, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn start(&self, session: &Arc<Session>, index: i64, received: Instant) {
+        self.calls()
+            .insert((session.id.clone(), index), (session.clone(), received));
+    }
+
+    /// Takes the call out; false if it was no longer in (already recorded).
+    fn end(&self, session: &str, index: i64) -> bool {
+        self.calls().remove(&(session.to_string(), index)).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes every call out, each as the `CallFinished` of an interrupted call.
+    pub(super) fn interrupt_all(&self) -> Vec<CallFinished> {
+        let calls = std::mem::take(&mut *self.calls());
+        calls
+            .into_iter()
+            .map(|((_, index), (session, received))| {
+                CallIds::of(&session, index).finished(
+                    CallStatus::UpstreamError,
+                    Some(INTERRUPTED.to_string()),
+                    received.elapsed().as_millis() as i64,
+                    now_ms(),
+                )
+            })
+            .collect()
+    }
+}
 
 /// The answer of a call task: the request and the response with its body.
 pub(super) type Answered = (ChatRequest, Result<(ChatResponse, Bytes), DialectError>);
@@ -98,6 +147,9 @@ impl Call {
     }
 
     fn record(&self, event: CallFinished) {
+        if !self.st.calls_in_flight.end(&self.session.id, self.index) {
+            return; // recorded as interrupted by the shutdown
+        }
         let status = format!("{:?}", event.status);
         metrics::counter!("forgelog_proxy_calls_total", "dialect" => format!("{:?}", self.dialect), "status" => status)
             .increment(1);
@@ -284,6 +336,7 @@ async fn serve<D: DialectAdapter>(
             "the proxy cannot record calls right now (spool full?)",
         ));
     }
+    st.calls_in_flight.start(&session, index, received);
     let Ok(permit) = permit else {
         let err = DialectError::new(
             ErrorKind::RateLimited,

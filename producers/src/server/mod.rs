@@ -13,6 +13,7 @@ pub mod record;
 mod stream;
 
 pub use body::decode_body;
+pub use call::{CallsInFlight, INTERRUPTED};
 
 use crate::sessions::Sessions;
 use crate::upstream::{Upstream, UpstreamClient};
@@ -72,6 +73,8 @@ pub struct ProxyConfig {
     pub keep_alive: Duration,
     /// Upstream requests in flight at most (each holds a connection).
     pub max_upstream_requests: usize,
+    /// How long a stopping proxy lets the calls in flight finish.
+    pub shutdown_grace: Duration,
 }
 
 impl ProxyConfig {
@@ -82,6 +85,9 @@ impl ProxyConfig {
     pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
     pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
     pub const MAX_UPSTREAM_REQUESTS: usize = 1024;
+    /// How long a stopping proxy waits for the calls in flight before it
+    /// records them as interrupted.
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
     /// A proxy of `upstream` with the defaults of `forgelog proxy`'s flags: no
     /// run id (sessions name theirs), no admin token.
@@ -95,6 +101,7 @@ impl ProxyConfig {
             upstream_timeout: Self::UPSTREAM_TIMEOUT,
             keep_alive: Self::KEEP_ALIVE,
             max_upstream_requests: Self::MAX_UPSTREAM_REQUESTS,
+            shutdown_grace: Self::SHUTDOWN_GRACE,
         }
     }
 }
@@ -114,6 +121,8 @@ pub struct ProxyState {
     pub probe_warning: Option<String>,
     /// The newest policy version the upstream reported.
     policy_version: AtomicI64,
+    /// Calls started and not finished: at shutdown, recorded as interrupted.
+    pub calls_in_flight: CallsInFlight,
     metrics: PrometheusHandle,
 }
 
@@ -154,8 +163,25 @@ impl ProxyState {
             upstream_context: probe.context,
             probe_warning: probe.untrainable,
             policy_version: AtomicI64::new(-1),
+            calls_in_flight: CallsInFlight::default(),
             metrics: crate::metrics_handle(),
         }
+    }
+
+    /// Waits (until `deadline`) for the calls in flight to finish, then
+    /// records those left as interrupted: every `CallStarted` gets its
+    /// `CallFinished`. How many were interrupted.
+    pub async fn settle_calls(&self, deadline: tokio::time::Instant) -> usize {
+        while !self.calls_in_flight.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let interrupted = self.calls_in_flight.interrupt_all();
+        let n = interrupted.len();
+        for call in interrupted {
+            tracing::warn!(session = %call.session_id, call = call.call_index, "call interrupted by the shutdown");
+            self.send(call.into());
+        }
+        n
     }
 
     fn policy_version(&self) -> Option<i64> {

@@ -36,6 +36,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         upstream_timeout: Duration::from_secs(20),
         keep_alive: Duration::from_millis(500),
         max_upstream_requests: 64,
+        shutdown_grace: Duration::from_secs(5),
     }
 }
 
