@@ -276,6 +276,10 @@ impl LocalEngine {
             device: forgelog_engine::DeviceKind::Cpu,
             brokers: Some(config.brokers.clone()),
             run: None,
+            // It follows forgelog.policy; reload over HTTP stays off.
+            admin_token: None,
+            checkpoint_root: None,
+            max_checkpoint_mib: forgelog_engine::DEFAULT_MAX_CHECKPOINT_BYTES >> 20,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async {

@@ -193,7 +193,9 @@ fn the_engine_reloads_a_checkpoint_from_s3() {
     let engine = aws_env(
         Command::new(env!("CARGO_BIN_EXE_forgelog"))
             .args(["engine", "--listen", &listen.to_string(), "--model"])
-            .arg(dir.path().join("model")),
+            .arg(dir.path().join("model"))
+            .args(["--admin-token", "engine-admin"])
+            .args(["--checkpoint-root", &format!("s3://{BUCKET}/checkpoints/")]),
         &endpoint,
     )
     .spawn()
@@ -216,7 +218,13 @@ fn the_engine_reloads_a_checkpoint_from_s3() {
             let url = format!("{base}/admin/reload");
             async move {
                 let body = serde_json::json!({"checkpoint_uri": uri, "version": version});
-                let r = http.post(url).json(&body).send().await.unwrap();
+                let r = http
+                    .post(url)
+                    .bearer_auth("engine-admin")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
                 (
                     r.status().as_u16(),
                     r.json::<serde_json::Value>().await.unwrap(),

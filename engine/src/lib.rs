@@ -8,6 +8,7 @@
 //! owns the model on its own thread; [`server`] and [`follow_policy`] are the
 //! thin HTTP and Kafka shells.
 
+pub mod access;
 pub mod api;
 pub mod sampling;
 pub mod scheduler;
@@ -42,6 +43,8 @@ pub enum EngineError {
     Io(#[from] std::io::Error),
     #[error("policy consumer: {0}")]
     Consume(#[from] forgelog_stream::ConsumeError),
+    #[error("version {version} is not newer than the serving policy {serving}")]
+    StaleVersion { version: u64, serving: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +70,36 @@ pub struct EngineArgs {
     /// Only follow policies of this run.
     #[arg(long)]
     pub run: Option<String>,
+    /// Bearer token for `POST /admin/reload`; none given: a random one, printed
+    #[arg(long, env = "FORGELOG_ENGINE_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// `/admin/reload` loads checkpoints from under this URL only
+    /// (`file:///…/checkpoints/`, `s3://bucket/prefix/`); none: reload over HTTP is off
+    #[arg(long, env = "FORGELOG_CHECKPOINT_ROOT")]
+    pub checkpoint_root: Option<String>,
+    /// Larger checkpoints are refused before they are read
+    #[arg(long, default_value_t = DEFAULT_MAX_CHECKPOINT_BYTES >> 20)]
+    pub max_checkpoint_mib: u64,
+}
+
+impl EngineArgs {
+    /// Who may reload over HTTP: the token given (or a new one), the root.
+    pub fn reload_access(&self) -> Result<access::ReloadAccess, EngineError> {
+        let checkpoint_root = self
+            .checkpoint_root
+            .as_deref()
+            .map(access::ReloadAccess::root)
+            .transpose()
+            .map_err(|e| EngineError::Checkpoint(format!("--checkpoint-root: {e}")))?;
+        Ok(access::ReloadAccess {
+            admin_token: self
+                .admin_token
+                .clone()
+                .unwrap_or_else(forgelog_http::random_token),
+            checkpoint_root,
+            max_checkpoint_bytes: self.max_checkpoint_mib.saturating_mul(1 << 20),
+        })
+    }
 }
 
 struct Shared {
@@ -161,9 +194,21 @@ impl Engine {
     /// Loads `model.safetensors` at `checkpoint_uri` (any object_store URL:
     /// `file:///…`, `s3://…`, …; a directory URL gets `model.safetensors`
     /// appended) and swaps it in as policy `version` between two steps.
-    pub async fn reload(&self, checkpoint_uri: &str, version: u64) -> Result<(), EngineError> {
+    /// Versions only move forward: an older or equal one is refused, so a
+    /// stray reload can never hide the policies that follow.
+    /// Checkpoints over `max_bytes` are refused before they are read.
+    pub async fn reload(
+        &self,
+        checkpoint_uri: &str,
+        version: u64,
+        max_bytes: u64,
+    ) -> Result<(), EngineError> {
         let _in_order = self.0.reloading.lock().await;
-        let bytes = fetch_checkpoint(checkpoint_uri).await?;
+        let serving = self.policy_version();
+        if version <= serving {
+            return Err(EngineError::StaleVersion { version, serving });
+        }
+        let bytes = fetch_checkpoint(checkpoint_uri, max_bytes).await?;
         let (config, device) = (self.0.config.clone(), self.0.device.clone());
         let model = tokio::task::spawn_blocking(move || -> Result<Llama, EngineError> {
             let weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
@@ -178,7 +223,11 @@ impl Engine {
     }
 }
 
-async fn fetch_checkpoint(uri: &str) -> Result<bytes::Bytes, EngineError> {
+/// The largest checkpoint loaded unless `--max-checkpoint-mib` says otherwise:
+/// an 8B-parameter model in f32 is 32 GB.
+pub const DEFAULT_MAX_CHECKPOINT_BYTES: u64 = 64 << 30;
+
+async fn fetch_checkpoint(uri: &str, max_bytes: u64) -> Result<bytes::Bytes, EngineError> {
     let err = |e: &dyn std::fmt::Display| EngineError::Checkpoint(format!("{uri}: {e}"));
     let mut url = url::Url::parse(uri).map_err(|e| err(&e))?;
     if url.path().ends_with('/') {
@@ -193,11 +242,14 @@ async fn fetch_checkpoint(uri: &str) -> Result<bytes::Bytes, EngineError> {
         .to_string();
     let folder = url.join(".").map_err(|e| err(&e))?;
     let location = forgelog_stream::store::open(folder.as_str()).map_err(|e| err(&e))?;
-    let object = location
-        .store
-        .get(&location.path(&file))
-        .await
-        .map_err(|e| err(&e))?;
+    let path = location.path(&file);
+    let size = location.store.head(&path).await.map_err(|e| err(&e))?.size;
+    if size > max_bytes {
+        return Err(err(&format!(
+            "{size} bytes is over the {max_bytes}-byte checkpoint limit"
+        )));
+    }
+    let object = location.store.get(&path).await.map_err(|e| err(&e))?;
     object.bytes().await.map_err(|e| err(&e))
 }
 
@@ -235,7 +287,14 @@ pub async fn follow_policy(
         if version <= engine.policy_version() {
             continue;
         }
-        if let Err(e) = engine.reload(&published.checkpoint_uri, version).await {
+        let reloaded = engine
+            .reload(
+                &published.checkpoint_uri,
+                version,
+                DEFAULT_MAX_CHECKPOINT_BYTES,
+            )
+            .await;
+        if let Err(e) = reloaded {
             tracing::error!(version, uri = %published.checkpoint_uri, "policy not loaded: {e}");
         }
     }
@@ -251,6 +310,9 @@ fn device(kind: DeviceKind) -> Result<Device, EngineError> {
         }),
     }
 }
+
+/// How long a stopping engine lets the requests in flight finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `forgelog engine`: loads the model, serves until Ctrl-C, and follows the
 /// policy topic when `--brokers` is given.
@@ -278,16 +340,27 @@ pub async fn serve(
             }
         })
     });
+    let access = args.reload_access()?;
+    if args.admin_token.is_none() && access.checkpoint_root.is_some() {
+        eprintln!(
+            "engine admin token (for /admin/reload): {}",
+            access.admin_token
+        );
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(model = engine.model_name(), listen = %args.listen, "engine serving");
-    let served = axum::serve(listener, server::router(engine))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let server = forgelog_http::HttpServer::start(
+        listener,
+        server::router(engine, access),
+        Default::default(),
+    )?;
+    shutdown.await;
+    server.shutdown(SHUTDOWN_GRACE).await;
     if let Some(f) = follower {
         f.abort();
         let _ = f.await; // its Kafka client is closed once this returns
     }
-    Ok(served?)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,16 +1,18 @@
 //! The HTTP shell: axum routes over the [`Engine`].
 
+use crate::access::ReloadAccess;
 use crate::api::{self, ApiError, ChatCompletionRequest, CompletionRequest, Include, Meta, Prompt};
 use crate::{Engine, EngineError};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -19,13 +21,17 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub fn router(engine: Engine) -> Router {
+pub fn router(engine: Engine, access: ReloadAccess) -> Router {
+    let access = Arc::new(access);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
-        .route("/admin/reload", post(reload))
+        .route(
+            "/admin/reload",
+            post(move |state, headers, body| reload(state, access.clone(), headers, body)),
+        )
         .with_state(engine)
 }
 
@@ -111,10 +117,18 @@ struct ReloadRequest {
     version: u64,
 }
 
-async fn reload(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn reload(
+    State(engine): State<Engine>,
+    access: Arc<ReloadAccess>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    access.check_token(&headers)?;
     let request: ReloadRequest = api::parse(&body)?;
+    ReloadAccess::check_version(request.version, engine.policy_version())?;
+    let uri = access.check_uri(&request.checkpoint_uri)?;
     engine
-        .reload(&request.checkpoint_uri, request.version)
+        .reload(uri.as_str(), request.version, access.max_checkpoint_bytes)
         .await?;
     Ok(Json(json!({"policy_version": engine.policy_version()})))
 }
@@ -125,6 +139,12 @@ impl From<EngineError> for ApiError {
             EngineError::Template(_) | EngineError::Tokenize(_) | EngineError::Checkpoint(_) => {
                 ApiError::invalid(e.to_string())
             }
+            EngineError::StaleVersion { .. } => ApiError {
+                status: 409,
+                message: e.to_string(),
+                kind: "conflict_error",
+                code: None,
+            },
             _ => ApiError::internal(e.to_string()),
         }
     }

@@ -2,6 +2,7 @@
 //! The server runs on its own thread and runtime, so it outlives each
 //! `#[tokio::test]` runtime.
 
+use crate::access::ReloadAccess;
 use crate::Engine;
 use forgelog_model::Policy;
 use std::sync::OnceLock;
@@ -11,15 +12,29 @@ pub struct Server {
     pub engine: Engine,
 }
 
-/// Serves `policy` until the test process exits.
+/// The admin token of the engines [`serve`] starts.
+pub const ADMIN_TOKEN: &str = "engine-test-admin";
+
+/// Serves `policy` until the test process exits; `/admin/reload` takes
+/// [`ADMIN_TOKEN`] and checkpoints from anywhere on this machine.
 pub fn serve(policy: Policy) -> Server {
+    let access = ReloadAccess {
+        admin_token: ADMIN_TOKEN.into(),
+        checkpoint_root: Some(ReloadAccess::root("file:///").expect("a URL")),
+        max_checkpoint_bytes: crate::DEFAULT_MAX_CHECKPOINT_BYTES,
+    };
+    serve_with(policy, access)
+}
+
+/// [`serve`] with `/admin/reload` under `access`.
+pub fn serve_with(policy: Policy, access: ReloadAccess) -> Server {
     let engine = Engine::start(policy);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener
         .set_nonblocking(true)
         .expect("non-blocking listener");
     let base = format!("http://{}", listener.local_addr().expect("local addr"));
-    let router = crate::server::router(engine.clone());
+    let router = crate::server::router(engine.clone(), access);
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -27,7 +42,9 @@ pub fn serve(policy: Policy) -> Server {
             .expect("a runtime");
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-            axum::serve(listener, router).await.expect("engine serves");
+            let _server = forgelog_http::HttpServer::start(listener, router, Default::default())
+                .expect("engine serves");
+            std::future::pending::<()>().await;
         });
     });
     Server { base, engine }

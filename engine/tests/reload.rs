@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{get, post, serve, tiny_long_context_llama, Server};
+use common::{get, post, post_as, reload, serve, tiny_long_context_llama, Server};
 use forgelog_model::testing::{tiny_config, tiny_weights};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -58,12 +58,8 @@ async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
     while server.engine.requests_admitted() == admitted {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let (status, reloaded) = post(
-        &server.base,
-        "/admin/reload",
-        &json!({"checkpoint_uri": uri, "version": 7}),
-    )
-    .await;
+    let (status, reloaded) =
+        reload(&server.base, &json!({"checkpoint_uri": uri, "version": 7})).await;
     let reloaded_at = Instant::now();
     assert_eq!(
         (status, &reloaded["policy_version"]),
@@ -97,7 +93,7 @@ async fn admin_reload_swaps_weights_without_failing_requests_in_flight() {
 
     // A checkpoint that is not there is a clean 400 and changes nothing.
     let missing = json!({"checkpoint_uri": format!("file://{}/nope/model.safetensors", dir.path().display()), "version": 8});
-    let (status, error) = post(&server.base, "/admin/reload", &missing).await;
+    let (status, error) = reload(&server.base, &missing).await;
     assert_eq!(status, 400, "{error}");
     assert_eq!(server.engine.policy_version(), 7);
 }
@@ -143,4 +139,81 @@ async fn policy_published_on_the_log_is_loaded() {
     }
     let (_, response) = post(&server.base, "/v1/completions", &greedy(2)).await;
     assert_eq!(response["policy_version"], 3);
+}
+
+/// `/admin/reload` used to take anything from anyone: `file:///etc/shadow`,
+/// `..` out of any directory, a 1 GB file, version `u64::MAX` (after which
+/// every real policy was ignored). Now: the token, under the root, bounded,
+/// forward only.
+#[tokio::test]
+async fn admin_reload_wants_the_token_a_checkpoint_under_the_root_of_bounded_size_and_a_newer_version(
+) {
+    use forgelog_engine::access::ReloadAccess;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    let policy = tiny_long_context_llama(&dir.path().join("model"), 5);
+    let vocab = policy.tokenizer.get_vocab_size(true);
+    let good = write_checkpoint(&root.join("v2"), vocab, 1.5);
+    let good_size = std::fs::metadata(root.join("v2/model.safetensors"))
+        .unwrap()
+        .len();
+    let server = forgelog_engine::testing::serve_with(
+        policy,
+        ReloadAccess {
+            admin_token: "the-token".into(),
+            checkpoint_root: Some(
+                ReloadAccess::root(&format!("file://{}", root.display())).unwrap(),
+            ),
+            max_checkpoint_bytes: good_size + 1024,
+        },
+    );
+    // A secret beside the root, and a file too large under it.
+    std::fs::write(dir.path().join("secret"), "s3cr3t").unwrap();
+    std::fs::create_dir_all(root.join("big")).unwrap();
+    std::fs::write(
+        root.join("big/model.safetensors"),
+        vec![0u8; good_size as usize * 2],
+    )
+    .unwrap();
+    let ask = |token: &'static str, uri: String, version: u64| {
+        let base = server.base.clone();
+        async move {
+            post_as(
+                &base,
+                "/admin/reload",
+                Some(token),
+                &json!({"checkpoint_uri": uri, "version": version}),
+            )
+            .await
+        }
+    };
+    assert_eq!(ask("wrong", good.clone(), 2).await.0, 401);
+    let outside = [
+        "file:///etc/passwd".to_string(),
+        format!("file://{}/../secret", root.display()),
+        format!("file://{}/nothing-here", dir.path().display()),
+    ];
+    let mut answers = Vec::new();
+    for uri in outside {
+        let (status, body) = ask("the-token", uri, 2).await;
+        assert_eq!(status, 403, "{body}");
+        answers.push(body["error"]["message"].to_string());
+    }
+    assert!(
+        answers.windows(2).all(|w| w[0] == w[1]),
+        "outside the root, what exists and what does not get one answer: {answers:?}"
+    );
+    let big = format!("file://{}/big/model.safetensors", root.display());
+    let (status, body) = ask("the-token", big, 2).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("limit"), "{body}");
+    assert_eq!(ask("the-token", good.clone(), u64::MAX).await.0, 400);
+    let (status, body) = ask("the-token", good.clone(), 2).await;
+    assert_eq!(
+        (status, &body["policy_version"]),
+        (200, &json!(2)),
+        "{body}"
+    );
+    assert_eq!(ask("the-token", good, 2).await.0, 409, "not newer");
+    assert_eq!(server.engine.policy_version(), 2);
 }

@@ -11,6 +11,9 @@ fn args(model: String) -> EngineArgs {
         device: DeviceKind::Cpu,
         brokers: None,
         run: None,
+        admin_token: Some("admin".into()),
+        checkpoint_root: None,
+        max_checkpoint_mib: 1024,
     }
 }
 
@@ -39,6 +42,16 @@ async fn run_serves_a_model_directory() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+    // Reload over HTTP wants the token, and is off without a checkpoint root.
+    let reload = |token: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{base}/admin/reload"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"checkpoint_uri": "file:///etc/shadow", "version": 1}))
+            .send()
+    };
+    assert_eq!(reload("wrong").await.unwrap().status(), 401);
+    assert_eq!(reload("admin").await.unwrap().status(), 403);
 }
 
 #[tokio::test]

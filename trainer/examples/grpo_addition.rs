@@ -168,7 +168,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let uri = store
                 .save(&learner.weights(), &learner.optimizer.moments, &state)
                 .await?;
-            engine.reload(&uri, learner.version).await?;
+            engine
+                .reload(
+                    &uri,
+                    learner.version,
+                    forgelog_engine::DEFAULT_MAX_CHECKPOINT_BYTES,
+                )
+                .await?;
         }
         println!(
             "step {step:>2} {a}+{b}: reward {:.3} loss {:+.4} ratio [{:.4}, {:.4}] max|ratio-1| {:.1e} clip {:.3} entropy {:.3} tokens {} staleness {} version {} ({:.1}s) {}",

@@ -259,7 +259,14 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
             .save(&learner.weights(), &learner.optimizer.moments, &state)
             .await
             .unwrap();
-        engine.reload(&uri, learner.version).await.unwrap();
+        engine
+            .reload(
+                &uri,
+                learner.version,
+                forgelog_engine::DEFAULT_MAX_CHECKPOINT_BYTES,
+            )
+            .await
+            .unwrap();
         assert_eq!(engine.policy_version(), learner.version);
     }
     // What a restarted learner reads back is what was saved.

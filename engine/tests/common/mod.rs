@@ -9,12 +9,23 @@ use forgelog_model::Policy;
 use serde_json::Value;
 
 pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
+    post_as(base, path, None, body).await
+}
+
+/// `POST /admin/reload` with the test engines' admin token.
+pub async fn reload(base: &str, body: &Value) -> (u16, Value) {
+    let token = forgelog_engine::testing::ADMIN_TOKEN;
+    post_as(base, "/admin/reload", Some(token), body).await
+}
+
+pub async fn post_as(base: &str, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
         .post(format!("{base}{path}"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+        .json(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
