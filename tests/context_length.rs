@@ -74,8 +74,12 @@ async fn over_long_prompts_to_the_real_engine_are_context_length_errors_in_each_
     )
     .await
     .unwrap();
-    assert_eq!(proxy.state.upstream_context, Some(8192));
-    assert_eq!(proxy.state.probe_warning, None, "the engine is trainable");
+    assert_eq!(proxy.state.probe().context, Some(8192));
+    assert_eq!(
+        proxy.state.probe().untrainable,
+        None,
+        "the engine is trainable"
+    );
     let url = proxy.url();
     let session = SessionClient::new(&url, None)
         .create(&NewSession::new("r", "t", "h", "g").max_tokens(4))

@@ -6,6 +6,14 @@ use forgelog_schemas::{CallStatus, Event, Topic};
 use forgelog_stream::MemoryLog;
 use server::ProxyConfig;
 
+/// The fake upstream as a successful probe finds it (without asking it).
+fn probed() -> upstream::Probe {
+    upstream::Probe {
+        model: fake_upstream::MODEL.into(),
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
     let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
@@ -183,7 +191,7 @@ async fn attempts_are_abandoned_only_before_their_first_model_call() {
         ..ProxyConfig::new(format!("http://{up}"))
     };
     let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
     let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -321,7 +329,7 @@ async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
         ..ProxyConfig::new(format!("http://{up}"))
     };
     let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
     let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -382,7 +390,7 @@ async fn queued_calls_end_within_the_upstream_timeout_and_finish_counts_them_all
         ..ProxyConfig::new(format!("http://{up}"))
     };
     let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), Default::default()));
+    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
     let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -426,5 +434,55 @@ async fn queued_calls_end_within_the_upstream_timeout_and_finish_counts_them_all
         statuses.contains(&200) && statuses.iter().any(|s| *s >= 500),
         "{statuses:?}"
     );
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// A proxy whose start-up probe failed (its engine was down) used to fail
+/// every call until restarted: no model name, no context to clamp
+/// `max_tokens` to. It probes again while the probe fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_up_probe_is_retried_when_calls_come() {
+    let options = fake_upstream::FakeOptions {
+        context: Some(4000),
+        ..Default::default()
+    };
+    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), options)
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("reprobe".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let failed = upstream::Probe {
+        untrainable: Some("probe failed: connection refused".into()),
+        ..Default::default()
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), failed));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let s = SessionClient::new(proxy.url(), None)
+        .create(&NewSession::new("r1", "t", "sdk", "g"))
+        .await
+        .unwrap();
+    // Claude Code asks for more tokens than the model's whole context.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(&s.api_key)
+        .json(
+            &serde_json::json!({"model": "claude-x", "max_tokens": 128000,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let probe = proxy.state.probe();
+    assert_eq!(
+        (probe.context, probe.untrainable.as_deref()),
+        (Some(4000), None)
+    );
+    assert!(!probe.model.is_empty());
     proxy.shutdown(Duration::from_secs(5)).await.unwrap();
 }

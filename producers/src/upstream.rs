@@ -218,6 +218,7 @@ impl Upstream {
 /// What the start-up probe learned about the upstream.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Probe {
+    /// Empty when the probe failed (the upstream was down, say).
     pub model: String,
     /// Prompt plus completion tokens at most, where the upstream says.
     pub context: Option<i64>,
@@ -315,13 +316,13 @@ impl UpstreamClient {
     }
 }
 
-/// The JSON body of an upstream response; a non-2xx status is an error carrying
-/// (the start of) the body.
 /// The largest upstream answer read: far above any real completion (a
 /// 100k-token prompt's ids and logprobs are about 2 MB of JSON), so that a
 /// broken or hostile upstream cannot fill the proxy's memory.
 pub const MAX_ANSWER_BYTES: usize = 64 << 20;
 
+/// The JSON body of an upstream response; a non-2xx status is an error carrying
+/// (the start of) the body.
 async fn read_json(mut r: reqwest::Response) -> Result<Value, UpstreamError> {
     let status = r.status().as_u16();
     let mut bytes = Vec::new();

@@ -172,7 +172,7 @@ async fn a_prompt_over_the_context_is_each_dialects_context_length_error() {
         "proxy-context",
     )
     .await;
-    assert_eq!(rig.proxy.state.upstream_context, Some(400));
+    assert_eq!(rig.proxy.state.probe().context, Some(400));
     let (session, key) = rig.session("r-context").await;
     let long = "word ".repeat(200);
 

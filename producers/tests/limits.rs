@@ -158,7 +158,8 @@ async fn a_backend_without_ids_serves_untrainable_calls() {
     assert!(rig
         .proxy
         .state
-        .probe_warning
+        .probe()
+        .untrainable
         .as_deref()
         .unwrap()
         .contains("no prompt token ids"));

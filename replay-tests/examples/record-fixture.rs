@@ -61,7 +61,8 @@ async fn main() {
     .await
     .unwrap();
     assert_eq!(
-        proxy.state.probe_warning, None,
+        proxy.state.probe().untrainable,
+        None,
         "SmolLM2 answers are trainable"
     );
     let sessions = SessionClient::new(proxy.url(), None);

@@ -182,7 +182,7 @@ impl Call {
         let resp = ChatResponse {
             id: self.response_id(),
             model: if req.model.is_empty() {
-                self.st.upstream_model.clone()
+                self.st.probe().model.clone()
             } else {
                 req.model.clone()
             },
@@ -209,12 +209,13 @@ impl Call {
         self,
         req: &ChatRequest,
     ) -> Result<(ChatResponse, Bytes), DialectError> {
+        let probe = self.st.probed().await;
         let sent = clamp_max_tokens(
             rl_sampling(&req.sampling),
             self.session.max_tokens,
-            self.st.upstream_context,
+            probe.context,
         );
-        let body = upstream_body(req, &sent, &self.st.upstream_model);
+        let body = upstream_body(req, &sent, &probe.model);
         let asked = Instant::now();
         let answer = self
             .st
@@ -267,10 +268,7 @@ impl Call {
         } = sampled;
         let mut e = self.finished(CallStatus::Ok, None);
         e.unparsed_tool_calls = unparsed_tool_calls as i64;
-        e.model = answer["model"]
-            .as_str()
-            .unwrap_or(&self.st.upstream_model)
-            .to_string();
+        e.model = answer["model"].as_str().unwrap_or(&probe.model).to_string();
         e.trainable = untrainable_reason.is_none();
         e.untrainable_reason = untrainable_reason;
         e.prompt_token_ids = prompt_token_ids;

@@ -49,7 +49,7 @@ pub(super) async fn count_tokens(
     };
     match st
         .upstream
-        .chat(None, &upstream_body(&req, &sent, &st.upstream_model))
+        .chat(None, &upstream_body(&req, &sent, &st.probed().await.model))
         .await
     {
         Ok(a) => {
@@ -78,10 +78,11 @@ pub(super) async fn unrouted(req: Request) -> Response {
 }
 
 pub(super) async fn models(State(st): State<Arc<ProxyState>>) -> Response {
-    let id = if st.upstream_model.is_empty() {
+    let probe = st.probed().await;
+    let id = if probe.model.is_empty() {
         "forgelog"
     } else {
-        &st.upstream_model
+        &probe.model
     };
     // One list both OpenAI and Anthropic clients can read.
     Json(json!({

@@ -16,7 +16,7 @@ pub use body::decode_body;
 pub use call::{CallsInFlight, INTERRUPTED};
 
 use crate::sessions::Sessions;
-use crate::upstream::{Upstream, UpstreamClient};
+use crate::upstream::{Probe, Upstream, UpstreamClient};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -113,12 +113,12 @@ pub struct ProxyState {
     /// tests); `None` for `replay serve`, which records nothing.
     pub events: Option<Arc<dyn EventSink>>,
     pub upstream: Upstream,
-    /// The upstream's model (from the probe): harnesses name models of their own.
-    pub upstream_model: String,
-    /// The upstream's context length, where its model list says (`max_model_len`).
-    pub upstream_context: Option<i64>,
-    /// Why the upstream's answers would not be trainable, from the start-up probe.
-    pub probe_warning: Option<String>,
+    /// What the upstream said of itself: its model (harnesses name models of
+    /// their own), its context length, why its answers would not be
+    /// trainable. Probed at start, and again while that probe fails.
+    probe: std::sync::RwLock<Arc<Probe>>,
+    /// When the upstream was last probed again; held while probing.
+    reprobed: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// The newest policy version the upstream reported.
     policy_version: AtomicI64,
     /// Calls started and not finished: at shutdown, recorded as interrupted.
@@ -134,6 +134,8 @@ pub fn now_ms() -> i64 {
 }
 
 impl ProxyState {
+    pub const REPROBE_EVERY: Duration = Duration::from_secs(2);
+
     pub fn new(
         config: ProxyConfig,
         events: Arc<dyn EventSink>,
@@ -159,9 +161,8 @@ impl ProxyState {
             config,
             sessions: Sessions::default(),
             events,
-            upstream_model: probe.model,
-            upstream_context: probe.context,
-            probe_warning: probe.untrainable,
+            probe: std::sync::RwLock::new(Arc::new(probe)),
+            reprobed: tokio::sync::Mutex::new(None),
             policy_version: AtomicI64::new(-1),
             calls_in_flight: CallsInFlight::default(),
             metrics: crate::metrics_handle(),
@@ -182,6 +183,41 @@ impl ProxyState {
             self.send(call.into());
         }
         n
+    }
+
+    /// The upstream as last probed.
+    pub fn probe(&self) -> Arc<Probe> {
+        self.probe.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The upstream as probed, probing it again first (at most every
+    /// [`Self::REPROBE_EVERY`]) while no probe has succeeded: a proxy started
+    /// while its engine was down used to fail every call (unknown model name,
+    /// unclamped `max_tokens`) until restarted.
+    pub(crate) async fn probed(&self) -> Arc<Probe> {
+        let probe = self.probe();
+        let Upstream::Live(client) = &self.upstream else {
+            return probe;
+        };
+        if !probe.model.is_empty() {
+            return probe;
+        }
+        // One call probes; the others go on with what is known.
+        let Ok(mut last) = self.reprobed.try_lock() else {
+            return probe;
+        };
+        if last.is_some_and(|t| t.elapsed() < Self::REPROBE_EVERY) {
+            return probe;
+        }
+        *last = Some(std::time::Instant::now());
+        match client.probe().await {
+            Ok(new) => {
+                tracing::info!(model = %new.model, untrainable = ?new.untrainable, "upstream probed again: it answers now");
+                *self.probe.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
+            }
+            Err(e) => tracing::warn!(error = %e, "upstream probe failed again"),
+        }
+        self.probe()
     }
 
     fn policy_version(&self) -> Option<i64> {
