@@ -118,10 +118,55 @@ pub fn run<P: Processor>(
         options.state_dir.join("spool"),
         SpoolOptions::default(),
     )?;
-    let reader = ReplayReader::new(config)?;
-    let stats = run_on(&reader, &producer, fresh, options)?;
+    // The broker going away (a restart, a network blip) is ridden out: the
+    // shell starts again from its checkpoint, which is exactly what it does
+    // after a crash, so nothing is lost or sent twice.
+    // Each attempt starts from the fresh state as a checkpoint holds it.
+    let fresh = serde_json::to_vec(&fresh).map_err(|e| ShellError::State {
+        path: options.state_dir.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    let mut backoff = Duration::from_millis(500);
+    let mut failures = 0;
+    let stats = loop {
+        let fresh: P = serde_json::from_slice(&fresh).expect("serialized above");
+        let attempt = ReplayReader::new(config)
+            .map_err(ShellError::from)
+            .and_then(|reader| run_on(&reader, &producer, fresh, options));
+        match attempt {
+            Ok(stats) => break stats,
+            Err(e) if e.is_transient() && !options.stop.load(Ordering::Relaxed) => {
+                failures += 1;
+                if options.exit_when_idle && failures > MAX_RETRIES_WHEN_IDLE {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, ?backoff, "consumer: the log is unreachable; starting again from the checkpoint");
+                metrics::counter!("forgelog_consumer_restarts_total").increment(1);
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     rt.block_on(producer.close(Duration::from_secs(600)))?;
     Ok(stats)
+}
+
+/// A batch run (`exit_when_idle`) gives up after this many failed attempts in
+/// a row (about a minute and a half of backoff); a long-running one never does.
+const MAX_RETRIES_WHEN_IDLE: u32 = 12;
+
+impl ShellError {
+    /// Whether the log being unreachable caused it (worth a retry), rather
+    /// than the state or the settings.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ShellError::Consume(_)
+                | ShellError::Flush(_)
+                | ShellError::Send(SendError::Spool(SpoolError::Full { .. }))
+        )
+    }
 }
 
 /// [`run`] over any log: reads with `log`, writes with `sink` (the fast test

@@ -20,6 +20,16 @@ fn received(msg: &BorrowedMessage<'_>) -> Received {
     )
 }
 
+/// Errors that say the broker cannot be reached now, which the client rides
+/// out by itself (it reconnects).
+fn broker_unreachable(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::BrokerTransportFailure | C::AllBrokersDown | C::OperationTimedOut | C::Resolve)
+    )
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumeError {
     #[error("kafka: {0}")]
@@ -46,9 +56,18 @@ impl EventConsumer {
         Ok(EventConsumer { inner })
     }
 
+    /// The next message. The broker going away is not an error here:
+    /// librdkafka reports it and reconnects on its own, so this waits.
     pub async fn recv(&self) -> Result<Received, ConsumeError> {
-        let msg = self.inner.recv().await?;
-        Ok(received(&msg))
+        loop {
+            match self.inner.recv().await {
+                Ok(msg) => return Ok(received(&msg)),
+                Err(e) if broker_unreachable(&e) => {
+                    tracing::debug!(error = %e, "consumer: broker unreachable; waiting");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Commits "everything up to and including these messages" (synchronously).

@@ -321,3 +321,56 @@ async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_
     let rec = parked.record(spool_dir.path()).unwrap().unwrap();
     assert_eq!(rec.value, Codec::global().encode(&huge.into()).unwrap());
 }
+
+/// A group consumer (the engine's policy follower) used to fail with
+/// `BrokerTransportFailure` when its broker went away; it waits instead, and
+/// gets what is sent after the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_consumer_waits_out_a_broker_restart() {
+    let mut broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    forgelog_stream::admin::create_topics(&config, &Default::default())
+        .await
+        .unwrap();
+    let run = unique_run_id("consumer-restart");
+    let send = |i: usize| {
+        let config = config.clone();
+        let e = event(&run, i, 10);
+        async move {
+            let spool = tempfile::tempdir().unwrap();
+            let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
+            p.send(&e).unwrap();
+            p.close(Duration::from_secs(60)).await.unwrap();
+        }
+    };
+    send(0).await;
+    let consumer = std::sync::Arc::new(
+        EventConsumer::new(&config, &unique_run_id("restart-group"), &[Topic::Calls]).unwrap(),
+    );
+    let first = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.in_run(Some(&run)));
+    broker.kill();
+    let waiting = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move { consumer.recv().await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !waiting.is_finished(),
+        "recv gave up while the broker was down"
+    );
+    broker.restart().unwrap();
+    send(SESSIONS).await;
+    let second = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("nothing after the restart")
+        .unwrap()
+        .unwrap();
+    let Ok(Event::CallFinished(c)) = second.event else {
+        panic!("{:?}", second.event)
+    };
+    assert_eq!((c.run_id.as_str(), c.call_index), (run.as_str(), 1));
+}

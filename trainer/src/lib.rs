@@ -282,7 +282,7 @@ pub async fn train(
         }
         // A sweep: what is new in each partition, until a step's worth.
         let mut new = 0usize;
-        tokio::task::block_in_place(|| -> Result<(), TrainError> {
+        let swept = tokio::task::block_in_place(|| -> Result<(), TrainError> {
             for partition in log.partitions(batches_topic)? {
                 let from = positions.get(&partition).copied().unwrap_or(0);
                 let end = log.end(batches_topic, partition)?;
@@ -309,7 +309,17 @@ pub async fn train(
                 }
             }
             Ok(())
-        })?;
+        });
+        match swept {
+            // The broker away (restarting, say): what was read stands, in
+            // `positions` and the assembler; the next sweep goes on from there.
+            Err(TrainError::Consume(e)) => {
+                tracing::warn!(error = %e, "trainer: the log is unreachable; reading again shortly");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            other => other?,
+        }
         if new > 0 {
             last_new = std::time::Instant::now();
         }
