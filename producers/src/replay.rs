@@ -397,6 +397,9 @@ mod tests {
             group_size: 2,
             policy_version: None,
             started_at_ms: 1,
+            max_model_calls: None,
+            max_tokens: None,
+            api_key_sha256: None,
         }
         .into()
     }

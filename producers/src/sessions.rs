@@ -1,12 +1,25 @@
 //! Sessions: one per rollout, found by its API key. The key is the only thing
-//! a harness holds, so it is unguessable (256 random bits) and dies with the session.
+//! a harness holds, so it is unguessable (256 random bits), dies with the
+//! session, and is kept only as its SHA-256: the log records that hash in
+//! `RolloutStarted`, so the table is a projection of the log ([`SessionLog`])
+//! and a restarted proxy serves the sessions that were open.
 
-use std::collections::HashMap;
+use forgelog_schemas::{CallStatus, Event, RolloutStarted};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Semaphore;
 
 pub use forgelog_api::NewSession;
+
+/// SHA-256 of an API key, in hex: how the table and the log know a key.
+pub fn key_sha256(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 #[derive(Debug)]
 pub struct Session {
@@ -19,6 +32,10 @@ pub struct Session {
     pub started_at_ms: i64,
     pub max_model_calls: Option<u32>,
     pub max_tokens: Option<i64>,
+    /// SHA-256 of its API key (the key itself is never kept).
+    pub key_sha256: String,
+    /// Taken over from the log by a restarted proxy.
+    pub restored: bool,
     next_call: AtomicI64,
     model_calls: AtomicU32,
     finished_calls: AtomicI64,
@@ -62,7 +79,7 @@ impl Session {
 pub enum SessionError {
     #[error("run_id is required (the proxy was started without --run-id)")]
     NoRunId,
-    #[error("session for rollout {0} already exists")]
+    #[error("session for rollout {0} already exists (or already ran: a new attempt takes a new rollout id)")]
     Exists(String),
     #[error("no session {0}")]
     Unknown(String),
@@ -70,17 +87,32 @@ pub enum SessionError {
 
 #[derive(Default)]
 struct Tables {
+    /// By the SHA-256 of the key.
     by_key: HashMap<String, Arc<Session>>,
-    by_id: HashMap<String, (String, Arc<Session>)>,
+    by_id: HashMap<String, Arc<Session>>,
+    /// Sessions that ended: never opened again, or a second run of a
+    /// rollout would reuse its session's call event ids.
+    ended: HashSet<String>,
 }
 
 /// The live sessions.
 #[derive(Default)]
 pub struct Sessions {
     tables: RwLock<Tables>,
+    /// `replay serve`: a recorded session may be replayed again and again
+    /// (nothing is recorded, so no event id is reused).
+    reopen_ended: bool,
 }
 
 impl Sessions {
+    /// The table of `replay serve`, where an ended session may open again.
+    pub fn replaying() -> Sessions {
+        Sessions {
+            reopen_ended: true,
+            ..Default::default()
+        }
+    }
+
     /// Creates a session; returns it and its API key.
     pub fn create(
         &self,
@@ -95,6 +127,7 @@ impl Sessions {
             .ok_or(SessionError::NoRunId)?;
         // Deterministic: the same rollout of the same run is the same session.
         let id = forgelog_schemas::event_id("session", &[&run_id, &new.rollout_id]);
+        let key = forgelog_http::random_token();
         let session = Arc::new(Session {
             id: id.clone(),
             run_id,
@@ -105,6 +138,8 @@ impl Sessions {
             started_at_ms: now_ms,
             max_model_calls: new.max_model_calls,
             max_tokens: new.max_tokens,
+            key_sha256: key_sha256(&key),
+            restored: false,
             next_call: AtomicI64::new(0),
             model_calls: AtomicU32::new(0),
             finished_calls: AtomicI64::new(0),
@@ -112,19 +147,39 @@ impl Sessions {
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
         });
-        let key = forgelog_http::random_token();
         let mut t = self.tables.write().expect("sessions lock");
-        if t.by_id.contains_key(&id) {
+        if t.by_id.contains_key(&id) || t.ended.contains(&id) {
             return Err(SessionError::Exists(session.rollout_id.clone()));
         }
-        t.by_key.insert(key.clone(), session.clone());
-        t.by_id.insert(id, (key.clone(), session.clone()));
+        t.by_key.insert(session.key_sha256.clone(), session.clone());
+        t.by_id.insert(id, session.clone());
         Ok((session, key))
+    }
+
+    /// Takes over what the log says: its open sessions (unless this table
+    /// holds them already) and the ids of those that ended.
+    pub fn restore(&self, log: &SessionLog, max_in_flight: u32) -> Vec<Arc<Session>> {
+        let mut t = self.tables.write().expect("sessions lock");
+        t.ended.extend(log.ended.iter().cloned());
+        let mut restored = Vec::new();
+        for open in log.open.values() {
+            let Some(hash) = &open.started.api_key_sha256 else {
+                continue; // recorded before v4: its key cannot be matched
+            };
+            if t.by_id.contains_key(&open.started.session_id) {
+                continue;
+            }
+            let session = Arc::new(open.session(hash, max_in_flight));
+            t.by_key.insert(hash.clone(), session.clone());
+            t.by_id.insert(session.id.clone(), session.clone());
+            restored.push(session);
+        }
+        restored
     }
 
     pub fn by_id(&self, id: &str) -> Option<Arc<Session>> {
         let t = self.tables.read().expect("sessions lock");
-        t.by_id.get(id).map(|(_, s)| s.clone())
+        t.by_id.get(id).cloned()
     }
 
     pub fn by_key(&self, key: &str) -> Option<Arc<Session>> {
@@ -132,18 +187,21 @@ impl Sessions {
             .read()
             .expect("sessions lock")
             .by_key
-            .get(key)
+            .get(&key_sha256(key))
             .cloned()
     }
 
     /// Ends a session: its key stops working at once.
     pub fn end(&self, id: &str) -> Result<Arc<Session>, SessionError> {
         let mut t = self.tables.write().expect("sessions lock");
-        let (key, session) = t
+        let session = t
             .by_id
             .remove(id)
             .ok_or_else(|| SessionError::Unknown(id.to_string()))?;
-        t.by_key.remove(&key);
+        t.by_key.remove(&session.key_sha256);
+        if !self.reopen_ended {
+            t.ended.insert(session.id.clone());
+        }
         Ok(session)
     }
 
@@ -153,6 +211,112 @@ impl Sessions {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The session table as the log tells it: a pure fold over `forgelog.rollouts`
+/// and `forgelog.calls` events (in log order), no I/O.
+#[derive(Debug, Default)]
+pub struct SessionLog {
+    open: BTreeMap<String, OpenSession>,
+    ended: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+struct OpenSession {
+    started: RolloutStarted,
+    /// Call index → its end, once recorded: (status, sampled tokens).
+    calls: BTreeMap<i64, Option<(CallStatus, usize)>>,
+}
+
+impl OpenSession {
+    fn session(&self, key_sha256: &str, max_in_flight: u32) -> Session {
+        let s = &self.started;
+        let next = self.calls.keys().next_back().map_or(0, |i| i + 1);
+        let ended = self.calls.values().flatten();
+        // What took a model call from the budget: all but the harness's own
+        // bad requests, and the calls left without an end (they reached the
+        // upstream, as far as anyone knows).
+        let used = self
+            .calls
+            .values()
+            .filter(|end| !matches!(end, Some((CallStatus::ClientError, _))))
+            .count();
+        Session {
+            id: s.session_id.clone(),
+            run_id: s.run_id.clone(),
+            rollout_id: s.rollout_id.clone(),
+            task_id: s.task_id.clone(),
+            harness: s.harness.clone(),
+            group_id: s.group_id.clone(),
+            started_at_ms: s.started_at_ms,
+            max_model_calls: s
+                .max_model_calls
+                .map(|n| n.clamp(0, u32::MAX as i64) as u32),
+            max_tokens: s.max_tokens,
+            key_sha256: key_sha256.to_string(),
+            restored: true,
+            next_call: AtomicI64::new(next),
+            model_calls: AtomicU32::new(used as u32),
+            finished_calls: AtomicI64::new(ended.clone().count() as i64),
+            sampled_tokens: AtomicI64::new(ended.map(|(_, n)| *n as i64).sum()),
+            in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
+            max_in_flight,
+        }
+    }
+}
+
+impl SessionLog {
+    pub fn apply(&mut self, event: &Event) {
+        match event {
+            Event::RolloutStarted(r) if !self.ended.contains(&r.session_id) => {
+                self.open
+                    .entry(r.session_id.clone())
+                    .or_insert(OpenSession {
+                        started: r.clone(),
+                        calls: BTreeMap::new(),
+                    });
+            }
+            Event::RolloutFinished(r) => {
+                self.open.remove(&r.session_id);
+                self.ended.insert(r.session_id.clone());
+            }
+            Event::CallStarted(c) => {
+                if let Some(open) = self.open.get_mut(&c.session_id) {
+                    open.calls.entry(c.call_index).or_insert(None);
+                }
+            }
+            Event::CallFinished(c) => {
+                if let Some(open) = self.open.get_mut(&c.session_id) {
+                    open.calls
+                        .insert(c.call_index, Some((c.status, c.completion_token_ids.len())));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The earliest start among the open sessions: their calls are all later.
+    pub fn oldest_open_ms(&self) -> Option<i64> {
+        self.open.values().map(|o| o.started.started_at_ms).min()
+    }
+
+    /// Calls of open sessions recorded as started and never as finished (the
+    /// proxy that took them died): (session id, call index).
+    pub fn unfinished_calls(&self) -> Vec<(String, i64)> {
+        self.open
+            .iter()
+            .flat_map(|(id, o)| {
+                o.calls
+                    .iter()
+                    .filter(|(_, end)| end.is_none())
+                    .map(move |(i, _)| (id.clone(), *i))
+            })
+            .collect()
+    }
+
+    pub fn open_sessions(&self) -> usize {
+        self.open.len()
     }
 }
 
@@ -203,5 +367,84 @@ mod tests {
             s.create(new("r3"), None, 4, 0).unwrap_err(),
             SessionError::NoRunId
         );
+    }
+
+    #[test]
+    fn the_log_projects_to_the_open_sessions_with_their_calls() {
+        use forgelog_schemas::testing::call_finished;
+        use forgelog_schemas::{Dialect, RolloutFinished};
+        let live = Sessions::default();
+        let (open, key) = live
+            .create(
+                NewSession {
+                    max_model_calls: Some(3),
+                    ..new("open")
+                },
+                Some("run"),
+                4,
+                7,
+            )
+            .unwrap();
+        let (done, _) = live.create(new("done"), Some("run"), 4, 7).unwrap();
+        let started =
+            |s: &Session| Event::from(crate::server::record::rollout_started(s, 1, None, 7));
+        let call_started = |s: &Session, i: i64| {
+            Event::from(crate::server::record::CallIds::of(s, i).started(
+                Dialect::OpenaiChat,
+                "h",
+                "/".into(),
+                vec![],
+                8,
+            ))
+        };
+        let mut finished = call_finished("run", &open.id, 0, 5, 4);
+        finished.status = CallStatus::Ok;
+        let events = vec![
+            started(&open),
+            started(&done),
+            call_started(&open, 0),
+            finished.into(),
+            call_started(&open, 1),
+            RolloutFinished {
+                run_id: "run".into(),
+                event_id: "f".into(),
+                rollout_id: "done".into(),
+                session_id: done.id.clone(),
+                exit_status: None,
+                model_calls: 0,
+                started_at_ms: 7,
+                finished_at_ms: 9,
+            }
+            .into(),
+        ];
+        let mut log = SessionLog::default();
+        for e in &events {
+            log.apply(e);
+        }
+        assert_eq!(log.open_sessions(), 1);
+        assert_eq!(log.unfinished_calls(), [(open.id.clone(), 1)]);
+        assert_eq!(log.oldest_open_ms(), Some(7));
+
+        let restarted = Sessions::default();
+        let restored = restarted.restore(&log, 4);
+        assert_eq!(restored.len(), 1);
+        let s = restarted.by_key(&key).expect("the key finds its session");
+        assert_eq!((s.id.as_str(), s.restored), (open.id.as_str(), true));
+        assert_eq!(s.next_call_index(), 2);
+        assert_eq!((s.finished_calls(), s.sampled_tokens()), (1, 4));
+        // Budget 3: call 0 and the unfinished call 1 took two.
+        assert!(s.take_model_call());
+        assert!(!s.take_model_call());
+        for rollout in ["done", "open"] {
+            assert!(matches!(
+                restarted.create(new(rollout), Some("run"), 4, 0),
+                Err(SessionError::Exists(_))
+            ));
+        }
+        restarted.end(&s.id).unwrap();
+        assert!(matches!(
+            restarted.create(new("open"), Some("run"), 4, 0),
+            Err(SessionError::Exists(_))
+        ));
     }
 }

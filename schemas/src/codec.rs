@@ -22,6 +22,10 @@ const HISTORY: &[(EventKind, &str)] = &[
         EventKind::VerifierResult,
         include_str!("../avro/history/v2/VerifierResult.avsc"),
     ),
+    (
+        EventKind::RolloutStarted,
+        include_str!("../avro/history/v3/RolloutStarted.avsc"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]

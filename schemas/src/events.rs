@@ -122,6 +122,16 @@ pub struct RolloutStarted {
     pub group_size: i64,
     pub policy_version: Option<i64>,
     pub started_at_ms: i64,
+    /// The session's budget of model calls and cap on `max_tokens` (what a
+    /// restarted proxy keeps enforcing). `None`: none, or before v4.
+    #[serde(default)]
+    pub max_model_calls: Option<i64>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    /// SHA-256 (hex) of the session's API key, never the key itself: what a
+    /// restarted proxy matches a harness's key against. `None` before v4.
+    #[serde(default)]
+    pub api_key_sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -94,6 +94,9 @@ pub fn recorded_run(
                     group_size: group_size as i64,
                     policy_version: Some(0),
                     started_at_ms: 1_790_000_000_000 + n as i64,
+                    max_model_calls: None,
+                    max_tokens: None,
+                    api_key_sha256: None,
                 }
                 .into(),
             );

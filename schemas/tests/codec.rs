@@ -29,7 +29,7 @@ fn every_kind_has_a_sample_and_round_trips() {
 #[test]
 fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for version in ["v1", "v2", "v3"] {
+    for version in ["v1", "v2", "v3", "v4"] {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
@@ -48,6 +48,12 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let v3 = std::fs::read(root.join("v3/VerifierResult.avro")).unwrap();
     assert_ne!(v2[2..10], v3[2..10]);
     assert_eq!(v3.len(), v2.len() + 1, "one boolean more");
+    // v4 adds RolloutStarted.max_model_calls, max_tokens and api_key_sha256
+    // (older ones read them as null).
+    let v3 = std::fs::read(root.join("v3/RolloutStarted.avro")).unwrap();
+    let v4 = std::fs::read(root.join("v4/RolloutStarted.avro")).unwrap();
+    assert_ne!(v3[2..10], v4[2..10]);
+    assert_eq!(v4.len(), v3.len() + 3, "three union indices more");
 }
 
 #[test]
@@ -348,6 +354,9 @@ fn event() -> impl Strategy<Value = Event> {
                     group_size: 8,
                     policy_version,
                     started_at_ms,
+                    max_model_calls: None,
+                    max_tokens: None,
+                    api_key_sha256: None,
                 }
                 .into()
             }

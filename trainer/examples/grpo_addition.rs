@@ -98,6 +98,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     group_size: GROUP as i64,
                     policy_version: Some(g.policy_version as i64),
                     started_at_ms: 0,
+                    max_model_calls: None,
+                    max_tokens: None,
+                    api_key_sha256: None,
                 }
                 .into(),
             );

@@ -120,7 +120,8 @@ async fn end_session(st: &ProxyState, id: &str, finish: &Finish) -> Response {
 /// `POST /sessions/abandon`: an attempt whose orchestrator died. A session
 /// this proxy still holds is finished as abandoned (unless it reached the
 /// model: then its calls stand and it is finished as it is); one it does not
-/// know (a proxy restarted since) gets an abandoned verdict only.
+/// know, or took over from the log when it restarted, gets an abandoned
+/// verdict only.
 pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Bytes) -> Response {
     let a: AbandonAttempt = match serde_json::from_slice(&body) {
         Ok(a) => a,
@@ -130,13 +131,21 @@ pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Byt
         return admin_error(StatusCode::BAD_REQUEST, SessionError::NoRunId.to_string());
     };
     let session_id = forgelog_schemas::event_id("session", &[&run_id, &a.rollout_id]);
-    if st.sessions.by_id(&session_id).is_some() {
-        let finish = Finish {
-            exit_status: None,
-            verifier: Some(forgelog_api::Verdict::failed(a.why)),
-            abandon_if_unused: true,
-        };
-        return end_session(&st, &session_id, &finish).await;
+    match st.sessions.by_id(&session_id) {
+        Some(s) if !s.restored => {
+            let finish = Finish {
+                exit_status: None,
+                verifier: Some(forgelog_api::Verdict::failed(a.why)),
+                abandon_if_unused: true,
+            };
+            return end_session(&st, &session_id, &finish).await;
+        }
+        // Taken over from the log after a restart: the harness ran under the
+        // proxy (and orchestrator) that died, so it is gone, as if unknown.
+        Some(_) => {
+            let _ = st.sessions.end(&session_id);
+        }
+        None => {}
     }
     if !st.send(record::abandoned(&run_id, &a.rollout_id, &a.why).into()) {
         return admin_error(

@@ -25,13 +25,16 @@ use std::time::Instant;
 /// out records how it ended: the call itself, or the proxy shutting down
 /// (which records those left as interrupted), never both.
 #[derive(Default)]
-pub struct CallsInFlight(Mutex<BTreeMap<(String, i64), (Arc<Session>, Instant)>>);
+pub struct CallsInFlight(Mutex<InFlightTable>);
+
+/// (session id, call index) → the session and when the call arrived.
+type InFlightTable = BTreeMap<(String, i64), (Arc<Session>, Instant)>;
 
 /// The error of a call the proxy shut down under.
 pub const INTERRUPTED: &str = "interrupted: the proxy shut down with the call in flight";
 
 impl CallsInFlight {
-    fn calls(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, i64), (Arc<Session>, Instant)>> {
+    fn calls(&self) -> std::sync::MutexGuard<'_, InFlightTable> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 

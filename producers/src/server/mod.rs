@@ -156,10 +156,14 @@ impl ProxyState {
         events: Option<Arc<dyn EventSink>>,
         probe: crate::upstream::Probe,
     ) -> ProxyState {
+        let sessions = match upstream {
+            Upstream::Live(_) => Sessions::default(),
+            Upstream::Recorded(_) => Sessions::replaying(),
+        };
         ProxyState {
             upstream,
             config,
-            sessions: Sessions::default(),
+            sessions,
             events,
             probe: std::sync::RwLock::new(Arc::new(probe)),
             reprobed: tokio::sync::Mutex::new(None),
@@ -183,6 +187,19 @@ impl ProxyState {
             self.send(call.into());
         }
         n
+    }
+
+    /// Records call `index` of `session` as ended by an interruption.
+    pub fn record_interrupted(&self, session: &crate::sessions::Session, index: i64, why: &str) {
+        let call = record::CallIds::of(session, index).finished(
+            forgelog_schemas::CallStatus::UpstreamError,
+            Some(why.to_string()),
+            0,
+            now_ms(),
+        );
+        if self.send(call.into()) {
+            session.call_finished(0);
+        }
     }
 
     /// The upstream as last probed.

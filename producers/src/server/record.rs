@@ -148,6 +148,9 @@ pub fn rollout_started(
         group_size,
         policy_version,
         started_at_ms,
+        max_model_calls: s.max_model_calls.map(i64::from),
+        max_tokens: s.max_tokens,
+        api_key_sha256: Some(s.key_sha256.clone()),
     }
 }
 

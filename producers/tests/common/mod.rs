@@ -21,7 +21,8 @@ pub struct Rig {
     pub http: reqwest::Client,
     /// Each topic partition's end when the rig started: the run's events are past it.
     pub marks: Vec<(Topic, i32, i64)>,
-    _spool: tempfile::TempDir,
+    upstream_url: String,
+    spool: tempfile::TempDir,
 }
 
 pub const ADMIN: &str = "test-admin-token";
@@ -99,7 +100,7 @@ impl Rig {
         let spool = tempfile::tempdir().unwrap();
         let stream_for_marks = stream.clone();
         let proxy = RunningProxy::start(
-            config(upstream_url, &run_id),
+            config(upstream_url.clone(), &run_id),
             &stream,
             spool.path().to_path_buf(),
             "127.0.0.1:0".parse().unwrap(),
@@ -113,8 +114,26 @@ impl Rig {
             stream,
             http: reqwest::Client::new(),
             marks: topic_ends(&stream_for_marks).await,
-            _spool: spool,
+            upstream_url,
+            spool,
         }
+    }
+
+    /// Stops the proxy and starts a new one for the same run on the same spool.
+    pub async fn restart(self) -> Rig {
+        self.proxy
+            .shutdown(Duration::from_secs(60))
+            .await
+            .expect("proxy stops");
+        let proxy = RunningProxy::start(
+            config(self.upstream_url.clone(), &self.run_id),
+            &self.stream,
+            self.spool.path().to_path_buf(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .expect("proxy starts again");
+        Rig { proxy, ..self }
     }
 
     pub async fn post(&self, path: &str, auth: Option<&str>, body: &Value) -> (u16, Value) {

@@ -92,6 +92,9 @@ pub fn all() -> Vec<Event> {
             group_size: 8,
             policy_version: Some(3),
             started_at_ms: 1_790_000_000_000,
+            max_model_calls: None,
+            max_tokens: None,
+            api_key_sha256: None,
         }
         .into(),
         RolloutFinished {
