@@ -83,6 +83,21 @@ pub struct ChatCompletionRequest {
     pub fields: SamplingFields,
 }
 
+/// vLLM's `POST /tokenize`: a chat (rendered as `/v1/chat/completions`
+/// renders it) or a prompt.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum TokenizeRequest {
+    Chat {
+        messages: Vec<Value>,
+        #[serde(default)]
+        tools: Option<Value>,
+    },
+    Prompt {
+        prompt: String,
+    },
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {

@@ -28,6 +28,7 @@ pub fn router(engine: Engine, access: ReloadAccess) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokenize))
         .route(
             "/admin/reload",
             post(move |state, headers, body| reload(state, access.clone(), headers, body)),
@@ -84,6 +85,21 @@ async fn chat_completions(
         include,
         parse_tools,
     )))
+}
+
+/// vLLM's `/tokenize`: the prompt's token ids, no generation.
+async fn tokenize(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let tokens = match api::parse::<api::TokenizeRequest>(&body)? {
+        api::TokenizeRequest::Chat { messages, tools } => {
+            engine.chat_prompt(&messages, tools.as_ref())?
+        }
+        api::TokenizeRequest::Prompt { prompt } => engine.encode(&prompt)?,
+    };
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": engine.context_length(),
+        "tokens": tokens,
+    })))
 }
 
 async fn completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<Value>, ApiError> {

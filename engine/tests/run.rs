@@ -33,8 +33,8 @@ async fn run_serves_a_model_directory() {
         assert!(Instant::now() < deadline, "the engine did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let body =
-        serde_json::json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3});
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "Hello"}],
+                                  "max_tokens": 3, "return_token_ids": true});
     let response = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
         .json(&body)
@@ -42,6 +42,21 @@ async fn run_serves_a_model_directory() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+    let prompt = response.json::<serde_json::Value>().await.unwrap()["prompt_token_ids"]
+        .as_array()
+        .unwrap()
+        .len();
+    // vLLM's /tokenize counts the same prompt without generating.
+    let counted: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/tokenize"))
+        .json(&serde_json::json!({"messages": body["messages"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counted["count"].as_u64(), Some(prompt as u64), "{counted}");
     // Reload over HTTP wants the token, and is off without a checkpoint root.
     let reload = |token: &'static str| {
         reqwest::Client::new()

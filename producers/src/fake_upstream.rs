@@ -43,6 +43,8 @@ pub struct FakeOptions {
     /// Play the `[agent:N]` agent in every conversation, without the marker
     /// (for real harnesses on unmodified task instructions).
     pub agent_steps: Option<usize>,
+    /// Have no `/tokenize` (as backends other than vLLM and forgelog's engine).
+    pub without_tokenize: bool,
 }
 
 #[derive(Default)]
@@ -252,6 +254,17 @@ impl FakeUpstream {
     }
 }
 
+/// vLLM's `/tokenize` of a chat: one token per byte of the rendered prompt,
+/// as the completions count them.
+async fn tokenize(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Response {
+    if up.options.without_tokenize {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let messages = req["messages"].as_array().cloned().unwrap_or_default();
+    let count = render_prompt(&messages).len();
+    Json(json!({"count": count, "max_model_len": up.options.context, "tokens": []})).into_response()
+}
+
 async fn chat(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Response {
     if req["stream"] == true {
         return (StatusCode::BAD_REQUEST, "the fake upstream does not stream").into_response();
@@ -297,6 +310,7 @@ pub fn router(up: Arc<FakeUpstream>) -> Router {
             }),
         )
         .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize))
         // Takes what a real engine takes: the proxy's limits are under test.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(up)

@@ -486,3 +486,127 @@ async fn a_failed_start_up_probe_is_retried_when_calls_come() {
     assert!(!probe.model.is_empty());
     proxy.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// Negative `max_tokens` or temperature used to be forwarded and recorded as
+/// trainable; they are the harness's error, in its dialect, recorded as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_no_engine_can_honour_is_a_client_error() {
+    let keep = fake_upstream::FakeOptions {
+        keep_answers: true,
+        ..Default::default()
+    };
+    let (up, fake) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), keep)
+        .await
+        .unwrap();
+    let config = ProxyConfig {
+        run_id: Some("sampling".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let s = SessionClient::new(proxy.url(), None)
+        .create(&NewSession::new("r1", "t", "sdk", "g"))
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let chat = http
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(&s.api_key)
+        .json(&serde_json::json!({"model": "m", "max_tokens": -5,
+                                  "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status().as_u16(), 400);
+    let body: serde_json::Value = chat.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let anthropic = http
+        .post(format!("{}/v1/messages", proxy.url()))
+        .header("x-api-key", &s.api_key)
+        .json(
+            &serde_json::json!({"model": "m", "max_tokens": 10, "temperature": -1,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anthropic.status().as_u16(), 400);
+    let body: serde_json::Value = anthropic.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    assert!(
+        fake.answers.lock().unwrap().is_empty(),
+        "nothing went upstream"
+    );
+    proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+    let statuses: Vec<(CallStatus, bool)> = log
+        .events(Topic::Calls.name())
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some((c.status, c.trainable)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (CallStatus::ClientError, false),
+            (CallStatus::ClientError, false)
+        ]
+    );
+}
+
+/// Anthropic's token counter used to ask the upstream for a completion with
+/// no regard for the session's budget: now it tokenizes (no generation, no
+/// budget taken), and where the upstream cannot, the completion it asks for
+/// takes a model call and is refused once they are spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_tokenize_or_take_a_model_call_from_the_budget() {
+    for without_tokenize in [false, true] {
+        let options = fake_upstream::FakeOptions {
+            without_tokenize,
+            ..Default::default()
+        };
+        let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), options)
+            .await
+            .unwrap();
+        let config = ProxyConfig {
+            run_id: Some(format!("count-{without_tokenize}")),
+            ..ProxyConfig::new(format!("http://{up}"))
+        };
+        let state = Arc::new(ProxyState::new(
+            config,
+            Arc::new(MemoryLog::default()),
+            probed(),
+        ));
+        let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let s = SessionClient::new(proxy.url(), None)
+            .create(&NewSession::new("r1", "t", "sdk", "g").max_model_calls(1))
+            .await
+            .unwrap();
+        let count = || {
+            reqwest::Client::new()
+                .post(format!("{}/v1/messages/count_tokens", proxy.url()))
+                .header("x-api-key", &s.api_key)
+                .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]}))
+                .send()
+        };
+        let first = count().await.unwrap();
+        assert_eq!(first.status().as_u16(), 200);
+        let n = first.json::<serde_json::Value>().await.unwrap()["input_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(n >= 5, "{n}");
+        let second = count().await.unwrap().status().as_u16();
+        assert_eq!(
+            second,
+            if without_tokenize { 429 } else { 200 },
+            "without /tokenize: {without_tokenize}"
+        );
+        proxy.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+}

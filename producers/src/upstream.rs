@@ -273,6 +273,30 @@ impl UpstreamClient {
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
     }
 
+    /// vLLM's `POST /tokenize` of a chat: its prompt's token count, no
+    /// generation. `None` when the upstream has no such route.
+    pub async fn tokenize(&self, body: &Value) -> Result<Option<u64>, UpstreamError> {
+        let answer = async {
+            let _turn = self.in_flight.acquire().await.expect("never closed");
+            let r = self
+                .http
+                .post(format!("{}/tokenize", self.base))
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(body).expect("JSON"))
+                .send()
+                .await
+                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            if matches!(r.status().as_u16(), 404 | 405) {
+                return Ok(None);
+            }
+            let v = read_json(r).await?;
+            Ok(v["count"].as_u64())
+        };
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .map_err(|_| UpstreamError::Timeout(self.timeout))?
+    }
+
     pub async fn models(&self) -> Result<Value, UpstreamError> {
         let r = self
             .http

@@ -492,6 +492,33 @@ proptest! {
         prop_assert_eq!(codec().decode(&bytes).unwrap(), e);
     }
 
+    /// The decoder fuzzed: a known fingerprint followed by any bytes, and
+    /// valid events with bytes overwritten, are decoded or refused, never a
+    /// panic (nor an allocation a corrupt length could make unbounded).
+    #[test]
+    fn any_body_after_a_known_fingerprint_never_panics(
+        e in event(),
+        body in prop::collection::vec(any::<u8>(), 0..512),
+    ) {
+        let mut bytes = codec().encode(&e).unwrap();
+        bytes.truncate(10);
+        bytes.extend(body);
+        let _ = codec().decode(&bytes);
+    }
+
+    #[test]
+    fn overwritten_bytes_never_panic(
+        e in event(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut bytes = codec().encode(&e).unwrap();
+        for (at, byte) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = byte;
+        }
+        let _ = codec().decode(&bytes);
+    }
+
     #[test]
     fn truncated_events_never_panic(e in event(), cut in 0usize..200) {
         let bytes = codec().encode(&e).unwrap();

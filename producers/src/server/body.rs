@@ -17,10 +17,17 @@ pub(super) async fn read_body(
     body: axum::body::Body,
     limit: usize,
 ) -> Result<Bytes, DialectError> {
-    match axum::body::to_bytes(body, limit).await {
-        Ok(b) => decode_body(headers, b, limit),
-        Err(_) => Err(too_large(limit)),
+    let body = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large(limit))?;
+    if !headers.contains_key(header::CONTENT_ENCODING) {
+        return Ok(body);
     }
+    // Decompressing megabytes is CPU work: not on the async workers.
+    let headers = headers.clone();
+    tokio::task::spawn_blocking(move || decode_body(&headers, body, limit))
+        .await
+        .unwrap_or_else(|e| Err(DialectError::invalid(format!("decoding the body: {e}"))))
 }
 
 /// The request body as sent, undoing its `Content-Encoding` (Codex compresses

@@ -353,6 +353,7 @@ async fn serve<D: DialectAdapter>(
         serde_json::from_slice::<Value>(&raw)
             .map_err(|e| DialectError::invalid(format!("malformed JSON: {e}")))
             .and_then(|v| D::decode_request(&v, &hints))
+            .and_then(|req| check_sampling(&req.sampling).map(|()| req))
     });
     let req = match decoded {
         Ok(r) => r,

@@ -4,7 +4,7 @@
 use super::auth::api_key;
 use super::body::read_body;
 use super::{admin_error, error_response, ProxyState};
-use crate::upstream::{rl_sampling, upstream_body};
+use crate::upstream::{rl_sampling, upstream_body, Upstream};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +15,12 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// Anthropic's token counter: the upstream's prompt token count for the
-/// request, by a 1-token completion. Not a model call of the session: not recorded.
+/// request. It holds one of the session's in-flight slots, as a call does.
+/// vLLM's `/tokenize` counts without generating; an upstream without one is
+/// asked for a 1-token completion instead, which is model work: it takes a
+/// model call from the session's budget (refused once spent). Not a turn of
+/// the conversation, so not an event of the log:
+/// `forgelog_proxy_token_counts_total` counts them.
 pub(super) async fn count_tokens(
     State(st): State<Arc<ProxyState>>,
     headers: HeaderMap,
@@ -23,15 +28,21 @@ pub(super) async fn count_tokens(
 ) -> Response {
     type D = AnthropicDialect;
     // Who asks, before a byte of the body is read.
-    if api_key(&headers, None)
-        .and_then(|k| st.sessions.by_key(k))
-        .is_none()
-    {
+    let Some(session) = api_key(&headers, None).and_then(|k| st.sessions.by_key(k)) else {
         return error_response::<D>(&DialectError::new(
             ErrorKind::Authentication,
             "unknown or ended session key",
         ));
-    }
+    };
+    let Ok(_slot) = session.in_flight.clone().try_acquire_owned() else {
+        return error_response::<D>(&DialectError::new(
+            ErrorKind::RateLimited,
+            format!(
+                "more than {} calls in flight in this session",
+                session.max_in_flight
+            ),
+        ));
+    };
     let body = match read_body(&headers, req.into_body(), st.config.body_limit).await {
         Ok(b) => b,
         Err(e) => return error_response::<D>(&e),
@@ -47,16 +58,34 @@ pub(super) async fn count_tokens(
         max_tokens: Some(1),
         ..rl_sampling(&SamplingParams::default())
     };
-    match st
-        .upstream
-        .chat(None, &upstream_body(&req, &sent, &st.probed().await.model))
-        .await
-    {
-        Ok(a) => {
-            let n = a["usage"]["prompt_tokens"]
+    let body = upstream_body(&req, &sent, &st.probed().await.model);
+    let tokenized = match &st.upstream {
+        Upstream::Live(client) => {
+            let ask = json!({"model": body["model"], "messages": body["messages"], "tools": body.get("tools")});
+            client.tokenize(&ask).await
+        }
+        Upstream::Recorded(_) => Ok(None),
+    };
+    let counted = match tokenized {
+        Ok(Some(n)) => Ok(n),
+        Ok(None) if !session.take_model_call() => {
+            return error_response::<D>(&DialectError::new(
+                ErrorKind::RateLimited,
+                "this session's model calls are used up (counting tokens here takes one)",
+            ))
+        }
+        Ok(None) => st.upstream.chat(None, &body).await.map(|a| {
+            a["usage"]["prompt_tokens"]
                 .as_u64()
-                .or_else(|| a["prompt_token_ids"].as_array().map(|v| v.len() as u64));
-            Json(json!({"input_tokens": n.unwrap_or(0)})).into_response()
+                .or_else(|| a["prompt_token_ids"].as_array().map(|v| v.len() as u64))
+                .unwrap_or(0)
+        }),
+        Err(e) => Err(e),
+    };
+    match counted {
+        Ok(n) => {
+            metrics::counter!("forgelog_proxy_token_counts_total").increment(1);
+            Json(json!({"input_tokens": n})).into_response()
         }
         Err(e) => error_response::<D>(&e.dialect_error()),
     }

@@ -69,6 +69,40 @@ impl DialectError {
     }
 }
 
+/// Sampling settings no engine can honour (a negative `max_tokens` or
+/// temperature, a `top_p` over 1, a NaN) are the harness's error in every
+/// dialect: refused here, not forwarded and recorded as trainable.
+pub fn check_sampling(s: &forgelog_schemas::SamplingParams) -> Result<(), DialectError> {
+    let refuse = |field: &str, value: &dyn std::fmt::Display, must: &str| {
+        Err(DialectError::invalid(format!(
+            "{field} {value} is out of range: {must}"
+        )))
+    };
+    if let Some(n) = s.max_tokens.filter(|n| *n < 1) {
+        return refuse("max_tokens", &n, "at least 1");
+    }
+    if let Some(t) = s.temperature.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        return refuse("temperature", &t, "0 or more");
+    }
+    for (field, value) in [("top_p", s.top_p), ("min_p", s.min_p)] {
+        if let Some(p) = value.filter(|p| !(0.0..=1.0).contains(p)) {
+            return refuse(field, &p, "between 0 and 1");
+        }
+    }
+    if let Some(k) = s.top_k.filter(|k| *k < -1) {
+        return refuse("top_k", &k, "-1 (off) or more");
+    }
+    for (field, value) in [
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+    ] {
+        if let Some(p) = value.filter(|p| !(p.is_finite() && (-2.0..=2.0).contains(p))) {
+            return refuse(field, &p, "between -2 and 2");
+        }
+    }
+    Ok(())
+}
+
 /// What the route adds to the body: Gemini names the model and streaming in the path.
 #[derive(Debug, Clone, Default)]
 pub struct RouteHints {
@@ -245,5 +279,65 @@ pub(crate) fn put<T: serde::Serialize>(o: &mut Map<String, Value>, key: &str, va
             key.to_string(),
             serde_json::to_value(v).expect("serializable"),
         );
+    }
+}
+
+#[cfg(test)]
+mod sampling_tests {
+    use super::check_sampling;
+    use forgelog_schemas::SamplingParams;
+
+    #[test]
+    fn sampling_no_engine_can_honour_is_refused() {
+        let ok = SamplingParams {
+            max_tokens: Some(1),
+            temperature: Some(0.0),
+            top_p: Some(1.0),
+            top_k: Some(-1),
+            ..Default::default()
+        };
+        assert!(check_sampling(&ok).is_ok());
+        assert!(check_sampling(&SamplingParams::default()).is_ok());
+        for bad in [
+            SamplingParams {
+                max_tokens: Some(0),
+                ..ok.clone()
+            },
+            SamplingParams {
+                max_tokens: Some(-5),
+                ..ok.clone()
+            },
+            SamplingParams {
+                temperature: Some(-0.1),
+                ..ok.clone()
+            },
+            SamplingParams {
+                temperature: Some(f64::NAN),
+                ..ok.clone()
+            },
+            SamplingParams {
+                top_p: Some(1.5),
+                ..ok.clone()
+            },
+            SamplingParams {
+                min_p: Some(-1.0),
+                ..ok.clone()
+            },
+            SamplingParams {
+                top_k: Some(-2),
+                ..ok.clone()
+            },
+            SamplingParams {
+                presence_penalty: Some(9.0),
+                ..ok.clone()
+            },
+        ] {
+            let err = check_sampling(&bad).unwrap_err();
+            assert!(
+                err.message.contains("out of range"),
+                "{bad:?}: {}",
+                err.message
+            );
+        }
     }
 }
