@@ -3,6 +3,7 @@
 use crate::BrokerArgs;
 use anyhow::Result;
 use forgelog_consumers::export;
+use forgelog_schemas::Topic;
 use forgelog_stream::ReplayReader;
 
 #[derive(clap::Subcommand)]
@@ -11,7 +12,7 @@ pub enum ExportAction {
     Sft {
         #[arg(long)]
         run: String,
-        /// Destination URL: file:///abs/dir, s3://bucket/prefix (AWS_* variables configure S3)
+        /// Destination: a directory path, file:///abs/dir, or s3://bucket/prefix (AWS_* variables configure S3)
         #[arg(long)]
         to: String,
         /// Only rollouts whose verifier ran and gave a reward above 0
@@ -34,6 +35,15 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
         broker,
     } = action;
     let reader = ReplayReader::new(&broker.config())?;
+    // An unknown run is a mistake, not an empty dataset.
+    let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, &run)?;
+    if rollouts.is_empty() {
+        eprintln!(
+            "forgelog export: run {run} has no rollouts in the log at {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
+            broker.brokers
+        );
+        std::process::exit(2);
+    }
     let filter = export::ExportFilter {
         only_successful,
         min_reward,

@@ -39,7 +39,7 @@ struct Cli {
 pub struct BrokerArgs {
     /// Kafka bootstrap servers (comma-separated host:port)
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
-    brokers: String,
+    pub brokers: String,
 }
 
 impl BrokerArgs {

@@ -21,8 +21,9 @@ fn tail_prints_a_runs_events_as_json_lines() {
     rt.block_on(async {
         let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
         for i in 0..30 {
-            p.send(&Event::from(call_finished(&run, "s1", i, 5, 3)))
-                .unwrap();
+            let mut c = call_finished(&run, "s1", i, 5, 3);
+            c.response_body = format!("{{\"i\":{i}}}").into_bytes();
+            p.send(&Event::from(c)).unwrap();
         }
         p.close(Duration::from_secs(30)).await.unwrap();
     });
@@ -61,6 +62,8 @@ fn tail_prints_a_runs_events_as_json_lines() {
             l["prompt_token_ids"],
             serde_json::json!(expected.prompt_token_ids)
         );
+        // Bodies print as the text they are, not arrays of byte numbers.
+        assert_eq!(l["response_body"], format!("{{\"i\":{i}}}").as_str());
         assert_eq!(
             l["completion_logprobs"],
             serde_json::json!(expected.completion_logprobs)
@@ -75,11 +78,25 @@ fn tail_prints_a_runs_events_as_json_lines() {
             &run,
             "--limit",
             "4",
+            "--envelope",
             "--brokers",
             &config.brokers,
         ])
         .output()
         .unwrap();
+    let first: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&limited.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (first["key"].as_str(), first["offset"].is_i64()),
+        (Some("s1"), true),
+        "{first}"
+    );
+    assert_eq!(first["event"]["type"], "CallFinished");
     assert_eq!(
         String::from_utf8(limited.stdout).unwrap().lines().count(),
         4
@@ -283,4 +300,32 @@ fn kafka_properties_file_reaches_the_clients_and_a_broken_one_is_refused() {
         !ok && stderr.contains("FORGELOG_KAFKA_CONFIG=") && stderr.contains("line 2"),
         "{stderr}"
     );
+}
+
+/// An unknown run used to export an empty dataset and exit 0.
+#[test]
+fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(forgelog_stream::testing::shared_broker());
+    let to = tempfile::tempdir().unwrap();
+    let out = forgelog()
+        .args([
+            "export",
+            "sft",
+            "--run",
+            "no-such-run-anywhere",
+            "--brokers",
+            &config.brokers,
+            "--to",
+        ])
+        .arg(to.path().join("plain/relative-or-not"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-run-anywhere has no rollouts"),
+        "{err}"
+    );
+    assert!(!to.path().join("plain").exists(), "nothing written");
 }
