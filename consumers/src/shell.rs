@@ -16,7 +16,7 @@
 //! skipped, the rest are sent, in the same order a clean run sends them.
 
 use crate::Processor;
-use forgelog_schemas::Event;
+use forgelog_schemas::{DeadLetter, Event, Topic};
 use forgelog_stream::{
     ConsumeError, EventProducer, EventSink, LogReader, ReplayReader, SendError, SpoolError,
     SpoolOptions, StreamConfig,
@@ -97,6 +97,9 @@ struct Checkpoint<P> {
     inputs: BTreeMap<String, BTreeMap<i32, i64>>,
     /// Output partition → its end when this checkpoint was taken.
     outputs: BTreeMap<i32, i64>,
+    /// The same for `forgelog.deadletters`.
+    #[serde(default)]
+    dead_letters: BTreeMap<i32, i64>,
     processor: P,
 }
 
@@ -130,8 +133,15 @@ pub fn run<P: Processor>(
     let mut failures = 0;
     let stats = loop {
         let fresh: P = serde_json::from_slice(&fresh).expect("serialized above");
-        let attempt = ReplayReader::new(config)
-            .map_err(ShellError::from)
+        // A log older than the consumers may lack a topic they write (the
+        // dead letters): it is created, as `forgelog topics create` would.
+        let attempt = rt
+            .block_on(forgelog_stream::admin::create_topics(
+                config,
+                &Default::default(),
+            ))
+            .map_err(|e| ShellError::Consume(ConsumeError::Broker(e.to_string())))
+            .and_then(|_| ReplayReader::new(config).map_err(ShellError::from))
             .and_then(|reader| run_on(&reader, &producer, fresh, options));
         match attempt {
             Ok(stats) => break stats,
@@ -200,6 +210,7 @@ pub fn run_on<P: Processor>(
             settings: fresh.settings(),
             inputs: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            dead_letters: BTreeMap::new(),
             processor: fresh,
         },
         Err(e) => return Err(state_err(e)),
@@ -214,17 +225,24 @@ pub fn run_on<P: Processor>(
     }
 
     let spool_flushed = started.elapsed();
-    // 3. Outputs written after the checkpoint: re-derived ones are not sent again.
+    // 3. Outputs (and dead letters) written after the checkpoint: re-derived
+    // ones are not sent again.
     let mut written: HashMap<String, u32> = HashMap::new();
-    for partition in reader.partitions(output)? {
-        let from = state.outputs.get(&partition).copied().unwrap_or(0);
-        let end = reader.end(output, partition)?;
-        let _ = reader.for_each_in(output, partition, from, end, |rec| {
-            if let Ok(e) = rec.event {
-                *written.entry(e.event_id().to_string()).or_default() += 1;
-            }
-            ControlFlow::Continue(())
-        })?;
+    let dead_letters = Topic::DeadLetters.name();
+    for (topic, since) in [
+        (output, &state.outputs),
+        (dead_letters, &state.dead_letters),
+    ] {
+        for partition in reader.partitions(topic)? {
+            let from = since.get(&partition).copied().unwrap_or(0);
+            let end = reader.end(topic, partition)?;
+            let _ = reader.for_each_in(topic, partition, from, end, |rec| {
+                if let Ok(e) = rec.event {
+                    *written.entry(e.event_id().to_string()).or_default() += 1;
+                }
+                ControlFlow::Continue(())
+            })?;
+        }
     }
 
     tracing::debug!(
@@ -264,7 +282,8 @@ pub fn run_on<P: Processor>(
                         Err(why) => {
                             stats.undecodable += 1;
                             metrics::counter!("forgelog_consumer_undecodable_total", "topic" => topic.to_string()).increment(1);
-                            tracing::warn!(topic, partition = rec.partition, offset = rec.offset, %why, "skipping a message that is not a forgelog event");
+                            tracing::warn!(topic, partition = rec.partition, offset = rec.offset, %why, "not a forgelog event: set aside in forgelog.deadletters");
+                            out.push(dead_letter(P::NAME, rec.partition, rec.offset, topic, rec.key, rec.value, why).into());
                         }
                     }
                     for e in out.drain(..) {
@@ -316,6 +335,30 @@ pub fn run_on<P: Processor>(
     }
 }
 
+/// A message `consumer` could not read, as the event that sets it aside.
+fn dead_letter(
+    consumer: &str,
+    partition: i32,
+    offset: i64,
+    topic: &str,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    reason: String,
+) -> DeadLetter {
+    let (p, o) = (partition.to_string(), offset.to_string());
+    DeadLetter {
+        run_id: String::new(),
+        event_id: forgelog_schemas::event_id("DeadLetter", &[consumer, topic, &p, &o]),
+        consumer: consumer.to_string(),
+        topic: topic.to_string(),
+        partition,
+        offset,
+        key,
+        value,
+        reason,
+    }
+}
+
 /// Outputs acknowledged, then state + positions + output ends, atomically.
 fn checkpoint<P: Processor>(
     rt: &tokio::runtime::Handle,
@@ -332,6 +375,12 @@ fn checkpoint<P: Processor>(
         state
             .outputs
             .insert(partition, reader.end(output, partition)?);
+    }
+    let dead_letters = Topic::DeadLetters.name();
+    for partition in reader.partitions(dead_letters)? {
+        state
+            .dead_letters
+            .insert(partition, reader.end(dead_letters, partition)?);
     }
     let state_err = |source| ShellError::State {
         path: path.to_path_buf(),
@@ -401,6 +450,8 @@ mod tests {
         for e in &inputs[..half] {
             log.append(e).unwrap();
         }
+        // What no forgelog producer writes: set aside, once, with the reason.
+        log.append_raw(Topic::Calls.name(), b"s-x", b"garbage");
         consume(&log, state.path());
         let stale = state.path().join("stale");
         std::fs::create_dir_all(&stale).unwrap();
@@ -414,6 +465,11 @@ mod tests {
         for e in &inputs[half..] {
             log.append(e).unwrap();
         }
+        log.append_raw(
+            Topic::Rewards.name(),
+            b"r-x",
+            &[0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8],
+        );
         let (trees, _) = consume(&log, state.path());
         assert!(trees.emitted > 0);
 
@@ -446,5 +502,30 @@ mod tests {
         assert!(trees.skipped > 0, "{trees:?}");
         assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
         assert_eq!(log.events(Topic::Batches.name()).len(), GROUPS);
+        let mut dead: Vec<(String, String, Vec<u8>)> = log
+            .events(Topic::DeadLetters.name())
+            .into_iter()
+            .map(|e| match e {
+                Event::DeadLetter(d) => (d.consumer, d.topic, d.value),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        dead.sort();
+        assert_eq!(
+            dead,
+            [
+                (
+                    "rewards".into(),
+                    Topic::Rewards.name().into(),
+                    vec![0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8]
+                ),
+                (
+                    "trajectories".into(),
+                    Topic::Calls.name().into(),
+                    b"garbage".to_vec()
+                ),
+            ],
+            "each set aside once, across the restarts"
+        );
     }
 }

@@ -260,3 +260,22 @@ pub struct PolicyPublished {
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
 }
+
+/// A message a consumer could not read as a forgelog event: set aside here
+/// with the reason (never skipped silently), byte for byte. Its id is
+/// deterministic in (consumer, topic, partition, offset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Empty: an unreadable message names no run.
+    pub run_id: String,
+    pub event_id: String,
+    pub consumer: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    #[serde(with = "crate::packed")]
+    pub key: Vec<u8>,
+    #[serde(with = "crate::packed")]
+    pub value: Vec<u8>,
+    pub reason: String,
+}

@@ -104,4 +104,5 @@ events! {
     TrajectoryBuilt => Trajectories by rollout_id;
     TrainingBatch => Batches by run_id;
     PolicyPublished => Policy by run_id;
+    DeadLetter => DeadLetters by topic;
 }

@@ -9,16 +9,19 @@ pub enum Topic {
     Trajectories,
     Batches,
     Policy,
+    /// Messages a consumer could not read, with the reason.
+    DeadLetters,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 6] = [
+    pub const ALL: [Topic; 7] = [
         Topic::Calls,
         Topic::Rollouts,
         Topic::Rewards,
         Topic::Trajectories,
         Topic::Batches,
         Topic::Policy,
+        Topic::DeadLetters,
     ];
 
     pub fn name(self) -> &'static str {
@@ -29,6 +32,7 @@ impl Topic {
             Topic::Trajectories => "forgelog.trajectories",
             Topic::Batches => "forgelog.batches",
             Topic::Policy => "forgelog.policy",
+            Topic::DeadLetters => "forgelog.deadletters",
         }
     }
 

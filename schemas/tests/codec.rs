@@ -33,6 +33,11 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
+            // Kinds newer than the version have no file in it.
+            if e.kind() == EventKind::DeadLetter && version < "v4" {
+                assert!(!path.exists());
+                continue;
+            }
             let bytes =
                 std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
             assert_eq!(codec().decode(&bytes).unwrap(), e, "{}", path.display());

@@ -112,6 +112,17 @@ impl MemoryLog {
         Ok((partition as i32, topic[partition].len() as i64 - 1))
     }
 
+    /// Appends a message as any producer could: not necessarily an event.
+    pub fn append_raw(&self, topic: &str, key: &[u8], value: &[u8]) -> (i32, i64) {
+        let partition = (kafka_murmur2(key) & 0x7fff_ffff) as usize % self.partitions;
+        let mut topics = self.lock();
+        let topic = topics
+            .entry(topic.to_string())
+            .or_insert_with(|| vec![Vec::new(); self.partitions]);
+        topic[partition].push((key.to_vec(), value.to_vec()));
+        (partition as i32, topic[partition].len() as i64 - 1)
+    }
+
     /// Every event of `topic`, in partition then offset order.
     pub fn events(&self, topic: &str) -> Vec<Event> {
         let topics = self.lock();

@@ -160,5 +160,17 @@ pub fn all() -> Vec<Event> {
             metrics: BTreeMap::from([("loss".to_string(), 0.5)]),
         }
         .into(),
+        DeadLetter {
+            run_id: String::new(),
+            event_id: event_id("DeadLetter", &["trajectories", "forgelog.calls", "3", "17"]),
+            consumer: "trajectories".into(),
+            topic: "forgelog.calls".into(),
+            partition: 3,
+            offset: 17,
+            key: b"s1".to_vec(),
+            value: b"not avro".to_vec(),
+            reason: "not a forgelog event: no single-object marker".into(),
+        }
+        .into(),
     ]
 }
