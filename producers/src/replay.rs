@@ -36,6 +36,27 @@ pub struct RecordedSession {
     pub unfinished: Vec<i64>,
 }
 
+impl RecordedSession {
+    /// The session's call budget: as `RolloutStarted` recorded it (v4), or, in
+    /// older recordings, as its first budget stop shows it (the calls before it
+    /// that took one: all but the harness's own bad requests).
+    pub fn budget(&self) -> Option<u32> {
+        if let Some(n) = self.rollout.max_model_calls {
+            return Some(n.clamp(0, u32::MAX as i64) as u32);
+        }
+        let (&first_stop, _) = self
+            .calls
+            .iter()
+            .find(|(_, c)| matches!(&c.outcome, Err(f) if f.status == CallStatus::BudgetStop))?;
+        let took = self
+            .calls
+            .range(..first_stop)
+            .filter(|(_, c)| !matches!(&c.outcome, Err(f) if f.status == CallStatus::ClientError))
+            .count();
+        Some(took as u32)
+    }
+}
+
 /// Where a re-sent call left the recording.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Divergence {
@@ -319,12 +340,15 @@ impl Recording {
             run_id: self.run_id.clone(),
         })?;
         let r = &s.rollout;
-        // Replayed answers are the recorded ones: no budget or clamp of its own.
-        Ok(
-            NewSession::new(&r.rollout_id, &r.task_id, &r.harness, &r.group_id)
-                .in_run(&self.run_id)
-                .group_size(r.group_size),
-        )
+        // Replayed answers are the recorded ones; the budget is the recorded
+        // one too, so the harness meets its budget stops where it did.
+        let mut new = NewSession::new(&r.rollout_id, &r.task_id, &r.harness, &r.group_id)
+            .in_run(&self.run_id)
+            .group_size(r.group_size);
+        if let Some(budget) = s.budget() {
+            new = new.max_model_calls(budget);
+        }
+        Ok(new)
     }
 
     /// The upstream answer recorded for call `call_index` of session `session_id`,
@@ -358,9 +382,12 @@ impl Recording {
                 recorded: format!("{}{unfinished}", recorded.join(", ")),
             });
         };
-        if let Some((message, field, detail)) =
-            divergence(&call.chat_request, &chat_form(upstream_body))
-        {
+        // A call recorded without its request (a failure before the upstream,
+        // a budget stop) is answered as it was: nothing to compare.
+        let compared = (!call.chat_request.is_null())
+            .then(|| divergence(&call.chat_request, &chat_form(upstream_body)))
+            .flatten();
+        if let Some((message, field, detail)) = compared {
             return Err(ReplayError::Diverged(Box::new(Divergence {
                 session_id: session_id.to_string(),
                 call_index,
@@ -426,6 +453,7 @@ mod tests {
         let mut failed = finished("run", "s1", 2, json!([]));
         failed.status = CallStatus::UpstreamError;
         failed.error = Some("upstream answered HTTP 500".into());
+        failed.chat_request = String::new();
         let events: Vec<Event> = vec![
             rollout("run", "s1", "r1"),
             finished("run", "s1", 1, m1).into(),
@@ -524,7 +552,15 @@ mod tests {
     #[test]
     fn failures_unknown_calls_and_sessions_are_errors() {
         let rec = recording();
-        let e = rec.answer("s1", 2, &body(json!([]))).unwrap_err();
+        // Recorded without its request (it failed before the upstream): the
+        // harness gets the recorded failure whatever it sends now.
+        let e = rec
+            .answer(
+                "s1",
+                2,
+                &body(json!([{"role": "user", "content": "anything"}])),
+            )
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -572,5 +608,31 @@ mod tests {
         ));
         let other_run = json!({"run_id": "x", "rollout_id": "r1", "task_id": "t", "harness": "h", "group_id": "g"});
         assert!(rec.new_session(&request(other_run)).is_err());
+    }
+
+    /// mini-swe-agent's replay used to end at its recorded budget stops
+    /// (refused: recorded with no request) and retry until its timeout: the
+    /// replay session has the recorded budget, so the proxy stops it there again.
+    #[test]
+    fn a_replay_session_keeps_the_recorded_budget() {
+        let mut stop = finished("run", "s1", 3, json!([]));
+        stop.status = CallStatus::BudgetStop;
+        stop.chat_request = String::new();
+        let mut events: Vec<Event> = vec![rollout("run", "s1", "r1")];
+        for i in 0..3 {
+            events.push(finished("run", "s1", i, json!([])).into());
+        }
+        events.push(stop.into());
+        let rec = Recording::from_events("run", &events);
+        let request: ReplaySession = serde_json::from_value(json!({"replay_of": "r1"})).unwrap();
+        assert_eq!(rec.new_session(&request).unwrap().max_model_calls, Some(3));
+        // Recorded since v4: the budget as the session had it.
+        let Event::RolloutStarted(mut r) = rollout("run", "s2", "r2") else {
+            unreachable!()
+        };
+        r.max_model_calls = Some(6);
+        let rec = Recording::from_events("run", &[r.into()]);
+        let request: ReplaySession = serde_json::from_value(json!({"replay_of": "r2"})).unwrap();
+        assert_eq!(rec.new_session(&request).unwrap().max_model_calls, Some(6));
     }
 }
