@@ -374,14 +374,16 @@ async fn restore_sessions(state: &Arc<ProxyState>, stream: &StreamConfig) {
         use forgelog_schemas::Topic;
         let reader = forgelog_stream::ReplayReader::new(&stream)?;
         let mut log = sessions::SessionLog::default();
-        let rollouts = reader.read(
-            Topic::Rollouts.name(),
-            forgelog_stream::StartAt::Beginning,
-            Some(&run),
-        )?;
-        for r in &rollouts {
-            if let Ok(e) = &r.event {
-                log.apply(e);
+        for topic in [Topic::Rollouts, Topic::Rewards] {
+            let read = reader.read(
+                topic.name(),
+                forgelog_stream::StartAt::Beginning,
+                Some(&run),
+            )?;
+            for r in &read {
+                if let Ok(e) = &r.event {
+                    log.apply(e);
+                }
             }
         }
         if let Some(oldest) = log.oldest_open_ms() {

@@ -36,6 +36,9 @@ pub struct Session {
     pub key_sha256: String,
     /// Taken over from the log by a restarted proxy.
     pub restored: bool,
+    /// Its verdict is in the log already (a proxy died between recording it
+    /// and the rollout's end): finishing records the end only.
+    pub verdict_recorded: bool,
     next_call: AtomicI64,
     model_calls: AtomicU32,
     finished_calls: AtomicI64,
@@ -140,6 +143,7 @@ impl Sessions {
             max_tokens: new.max_tokens,
             key_sha256: key_sha256(&key),
             restored: false,
+            verdict_recorded: false,
             next_call: AtomicI64::new(0),
             model_calls: AtomicU32::new(0),
             finished_calls: AtomicI64::new(0),
@@ -214,8 +218,8 @@ impl Sessions {
     }
 }
 
-/// The session table as the log tells it: a pure fold over `forgelog.rollouts`
-/// and `forgelog.calls` events (in log order), no I/O.
+/// The session table as the log tells it: a pure fold over `forgelog.rollouts`,
+/// `forgelog.rewards` and `forgelog.calls` events (in that order), no I/O.
 #[derive(Debug, Default)]
 pub struct SessionLog {
     open: BTreeMap<String, OpenSession>,
@@ -225,6 +229,7 @@ pub struct SessionLog {
 #[derive(Debug)]
 struct OpenSession {
     started: RolloutStarted,
+    verdict_recorded: bool,
     /// Call index → its end, once recorded: (status, sampled tokens).
     calls: BTreeMap<i64, Option<(CallStatus, usize)>>,
 }
@@ -256,6 +261,7 @@ impl OpenSession {
             max_tokens: s.max_tokens,
             key_sha256: key_sha256.to_string(),
             restored: true,
+            verdict_recorded: self.verdict_recorded,
             next_call: AtomicI64::new(next),
             model_calls: AtomicU32::new(used as u32),
             finished_calls: AtomicI64::new(ended.clone().count() as i64),
@@ -274,12 +280,23 @@ impl SessionLog {
                     .entry(r.session_id.clone())
                     .or_insert(OpenSession {
                         started: r.clone(),
+                        verdict_recorded: false,
                         calls: BTreeMap::new(),
                     });
             }
             Event::RolloutFinished(r) => {
                 self.open.remove(&r.session_id);
                 self.ended.insert(r.session_id.clone());
+            }
+            Event::VerifierResult(v) => {
+                let id = forgelog_schemas::event_id("session", &[&v.run_id, &v.rollout_id]);
+                if v.abandoned {
+                    // Given up: its attempt is over, whatever else the log says.
+                    self.open.remove(&id);
+                    self.ended.insert(id);
+                } else if let Some(open) = self.open.get_mut(&id) {
+                    open.verdict_recorded = true;
+                }
             }
             Event::CallStarted(c) => {
                 if let Some(open) = self.open.get_mut(&c.session_id) {

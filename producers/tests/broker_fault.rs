@@ -91,7 +91,17 @@ async fn a_restarted_proxy_serves_the_open_sessions_of_its_run() {
     );
     let sink = rig.proxy.state.events.clone().unwrap();
     sink.send(&orphan.into()).unwrap();
-    drop((session, sink));
+    // A proxy killed between a rollout's verdict and its end.
+    let (half, _) = rig.session("r-half").await;
+    let half_session = rig.proxy.state.sessions.by_id(&half).unwrap();
+    let finish = forgelog_api::Finish {
+        verifier: Some(Verdict::scored(0.5, "")),
+        ..Default::default()
+    };
+    let (_, verdict) =
+        forgelog_producers::server::record::rollout_ended(&half_session, &finish, 0, 1);
+    sink.send(&verdict.into()).unwrap();
+    drop((session, half_session, sink));
 
     let rig = rig.restart().await;
     let (status, body) = rig.post("/v1/chat/completions", Some(&key), &chat).await;
@@ -102,6 +112,7 @@ async fn a_restarted_proxy_serves_the_open_sessions_of_its_run() {
     assert!(body.to_string().contains("Budget exhausted"), "{body}");
     let finished = rig.finish(&open, None).await;
     assert_eq!(finished.model_calls, 5);
+    rig.sessions().finish(&half, &finish).await.unwrap();
     for rollout in ["r-open", "r-done"] {
         let again = rig
             .sessions()
@@ -125,4 +136,15 @@ async fn a_restarted_proxy_serves_the_open_sessions_of_its_run() {
     assert!(ends[2].1.contains("restarted"), "{ends:?}");
     let ids: std::collections::BTreeSet<&str> = calls.iter().map(|e| e.event_id()).collect();
     assert_eq!(ids.len(), calls.len(), "an event id twice");
+    // The half-finished rollout: its verdict once, its end once.
+    let rewards = rig.events(Topic::Rewards).await;
+    let verdicts_of_half = rewards
+        .iter()
+        .filter(|e| matches!(e, Event::VerifierResult(v) if v.rollout_id == "r-half"))
+        .count();
+    assert_eq!(verdicts_of_half, 1);
+    let rollouts = rig.events(Topic::Rollouts).await;
+    assert!(rollouts
+        .iter()
+        .any(|e| matches!(e, Event::RolloutFinished(f) if f.rollout_id == "r-half")));
 }

@@ -101,7 +101,11 @@ async fn end_session(st: &ProxyState, id: &str, finish: &Finish) -> Response {
     let model_calls = s.finished_calls();
     let (finished, verdict) = record::rollout_ended(&s, finish, model_calls, now_ms());
     let verdict_abandoned = verdict.abandoned;
-    let recorded = st.send(finished.into()) & st.send(verdict.into());
+    // The verdict first: a proxy killed between the two leaves the session
+    // open in the log, and its restarted successor, which sees the verdict,
+    // records the end only when the orchestrator finishes again.
+    let verdict_sent = s.verdict_recorded || st.send(verdict.into());
+    let recorded = verdict_sent && st.send(finished.into());
     if !recorded {
         return admin_error(
             StatusCode::SERVICE_UNAVAILABLE,
