@@ -72,7 +72,11 @@ fn the_loop_closes_through_the_log_and_each_version_is_served() {
     // A step on tokens its own version sampled: the learner's logprobs are
     // the engine's (importance ratio 1).
     // (A round whose groups all scored alike gives a step with no tokens:
-    // its ratios are not defined and reported as 0, so such steps are left out.)
+    // it publishes no ratios at all.)
+    for p in &published {
+        let trained = p.metrics.get("tokens").is_some_and(|&t| t > 0.0);
+        assert_eq!(p.metrics.contains_key("is_ratio_mean"), trained, "{p:?}");
+    }
     let on_policy: Vec<_> = published
         .iter()
         .filter(|p| p.metrics.get("staleness_max") == Some(&0.0))

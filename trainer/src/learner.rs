@@ -120,15 +120,12 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
-    /// As `PolicyPublished.metrics`.
+    /// As `PolicyPublished.metrics`. A step that trained no token (its
+    /// groups all scored alike) has no importance ratios, clipping or entropy:
+    /// those keys are left out, never reported as 0.
     pub fn to_map(&self) -> BTreeMap<String, f64> {
-        BTreeMap::from([
+        let mut map = BTreeMap::from([
             ("loss".into(), self.loss),
-            ("is_ratio_mean".into(), self.ratio_mean),
-            ("is_ratio_min".into(), self.ratio_min),
-            ("is_ratio_max".into(), self.ratio_max),
-            ("clip_fraction".into(), self.clip_fraction),
-            ("entropy".into(), self.entropy),
             ("reward_mean".into(), self.reward_mean),
             ("tokens".into(), self.tokens as f64),
             ("sequences".into(), self.sequences as f64),
@@ -136,7 +133,17 @@ impl StepMetrics {
             ("staleness_mean".into(), self.staleness_mean),
             ("staleness_max".into(), self.staleness_max as f64),
             ("grad_norm".into(), self.grad_norm),
-        ])
+        ]);
+        if self.tokens > 0 {
+            map.extend([
+                ("is_ratio_mean".into(), self.ratio_mean),
+                ("is_ratio_min".into(), self.ratio_min),
+                ("is_ratio_max".into(), self.ratio_max),
+                ("clip_fraction".into(), self.clip_fraction),
+                ("entropy".into(), self.entropy),
+            ]);
+        }
+        map
     }
 }
 
@@ -426,3 +433,40 @@ fn micro_batches(seqs: &[SampledSequence], max_tokens: usize) -> Vec<Vec<&Sample
 }
 
 pub use crate::assembler::StepAssembler;
+
+#[cfg(test)]
+mod tests {
+    use super::StepMetrics;
+
+    /// A step that trained no token used to publish importance ratios of 0.
+    #[test]
+    fn a_step_without_tokens_publishes_no_ratios() {
+        let empty = StepMetrics {
+            groups: 2,
+            ..Default::default()
+        }
+        .to_map();
+        for k in [
+            "is_ratio_mean",
+            "is_ratio_min",
+            "is_ratio_max",
+            "clip_fraction",
+            "entropy",
+        ] {
+            assert!(!empty.contains_key(k), "{k}");
+        }
+        assert_eq!(empty["tokens"], 0.0);
+        let trained = StepMetrics {
+            tokens: 5,
+            ratio_mean: 1.0,
+            ratio_min: 0.9,
+            ratio_max: 1.1,
+            ..Default::default()
+        }
+        .to_map();
+        assert_eq!(
+            (trained["is_ratio_min"], trained["is_ratio_max"]),
+            (0.9, 1.1)
+        );
+    }
+}
