@@ -6,6 +6,53 @@ use forgelog_schemas::{CallStatus, Event, Topic};
 use forgelog_stream::MemoryLog;
 use server::ProxyConfig;
 
+/// A proxy in front of a fake upstream started with `options`, recording into
+/// the memory log it returns; `config` adjusts its configuration (the
+/// upstream set). The probe as given (`None`: the fake is probed for real).
+async fn fast_proxy(
+    options: fake_upstream::FakeOptions,
+    probe: Option<upstream::Probe>,
+    config: impl FnOnce(ProxyConfig) -> ProxyConfig,
+) -> (
+    RunningProxy,
+    Arc<MemoryLog>,
+    Arc<fake_upstream::FakeUpstream>,
+) {
+    let (up, fake) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), options)
+        .await
+        .unwrap();
+    let config = config(ProxyConfig::new(format!("http://{up}")));
+    let probe = match probe {
+        Some(p) => p,
+        None => upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1)
+            .probe()
+            .await
+            .unwrap(),
+    };
+    let log = Arc::new(MemoryLog::default());
+    let state = Arc::new(ProxyState::new(config, log.clone(), probe));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    (proxy, log, fake)
+}
+
+/// A session on `proxy`, created without an admin token.
+async fn session(proxy: &RunningProxy, new: NewSession) -> forgelog_api::SessionCreated {
+    SessionClient::new(proxy.url(), None)
+        .create(&new)
+        .await
+        .unwrap()
+}
+
+/// A harness's OpenAI Chat call in session `key`.
+fn chat(proxy: &RunningProxy, key: &str, body: serde_json::Value) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .bearer_auth(key)
+        .json(&body)
+}
+
 /// The fake upstream as a successful probe finds it (without asking it).
 fn probed() -> upstream::Probe {
     upstream::Probe {
@@ -16,26 +63,16 @@ fn probed() -> upstream::Probe {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, _) = fast_proxy(Default::default(), None, |c| ProxyConfig {
         run_id: Some("fast".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1);
-    let probe = client.probe().await.unwrap();
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probe));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
     let sessions = SessionClient::new(proxy.url(), None);
     let s = sessions
         .create(&NewSession::new("r1", "t", "sdk", "g").group_size(1))
         .await
         .unwrap();
-    let http = reqwest::Client::new();
     for (i, body) in [
         serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
         serde_json::json!({"model": "m", "messages": "not a list"}),
@@ -43,13 +80,7 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
     .into_iter()
     .enumerate()
     {
-        let r = http
-            .post(format!("{}/v1/chat/completions", proxy.url()))
-            .bearer_auth(&s.api_key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = chat(&proxy, &s.api_key, body).send().await.unwrap();
         assert_eq!(r.status().as_u16(), [200, 400][i]);
     }
     // An absurd reward is refused (it would turn its group's advantages to
@@ -109,23 +140,14 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
 /// reads a body: an unauthenticated endless upload is refused at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_api_wants_the_admin_token_before_any_body() {
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
-        .await
-        .unwrap();
-    let config = ProxyConfig {
-        run_id: Some("auth".into()),
-        admin_token: Some("secret".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let probe = upstream::Probe::default();
-    let state = Arc::new(ProxyState::new(
-        config,
-        Arc::new(MemoryLog::default()),
-        probe,
-    ));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (proxy, _, _) = fast_proxy(Default::default(), Some(Default::default()), |c| {
+        ProxyConfig {
+            run_id: Some("auth".into()),
+            admin_token: Some("secret".into()),
+            ..c
+        }
+    })
+    .await;
     let new = NewSession::new("r", "t", "h", "g");
     let refused = SessionClient::new(proxy.url(), Some("wrong".into()))
         .create(&new)
@@ -183,18 +205,11 @@ async fn the_session_api_wants_the_admin_token_before_any_body() {
 /// an attempt whose session this proxy never held gets an abandoned verdict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_are_abandoned_only_before_their_first_model_call() {
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, _) = fast_proxy(Default::default(), Some(probed()), |c| ProxyConfig {
         run_id: Some("retry".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
     let sessions = SessionClient::new(proxy.url(), None);
     let give_up = Finish {
         exit_status: None,
@@ -212,13 +227,14 @@ async fn attempts_are_abandoned_only_before_their_first_model_call() {
         .create(&NewSession::new("r1", "t", "h", "g"))
         .await
         .unwrap();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .bearer_auth(&used.api_key)
-        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(
+        &proxy,
+        &used.api_key,
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .send()
+    .await
+    .unwrap();
     assert!(r.status().is_success());
     let done = sessions.finish(&used.session_id, &give_up).await.unwrap();
     assert!(
@@ -258,33 +274,25 @@ async fn attempts_are_abandoned_only_before_their_first_model_call() {
 /// tokens, and says so; it used to jam the spool for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_too_large_for_the_log_is_recorded_without_its_bodies() {
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, _) = fast_proxy(Default::default(), None, |c| ProxyConfig {
         run_id: Some("large".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(5), 1);
-    let probe = client.probe().await.unwrap();
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probe));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
     let sessions = SessionClient::new(proxy.url(), None);
     let s = sessions
         .create(&NewSession::new("r1", "t", "sdk", "g"))
         .await
         .unwrap();
     let prompt = "a".repeat(3_600_000);
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .bearer_auth(&s.api_key)
-        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(
+        &proxy,
+        &s.api_key,
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}]}),
+    )
+    .send()
+    .await
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let done = sessions
         .finish(&s.session_id, &Finish::default())
@@ -320,28 +328,19 @@ async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
         delay: Duration::from_secs(120),
         ..Default::default()
     };
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), slow)
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
         run_id: Some("interrupted".into()),
         shutdown_grace: Duration::from_millis(500),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let s = SessionClient::new(proxy.url(), None)
-        .create(&NewSession::new("r1", "t", "sdk", "g"))
-        .await
-        .unwrap();
-    let call = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .bearer_auth(&s.api_key)
-        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
-        .send();
+        ..c
+    })
+    .await;
+    let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
+    let call = chat(
+        &proxy,
+        &s.api_key,
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .send();
     let call = tokio::spawn(call);
     while proxy.state.calls_in_flight.is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -380,34 +379,24 @@ async fn queued_calls_end_within_the_upstream_timeout_and_finish_counts_them_all
         delay: Duration::from_millis(800),
         ..Default::default()
     };
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), slow)
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
         run_id: Some("queued".into()),
         upstream_timeout: Duration::from_millis(1200),
         max_upstream_requests: 1,
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
     let sessions = SessionClient::new(proxy.url(), None);
     let s = sessions
         .create(&NewSession::new("r1", "t", "sdk", "g"))
         .await
         .unwrap();
-    let http = reqwest::Client::new();
     // Ten calls queued on one upstream slot: the last would end 8 s in,
     // past /finish's wait of timeout + 5 s.
     let calls: Vec<_> = (0..10)
         .map(|_| {
             tokio::spawn(
-                http.post(format!("{}/v1/chat/completions", proxy.url()))
-                    .bearer_auth(&s.api_key)
-                    .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+                chat(&proxy, &s.api_key, serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
                     .send(),
             )
         })
@@ -446,37 +435,26 @@ async fn a_failed_start_up_probe_is_retried_when_calls_come() {
         context: Some(4000),
         ..Default::default()
     };
-    let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), options)
-        .await
-        .unwrap();
-    let config = ProxyConfig {
-        run_id: Some("reprobe".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
     let failed = upstream::Probe {
         untrainable: Some("probe failed: connection refused".into()),
         ..Default::default()
     };
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), failed));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let s = SessionClient::new(proxy.url(), None)
-        .create(&NewSession::new("r1", "t", "sdk", "g"))
-        .await
-        .unwrap();
+    let (proxy, _, _) = fast_proxy(options, Some(failed), |c| ProxyConfig {
+        run_id: Some("reprobe".into()),
+        ..c
+    })
+    .await;
+    let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
     // Claude Code asks for more tokens than the model's whole context.
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .bearer_auth(&s.api_key)
-        .json(
-            &serde_json::json!({"model": "claude-x", "max_tokens": 128000,
+    let r = chat(
+        &proxy,
+        &s.api_key,
+        serde_json::json!({"model": "claude-x", "max_tokens": 128000,
                                   "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
+    )
+    .send()
+    .await
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
     let probe = proxy.state.probe();
     assert_eq!(
@@ -495,31 +473,22 @@ async fn sampling_no_engine_can_honour_is_a_client_error() {
         keep_answers: true,
         ..Default::default()
     };
-    let (up, fake) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), keep)
-        .await
-        .unwrap();
-    let config = ProxyConfig {
+    let (proxy, log, fake) = fast_proxy(keep, Some(probed()), |c| ProxyConfig {
         run_id: Some("sampling".into()),
-        ..ProxyConfig::new(format!("http://{up}"))
-    };
-    let log = Arc::new(MemoryLog::default());
-    let state = Arc::new(ProxyState::new(config, log.clone(), probed()));
-    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let s = SessionClient::new(proxy.url(), None)
-        .create(&NewSession::new("r1", "t", "sdk", "g"))
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
+    let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
     let http = reqwest::Client::new();
-    let chat = http
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .bearer_auth(&s.api_key)
-        .json(&serde_json::json!({"model": "m", "max_tokens": -5,
-                                  "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let chat = chat(
+        &proxy,
+        &s.api_key,
+        serde_json::json!({"model": "m", "max_tokens": -5,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .send()
+    .await
+    .unwrap();
     assert_eq!(chat.status().as_u16(), 400);
     let body: serde_json::Value = chat.json().await.unwrap();
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
@@ -569,25 +538,16 @@ async fn token_counts_tokenize_or_take_a_model_call_from_the_budget() {
             without_tokenize,
             ..Default::default()
         };
-        let (up, _) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), options)
-            .await
-            .unwrap();
-        let config = ProxyConfig {
+        let (proxy, _, _) = fast_proxy(options, Some(probed()), |c| ProxyConfig {
             run_id: Some(format!("count-{without_tokenize}")),
-            ..ProxyConfig::new(format!("http://{up}"))
-        };
-        let state = Arc::new(ProxyState::new(
-            config,
-            Arc::new(MemoryLog::default()),
-            probed(),
-        ));
-        let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let s = SessionClient::new(proxy.url(), None)
-            .create(&NewSession::new("r1", "t", "sdk", "g").max_model_calls(1))
-            .await
-            .unwrap();
+            ..c
+        })
+        .await;
+        let s = session(
+            &proxy,
+            NewSession::new("r1", "t", "sdk", "g").max_model_calls(1),
+        )
+        .await;
         let count = || {
             reqwest::Client::new()
                 .post(format!("{}/v1/messages/count_tokens", proxy.url()))

@@ -252,49 +252,47 @@ impl UpstreamClient {
         }
     }
 
-    /// One chat completion; the wait for a turn counts against the timeout
-    /// too, so every call ends within it (and `/finish`, which waits for the
-    /// calls in flight, sees them all).
-    pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
+    /// POSTs `body` to `path` and reads the answer with `read`, all within
+    /// the timeout, the wait for a turn included: so every call ends within
+    /// it (and `/finish`, which waits for the calls in flight, sees them all).
+    async fn post<T>(
+        &self,
+        path: &str,
+        body: &Value,
+        read: impl AsyncFnOnce(reqwest::Response) -> Result<T, UpstreamError>,
+    ) -> Result<T, UpstreamError> {
         let answer = async {
             let _turn = self.in_flight.acquire().await.expect("never closed");
             let r = self
                 .http
-                .post(format!("{}/v1/chat/completions", self.base))
+                .post(format!("{}{path}", self.base))
                 .header("content-type", "application/json")
                 .body(serde_json::to_vec(body).expect("JSON"))
                 .send()
                 .await
                 .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-            read_json(r).await
+            read(r).await
         };
         tokio::time::timeout(self.timeout, answer)
             .await
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
     }
 
+    /// One chat completion.
+    pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
+        self.post("/v1/chat/completions", body, read_json).await
+    }
+
     /// vLLM's `POST /tokenize` of a chat: its prompt's token count, no
     /// generation. `None` when the upstream has no such route.
     pub async fn tokenize(&self, body: &Value) -> Result<Option<u64>, UpstreamError> {
-        let answer = async {
-            let _turn = self.in_flight.acquire().await.expect("never closed");
-            let r = self
-                .http
-                .post(format!("{}/tokenize", self.base))
-                .header("content-type", "application/json")
-                .body(serde_json::to_vec(body).expect("JSON"))
-                .send()
-                .await
-                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        self.post("/tokenize", body, async |r: reqwest::Response| {
             if matches!(r.status().as_u16(), 404 | 405) {
                 return Ok(None);
             }
-            let v = read_json(r).await?;
-            Ok(v["count"].as_u64())
-        };
-        tokio::time::timeout(self.timeout, answer)
-            .await
-            .map_err(|_| UpstreamError::Timeout(self.timeout))?
+            Ok(read_json(r).await?["count"].as_u64())
+        })
+        .await
     }
 
     pub async fn models(&self) -> Result<Value, UpstreamError> {
