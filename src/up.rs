@@ -90,26 +90,33 @@ fn train_args(
         home.join("trainer-spool").join(run).display().to_string(),
         "--learning-rate".into(),
         args.learning_rate.to_string(),
-        "--idle-flush".into(),
-        "5".into(),
     ];
     if args.demo {
-        // One step per round: the step waits for the round's last group (the
-        // idle flush), and each round is then sampled by the version it made.
-        // The learner scores tokens at the temperature they were sampled at.
-        let temperature = forgelog_deploy::demo::DemoPlan::new(run)
-            .sampling
-            .temperature;
+        // One step per round: a step is a round's groups, however long the
+        // engine takes between them (an idle flush of seconds split a round
+        // in two under load: found by CI), and each round is then sampled by
+        // the version it made. The learner scores tokens at the temperature
+        // they were sampled at.
+        let plan = forgelog_deploy::demo::DemoPlan::new(run);
         argv.extend([
             "--max-steps".into(),
             args.steps.to_string(),
             "--tokens-per-step".into(),
             "100000000".into(),
+            "--groups-per-step".into(),
+            plan.groups.len().to_string(),
+            "--idle-flush".into(),
+            "600".into(),
             "--temperature".into(),
-            temperature.unwrap_or(1.0).to_string(),
+            plan.sampling.temperature.unwrap_or(1.0).to_string(),
         ]);
     } else {
-        argv.extend(["--tokens-per-step".into(), args.tokens_per_step.to_string()]);
+        argv.extend([
+            "--tokens-per-step".into(),
+            args.tokens_per_step.to_string(),
+            "--idle-flush".into(),
+            "5".into(),
+        ]);
     }
     Ok(TrainCli::try_parse_from(argv)?.train)
 }
