@@ -359,6 +359,15 @@ fn dead_letter(
     }
 }
 
+/// Each partition of `topic` → the offset its next message will get.
+fn ends(reader: &impl LogReader, topic: &str) -> Result<BTreeMap<i32, i64>, ConsumeError> {
+    reader
+        .partitions(topic)?
+        .into_iter()
+        .map(|p| Ok((p, reader.end(topic, p)?)))
+        .collect()
+}
+
 /// Outputs acknowledged, then state + positions + output ends, atomically.
 fn checkpoint<P: Processor>(
     rt: &tokio::runtime::Handle,
@@ -370,18 +379,8 @@ fn checkpoint<P: Processor>(
     let t = std::time::Instant::now();
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
     let flushed = t.elapsed();
-    let output = P::OUTPUT.name();
-    for partition in reader.partitions(output)? {
-        state
-            .outputs
-            .insert(partition, reader.end(output, partition)?);
-    }
-    let dead_letters = Topic::DeadLetters.name();
-    for partition in reader.partitions(dead_letters)? {
-        state
-            .dead_letters
-            .insert(partition, reader.end(dead_letters, partition)?);
-    }
+    state.outputs = ends(reader, P::OUTPUT.name())?;
+    state.dead_letters = ends(reader, Topic::DeadLetters.name())?;
     let state_err = |source| ShellError::State {
         path: path.to_path_buf(),
         source,

@@ -421,6 +421,7 @@ async fn restore_sessions(state: &Arc<ProxyState>, stream: &StreamConfig) {
                     &session,
                     index,
                     "interrupted: the proxy restarted with the call in flight",
+                    Duration::ZERO,
                 );
                 interrupted += 1;
             }

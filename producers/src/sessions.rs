@@ -13,6 +13,12 @@ use tokio::sync::Semaphore;
 
 pub use forgelog_api::NewSession;
 
+/// The session id of rollout `rollout_id` of run `run_id`: deterministic, so
+/// the same rollout of the same run is the same session.
+pub fn session_id(run_id: &str, rollout_id: &str) -> String {
+    forgelog_schemas::event_id("session", &[run_id, rollout_id])
+}
+
 /// SHA-256 of an API key, in hex: how the table and the log know a key.
 pub fn key_sha256(key: &str) -> String {
     Sha256::digest(key.as_bytes())
@@ -128,8 +134,7 @@ impl Sessions {
             .run_id
             .or_else(|| default_run.map(str::to_string))
             .ok_or(SessionError::NoRunId)?;
-        // Deterministic: the same rollout of the same run is the same session.
-        let id = forgelog_schemas::event_id("session", &[&run_id, &new.rollout_id]);
+        let id = session_id(&run_id, &new.rollout_id);
         let key = forgelog_http::random_token();
         let session = Arc::new(Session {
             id: id.clone(),
@@ -289,7 +294,7 @@ impl SessionLog {
                 self.ended.insert(r.session_id.clone());
             }
             Event::VerifierResult(v) => {
-                let id = forgelog_schemas::event_id("session", &[&v.run_id, &v.rollout_id]);
+                let id = session_id(&v.run_id, &v.rollout_id);
                 if v.abandoned {
                     // Given up: its attempt is over, whatever else the log says.
                     self.open.remove(&id);

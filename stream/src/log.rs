@@ -102,14 +102,7 @@ impl MemoryLog {
     /// Appends `event` to its topic; returns (partition, offset).
     pub fn append(&self, event: &Event) -> Result<(i32, i64), SendError> {
         let value = SendError::encode_within_limit(event)?;
-        let key = event.key().as_bytes().to_vec();
-        let partition = (kafka_murmur2(&key) & 0x7fff_ffff) as usize % self.partitions;
-        let mut topics = self.lock();
-        let topic = topics
-            .entry(event.topic().name().to_string())
-            .or_insert_with(|| vec![Vec::new(); self.partitions]);
-        topic[partition].push((key, value));
-        Ok((partition as i32, topic[partition].len() as i64 - 1))
+        Ok(self.append_raw(event.topic().name(), event.key().as_bytes(), &value))
     }
 
     /// Appends a message as any producer could: not necessarily an event.

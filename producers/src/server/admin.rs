@@ -134,7 +134,7 @@ pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Byt
     let Some(run_id) = a.run_id.or_else(|| st.config.run_id.clone()) else {
         return admin_error(StatusCode::BAD_REQUEST, SessionError::NoRunId.to_string());
     };
-    let session_id = forgelog_schemas::event_id("session", &[&run_id, &a.rollout_id]);
+    let session_id = crate::sessions::session_id(&run_id, &a.rollout_id);
     match st.sessions.by_id(&session_id) {
         Some(s) if !s.restored => {
             let finish = Finish {

@@ -56,19 +56,12 @@ impl CallsInFlight {
         self.len() == 0
     }
 
-    /// Takes every call out, each as the `CallFinished` of an interrupted call.
-    pub(super) fn interrupt_all(&self) -> Vec<CallFinished> {
+    /// Takes every call out: (its session, its index, how long it ran).
+    pub(super) fn take_all(&self) -> Vec<(Arc<Session>, i64, std::time::Duration)> {
         let calls = std::mem::take(&mut *self.calls());
         calls
             .into_iter()
-            .map(|((_, index), (session, received))| {
-                CallIds::of(&session, index).finished(
-                    CallStatus::UpstreamError,
-                    Some(INTERRUPTED.to_string()),
-                    received.elapsed().as_millis() as i64,
-                    now_ms(),
-                )
-            })
+            .map(|((_, index), (session, received))| (session, index, received.elapsed()))
             .collect()
     }
 }

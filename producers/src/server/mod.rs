@@ -180,21 +180,28 @@ impl ProxyState {
         while !self.calls_in_flight.is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let interrupted = self.calls_in_flight.interrupt_all();
+        let interrupted = self.calls_in_flight.take_all();
         let n = interrupted.len();
-        for call in interrupted {
-            tracing::warn!(session = %call.session_id, call = call.call_index, "call interrupted by the shutdown");
-            self.send(call.into());
+        for (session, index, ran) in interrupted {
+            tracing::warn!(session = %session.id, call = index, "call interrupted by the shutdown");
+            self.record_interrupted(&session, index, INTERRUPTED, ran);
         }
         n
     }
 
-    /// Records call `index` of `session` as ended by an interruption.
-    pub fn record_interrupted(&self, session: &crate::sessions::Session, index: i64, why: &str) {
+    /// Records call `index` of `session`, which ran for `ran`, as ended by an
+    /// interruption (`why`).
+    pub fn record_interrupted(
+        &self,
+        session: &crate::sessions::Session,
+        index: i64,
+        why: &str,
+        ran: Duration,
+    ) {
         let call = record::CallIds::of(session, index).finished(
             forgelog_schemas::CallStatus::UpstreamError,
             Some(why.to_string()),
-            0,
+            ran.as_millis() as i64,
             now_ms(),
         );
         if self.send(call.into()) {
