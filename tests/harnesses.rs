@@ -34,11 +34,7 @@ fn kit() -> PathBuf {
 
 /// Fails with a clear message when install.sh has not installed a harness.
 fn require_installed() {
-    let home = std::env::var("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/forgelog")
-        });
+    let home = forgelog_stream::forgelog_home();
     let versions = std::fs::read_to_string(kit().join("versions.sh")).unwrap();
     let pinned = |var: &str| {
         versions

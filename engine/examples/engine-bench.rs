@@ -37,7 +37,11 @@ fn peak_rss_mb() -> f64 {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let started = Instant::now();
-    let policy = forgelog_model::load_policy(&args.model, &candle_core::Device::Cpu)?;
+    let policy = forgelog_model::load_policy(
+        &args.model,
+        &forgelog_stream::models_dir(),
+        &candle_core::Device::Cpu,
+    )?;
     println!("model {} loaded in {:.2?}", policy.name, started.elapsed());
     let engine = Engine::start(policy);
     let filler = "The quick brown fox jumps over the lazy dog. "

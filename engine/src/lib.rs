@@ -328,9 +328,11 @@ pub async fn serve(
 ) -> Result<(), EngineError> {
     let device = device(args.device)?;
     let model = args.model.clone();
-    let policy = tokio::task::spawn_blocking(move || forgelog_model::load_policy(&model, &device))
-        .await
-        .map_err(|e| EngineError::Device(e.to_string()))??;
+    let policy = tokio::task::spawn_blocking(move || {
+        forgelog_model::load_policy(&model, &forgelog_stream::models_dir(), &device)
+    })
+    .await
+    .map_err(|e| EngineError::Device(e.to_string()))??;
     let engine = Engine::start(policy);
     let follower = args.brokers.clone().map(|brokers| {
         let (engine, run) = (engine.clone(), args.run.clone());

@@ -55,8 +55,12 @@ pub fn serve_with(policy: Policy, access: ReloadAccess) -> Server {
 pub fn smollm2() -> &'static (Server, Policy) {
     static SERVER: OnceLock<(Server, Policy)> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let policy = forgelog_model::load_policy("smollm2", &candle_core::Device::Cpu)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let policy = forgelog_model::load_policy(
+            "smollm2",
+            &forgelog_stream::models_dir(),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         (serve(policy.clone()), policy)
     })
 }

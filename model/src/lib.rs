@@ -8,6 +8,7 @@
 
 pub mod chat;
 pub mod config;
+mod kv_cache;
 pub mod llama;
 pub mod load;
 #[cfg(feature = "testing")]
@@ -15,8 +16,9 @@ pub mod testing;
 
 pub use chat::{ChatTemplate, TemplateError};
 pub use config::LlamaConfig;
+pub use kv_cache::KvCache;
+pub use llama::Llama;
 pub use llama::Logits;
-pub use llama::{KvCache, Llama};
 pub use load::{
     default_gguf_path, load_gguf, load_hf_dir, load_policy, weights_from_safetensors, LoadError,
     Policy,

@@ -15,76 +15,9 @@
 //! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
 //! `model.norm.weight`, and `lm_head.weight` unless `tie_word_embeddings`.
 
-use crate::LlamaConfig;
+use crate::{KvCache, LlamaConfig};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
-
-/// Keys and values seen so far by one sequence, per layer, in buffers of
-/// shape `(kv_heads, capacity, head_dim)` whose first `len` positions are
-/// filled. Appending writes in place and doubles a full buffer, so a step
-/// costs the new tokens, not the whole history. (Not `Clone`: clones would
-/// share, and overwrite, the same buffers.)
-#[derive(Debug, Default)]
-pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-    len: usize,
-}
-
-impl KvCache {
-    pub fn new() -> KvCache {
-        KvCache::default()
-    }
-
-    /// Tokens already in the cache (the position of the next token).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Adds `k`, `v` (`(kv_heads, t, head_dim)`) after the cached positions of
-    /// `layer` and returns all of them.
-    fn append(&mut self, layer: usize, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-        if self.layers.len() <= layer {
-            self.layers.resize(layer + 1, None);
-        }
-        let (len, t) = (self.len, k.dim(1)?);
-        let (k, v) = match self.layers[layer].take() {
-            // The first tokens are kept as given, so a training forward keeps its graph.
-            None => (k, v),
-            // Gradients cannot flow through in-place writes: concatenate instead.
-            Some((k0, v0)) if k.track_op() || k0.track_op() => {
-                let k = Tensor::cat(&[&k0.narrow(1, 0, len)?, &k], 1)?;
-                let v = Tensor::cat(&[&v0.narrow(1, 0, len)?, &v], 1)?;
-                (k, v)
-            }
-            Some((k0, v0)) => {
-                let (k_buffer, v_buffer) = if len + t > k0.dim(1)? {
-                    let capacity = (len + t).max(2 * k0.dim(1)?);
-                    (grow(&k0, len, capacity)?, grow(&v0, len, capacity)?)
-                } else {
-                    (k0, v0)
-                };
-                k_buffer.slice_set(&k.contiguous()?, 1, len)?;
-                v_buffer.slice_set(&v.contiguous()?, 1, len)?;
-                (k_buffer, v_buffer)
-            }
-        };
-        let filled = (k.narrow(1, 0, len + t)?, v.narrow(1, 0, len + t)?);
-        self.layers[layer] = Some((k, v));
-        Ok(filled)
-    }
-}
-
-/// A buffer of `capacity` positions holding the first `len` of `buffer`.
-fn grow(buffer: &Tensor, len: usize, capacity: usize) -> Result<Tensor> {
-    let (heads, _, head_dim) = buffer.dims3()?;
-    let grown = Tensor::zeros((heads, capacity, head_dim), buffer.dtype(), buffer.device())?;
-    grown.slice_set(&buffer.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
-    Ok(grown)
-}
 
 /// Which positions' logits a forward returns for each sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,7 +407,7 @@ impl Llama {
         let mut last_rows = Vec::with_capacity(batch.len());
         let mut rows = 0;
         for (tokens, cache) in batch.iter_mut() {
-            cache.len += tokens.len();
+            cache.advance(tokens.len());
             rows += tokens.len();
             last_rows.push(rows as u32 - 1);
             counts.push(match logits {

@@ -48,24 +48,20 @@ pub struct Policy {
 }
 
 /// Where the default model lives: `FORGELOG_MODEL_GGUF`, else
-/// `${FORGELOG_HOME:-$HOME/.cache/forgelog}/models/SmolLM2-135M-Instruct.Q4_1.gguf`.
-pub fn default_gguf_path() -> PathBuf {
-    if let Ok(path) = std::env::var("FORGELOG_MODEL_GGUF") {
-        return PathBuf::from(path);
+/// [`DEFAULT_GGUF`] in `models` (the caller's per-machine model directory,
+/// `forgelog_stream::models_dir()` in forgelog's processes).
+pub fn default_gguf_path(models: &Path) -> PathBuf {
+    match std::env::var_os("FORGELOG_MODEL_GGUF") {
+        Some(path) => PathBuf::from(path),
+        None => models.join(DEFAULT_GGUF),
     }
-    let home = std::env::var("FORGELOG_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
-                .join(".cache/forgelog")
-        });
-    home.join("models").join(DEFAULT_GGUF)
 }
 
-/// `smollm2` (the default GGUF), a `.gguf` file, or a Hugging Face directory.
-pub fn load_policy(spec: &str, device: &Device) -> Result<Policy, LoadError> {
+/// `smollm2` (the default GGUF, looked for in `models`), a `.gguf` file, or a
+/// Hugging Face directory.
+pub fn load_policy(spec: &str, models: &Path, device: &Device) -> Result<Policy, LoadError> {
     if spec == "smollm2" {
-        let path = default_gguf_path();
+        let path = default_gguf_path(models);
         if !path.is_file() {
             return Err(LoadError::DefaultModelMissing(path));
         }

@@ -7,7 +7,8 @@ use forgelog_model::{load_policy, log_softmax, KvCache};
 
 #[test]
 fn smollm2_tokenizes_renders_and_predicts() {
-    let policy = load_policy("smollm2", &Device::Cpu).unwrap_or_else(|e| panic!("{e}"));
+    let policy = load_policy("smollm2", &forgelog_stream::models_dir(), &Device::Cpu)
+        .unwrap_or_else(|e| panic!("{e}"));
     let config = policy.model.config();
     assert_eq!(
         (

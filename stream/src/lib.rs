@@ -21,6 +21,6 @@ pub use config::{
 pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt};
 pub use forgelog_schemas::Received;
 pub use log::{EventSink, LogReader, MemoryLog};
-pub use process::{default_brokers, forgelog_home, shutdown_signal, DEFAULT_BROKERS};
+pub use process::{default_brokers, forgelog_home, models_dir, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
 pub use spool::{FsyncPolicy, ParkedRecord, Spool, SpoolError, SpoolOptions, SpoolStatus};

@@ -24,6 +24,12 @@ pub fn forgelog_home() -> PathBuf {
         .join(".cache/forgelog")
 }
 
+/// Where the default model is installed (`scripts/fetch-model.sh`): `models/`
+/// under [`forgelog_home`].
+pub fn models_dir() -> PathBuf {
+    forgelog_home().join("models")
+}
+
 /// Installs the Ctrl-C and SIGTERM (how Kubernetes stops a pod) handlers now;
 /// the future resolves on either. Installing first means a signal that arrives
 /// while the process is still starting is not lost.

@@ -48,7 +48,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed: u64 = env("GRPO_SEED", 7);
     let temperature = 0.7f32;
 
-    let policy = forgelog_model::load_policy("smollm2", &Device::Cpu)?;
+    let policy =
+        forgelog_model::load_policy("smollm2", &forgelog_stream::models_dir(), &Device::Cpu)?;
     let mut learner = Learner::new(
         &policy.weights,
         policy.model.config(),

@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => DType::F32,
     };
     let t = Instant::now();
-    let policy = forgelog_model::load_policy(&args.model, &device)?;
+    let policy = forgelog_model::load_policy(&args.model, &forgelog_stream::models_dir(), &device)?;
     let mut learner = Learner::new(
         &policy.weights,
         policy.model.config(),

@@ -233,10 +233,11 @@ pub async fn train(
 
     let spec = args.model.clone();
     let load_device = device.clone();
-    let policy =
-        tokio::task::spawn_blocking(move || forgelog_model::load_policy(&spec, &load_device))
-            .await
-            .map_err(|e| TrainError::Invalid(e.to_string()))??;
+    let policy = tokio::task::spawn_blocking(move || {
+        forgelog_model::load_policy(&spec, &forgelog_stream::models_dir(), &load_device)
+    })
+    .await
+    .map_err(|e| TrainError::Invalid(e.to_string()))??;
     let model_config = policy.model.config().clone();
 
     let resume = tokio::task::block_in_place(|| last_published(log, &args.run))?;
@@ -380,114 +381,4 @@ pub fn describe(step: u64, m: &StepMetrics) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    /// How the `forgelog` CLI embeds the arguments.
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
-
-    #[derive(clap::Subcommand)]
-    enum Command {
-        Train(TrainArgs),
-    }
-
-    #[test]
-    fn arguments_parse_as_a_subcommand() {
-        let Command::Train(args) = Cli::parse_from(["forgelog", "train"]).command;
-        assert_eq!(
-            (args.model.as_str(), args.device, args.max_staleness),
-            ("smollm2", DeviceKind::Cpu, 4)
-        );
-        assert_eq!(args.learner_config().loss, LossConfig::default());
-        let Command::Train(args) = Cli::parse_from([
-            "forgelog",
-            "train",
-            "--model",
-            "/models/qwen",
-            "--device",
-            "cuda",
-            "--checkpoints",
-            "s3://bucket/ckpt",
-            "--max-staleness",
-            "2",
-            "--run",
-            "r1",
-            "--normalisation",
-            "per-sequence",
-            "--kl",
-            "0.01",
-        ])
-        .command;
-        assert_eq!(args.device, DeviceKind::Cuda);
-        assert_eq!(args.checkpoints.as_deref(), Some("s3://bucket/ckpt"));
-        assert_eq!((args.max_staleness, args.run.as_str()), (2, "r1"));
-        let config = args.learner_config();
-        assert_eq!(config.loss.normalisation, Normalisation::PerSequence);
-        assert_eq!(config.loss.kl_coefficient, Some(0.01));
-    }
-
-    /// The fast tier: the trainer shell on a memory log, the tiny llama, no broker.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn on_a_memory_log_a_restarted_trainer_resumes_and_trains_only_new_batches() {
-        use forgelog_schemas::testing::training_batch;
-        use forgelog_stream::MemoryLog;
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model");
-        forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
-        let checkpoints = format!("file://{}/checkpoints", dir.path().display());
-        let Command::Train(args) = Cli::parse_from([
-            "forgelog",
-            "train",
-            "--model",
-            model.to_str().unwrap(),
-            "--run",
-            "mem",
-            "--checkpoints",
-            &checkpoints,
-            "--tokens-per-step",
-            "1",
-            "--max-steps",
-            "1",
-            "--learning-rate",
-            "1e-3",
-            "--idle-flush",
-            "0.1",
-        ])
-        .command;
-        let log = MemoryLog::default();
-        let published = |log: &MemoryLog| -> Vec<PolicyPublished> {
-            log.events(Topic::Policy.name())
-                .into_iter()
-                .filter_map(|e| match e {
-                    Event::PolicyPublished(p) => Some(p),
-                    _ => None,
-                })
-                .collect()
-        };
-        log.append(&training_batch("other-run", "x", 5, 0)).unwrap();
-        log.append(&training_batch("mem", "a", 2, 0)).unwrap();
-        train(&args, &log, &log).await.unwrap();
-        let first = published(&log);
-        assert_eq!(first.len(), 1);
-        assert_eq!((first[0].version, first[0].step), (1, 1));
-        assert_eq!(
-            first[0].metrics["tokens"], 4.0,
-            "group a: 2 members x 2 sampled tokens"
-        );
-
-        log.append(&training_batch("mem", "b", 3, 1)).unwrap();
-        train(&args, &log, &log).await.unwrap();
-        let both = published(&log);
-        assert_eq!(both.len(), 2);
-        assert_eq!((both[1].version, both[1].step), (2, 2));
-        assert_eq!(both[1].metrics["tokens"], 6.0, "group b only");
-        assert!(both[1]
-            .checkpoint_uri
-            .ends_with("/v000002/model.safetensors"));
-    }
-}
+mod tests;

@@ -9,6 +9,7 @@
 //! - [`termination`]: the in-pod runner and its report;
 //! - [`lease`]: the run's lease, and deleting dead runs;
 //! - [`backend`]: the `SandboxBackend` the orchestrator drives;
+//! - `watch`: what the run's Jobs and Pods say, by attempt;
 //! - `fake` (feature): an in-repo API server and a kubelet that runs pods
 //!   through the local podman backend, for tests on a machine with no cluster.
 
@@ -20,6 +21,7 @@ pub mod lease;
 pub mod names;
 pub mod retry;
 pub mod termination;
+mod watch;
 
 pub use backend::{KubeBackend, KubeOptions, TaskImages};
 pub use job::BundleSource;

@@ -8,17 +8,20 @@
 
 mod checkpoint;
 mod parked;
+mod reader;
 mod record;
+mod segment;
 mod status;
 
 pub use checkpoint::Checkpoint;
 pub use parked::ParkedRecord;
+pub use reader::SpoolReader;
 pub use record::SpoolRecord;
 pub use status::SpoolStatus;
 
-use record::FRAME_HEADER;
+use segment::{complete_records, segment_path, segments};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -117,70 +120,6 @@ fn lock(dir: &Path) -> Result<File, SpoolError> {
             source,
         }),
     }
-}
-
-fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
-    dir.join(format!("{first_seq:020}.seg"))
-}
-
-/// Segments in the directory, by first seq.
-fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "seg") {
-            if let Some(seq) = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.parse().ok())
-            {
-                out.push((seq, path));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Reads one framed record; `Ok(None)` at a clean end, a torn frame or a bad CRC.
-fn read_frame(r: &mut impl Read) -> io::Result<Option<(SpoolRecord, u64)>> {
-    let mut header = [0u8; FRAME_HEADER];
-    if let Err(e) = r.read_exact(&mut header) {
-        return if e.kind() == io::ErrorKind::UnexpectedEof {
-            Ok(None)
-        } else {
-            Err(e)
-        };
-    }
-    let (len, crc) = SpoolRecord::frame_header(&header);
-    let mut payload = vec![0u8; len];
-    if let Err(e) = r.read_exact(&mut payload) {
-        return if e.kind() == io::ErrorKind::UnexpectedEof {
-            Ok(None)
-        } else {
-            Err(e)
-        };
-    }
-    if crc32fast::hash(&payload) != crc {
-        return Ok(None);
-    }
-    Ok(SpoolRecord::decode_payload(&payload).map(|r| (r, (FRAME_HEADER + len) as u64)))
-}
-
-/// Where the complete records of the segment starting at `first` end: the
-/// seq after the last one, and its byte length (what follows is torn, or being
-/// written).
-fn complete_records(path: &Path, first: u64) -> io::Result<(u64, u64)> {
-    let mut r = BufReader::new(File::open(path)?);
-    let (mut next, mut good) = (first, 0u64);
-    while let Some((rec, n)) = read_frame(&mut r)? {
-        if rec.seq != next {
-            break;
-        }
-        next += 1;
-        good += n;
-    }
-    Ok((next, good))
 }
 
 impl Spool {
@@ -348,12 +287,7 @@ impl Spool {
 
     /// A reader positioned at `seq`.
     pub fn reader(&self, seq: u64) -> SpoolReader {
-        SpoolReader {
-            dir: self.dir.clone(),
-            shared: self.shared.clone(),
-            seq,
-            file: None,
-        }
+        SpoolReader::new(self.dir.clone(), self.shared.clone(), seq)
     }
 
     /// Waits until something is appended (returns at once if an append happened since the last wait).
@@ -411,74 +345,6 @@ impl Spool {
                 metrics::gauge!("forgelog_spool_bytes").set(left as f64);
             }
         }
-        Ok(())
-    }
-}
-
-/// Reads records in seq order, only those completely written.
-pub struct SpoolReader {
-    dir: PathBuf,
-    shared: Arc<Shared>,
-    seq: u64,
-    file: Option<(u64, BufReader<File>)>,
-}
-
-impl SpoolReader {
-    /// Seq of the record `next` returns.
-    pub fn position(&self) -> u64 {
-        self.seq
-    }
-
-    /// The next record, or `None` when the reader has caught up with the writer.
-    pub fn next_record(&mut self) -> io::Result<Option<SpoolRecord>> {
-        if self.seq >= self.shared.next_seq.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        for _ in 0..2 {
-            if self.file.is_none() {
-                self.open_segment_for(self.seq)?;
-            }
-            let (_, r) = self.file.as_mut().expect("opened above");
-            loop {
-                match read_frame(r)? {
-                    Some((rec, _)) if rec.seq < self.seq => continue,
-                    Some((rec, _)) if rec.seq == self.seq => {
-                        self.seq += 1;
-                        return Ok(Some(rec));
-                    }
-                    Some((rec, _)) => {
-                        return Err(io::Error::other(format!(
-                            "spool gap: wanted seq {}, found {}",
-                            self.seq, rec.seq
-                        )))
-                    }
-                    // End of this segment: the record was written to the next one.
-                    None => break,
-                }
-            }
-            self.file = None;
-            let next = segments(&self.dir)?
-                .into_iter()
-                .find(|(first, _)| *first == self.seq);
-            if let Some((first, path)) = next {
-                self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
-            }
-        }
-        Err(io::Error::other(format!(
-            "spool record {} is missing from {}",
-            self.seq,
-            self.dir.display()
-        )))
-    }
-
-    fn open_segment_for(&mut self, seq: u64) -> io::Result<()> {
-        let seg = segments(&self.dir)?
-            .into_iter()
-            .rev()
-            .find(|(first, _)| *first <= seq);
-        let (first, path) =
-            seg.ok_or_else(|| io::Error::other(format!("no spool segment holds seq {seq}")))?;
-        self.file = Some((first, BufReader::with_capacity(1 << 20, File::open(path)?)));
         Ok(())
     }
 }

@@ -70,7 +70,7 @@ impl ParkedRecord {
             let (rec_path, _) = Self::paths(dir, seq);
             let reason = fs::read_to_string(&path)?;
             let frame = fs::read(&rec_path)?;
-            let topic = super::read_frame(&mut &frame[..])?
+            let topic = super::segment::read_frame(&mut &frame[..])?
                 .map(|(r, _)| r.topic)
                 .unwrap_or_default();
             out.push(ParkedRecord {
@@ -87,6 +87,6 @@ impl ParkedRecord {
     /// The parked record itself.
     pub fn record(&self, dir: &Path) -> io::Result<Option<SpoolRecord>> {
         let frame = fs::read(Self::paths(dir, self.seq).0)?;
-        Ok(super::read_frame(&mut &frame[..])?.map(|(r, _)| r))
+        Ok(super::segment::read_frame(&mut &frame[..])?.map(|(r, _)| r))
     }
 }

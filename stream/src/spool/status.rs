@@ -1,7 +1,8 @@
 //! What a spool holds, read without writing a byte: safe on the spool of a
 //! running producer, whose last record may be half written at that moment.
 
-use super::{complete_records, segments, Checkpoint, ParkedRecord, SpoolError, LOCK_FILE};
+use super::segment::{complete_records, segments};
+use super::{Checkpoint, ParkedRecord, SpoolError, LOCK_FILE};
 use std::fs::{self, File};
 use std::path::Path;
 

@@ -1,3 +1,4 @@
+use super::segment::segments;
 use super::*;
 use std::io::Write;
 

@@ -112,7 +112,10 @@ struct PendingGroup {
     run_id: String,
     group_id: String,
     task_id: String,
-    size: i64,
+    /// From the first `RolloutStarted` read: until then the group cannot be
+    /// complete, whatever its members' trajectories and verdicts (they may
+    /// arrive first in a live run).
+    size: Option<i64>,
     /// By rollout id: sorted, so member order is deterministic.
     members: BTreeMap<String, Member>,
 }
@@ -155,7 +158,7 @@ impl RewardJoin {
                 run_id: run_id.into(),
                 group_id: group_id.into(),
                 task_id: task_id.into(),
-                size: 1,
+                size: None,
                 members: BTreeMap::new(),
             });
         let member = group.members.entry(rollout_id.into()).or_default();
@@ -185,7 +188,7 @@ impl RewardJoin {
             &e.rollout_id,
             &e.harness,
         )?;
-        self.groups.get_mut(&gk)?.size = e.group_size.max(1);
+        self.groups.get_mut(&gk)?.size = Some(e.group_size.max(1));
         Some(gk)
     }
 
@@ -230,7 +233,7 @@ impl RewardJoin {
 
     fn complete(&self, gk: &str) -> bool {
         self.groups.get(gk).is_some_and(|g| {
-            g.members.len() as i64 >= g.size
+            g.size.is_some_and(|size| g.members.len() as i64 >= size)
                 && g.members
                     .values()
                     .all(|m| m.trajectory.is_some() && m.verdict.is_some())

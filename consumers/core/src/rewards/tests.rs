@@ -2,13 +2,19 @@ use super::*;
 use crate::TrajectoryBuilder;
 use forgelog_schemas::testing::recorded_run;
 
-/// The recorded run's events through both cores, rewards in the given position.
-fn batches(config: RewardConfig, events: Vec<Event>) -> Vec<TrainingBatch> {
+/// The trajectories the builder makes of `events`.
+fn trajectories_of(events: &[Event]) -> Vec<Event> {
     let mut trajectories = Vec::new();
     let mut builder = TrajectoryBuilder::default();
     for e in events.iter().cloned() {
         builder.process(e, &mut trajectories);
     }
+    trajectories
+}
+
+/// The recorded run's events through both cores, rewards in the given position.
+fn batches(config: RewardConfig, events: Vec<Event>) -> Vec<TrainingBatch> {
+    let trajectories = trajectories_of(&events);
     let mut join = RewardJoin::new(config);
     let mut out = Vec::new();
     let inputs = events
@@ -129,16 +135,13 @@ fn efficiency_bonus_rewards_fewer_tool_calls_among_correct_answers() {
 }
 
 /// An attempt given up before its first model call and run again under a new
-/// id: in whichever order its events arrive, the group's members are the
-/// rollouts that ran, never the abandoned attempt.
-#[test]
-fn an_abandoned_attempt_is_no_member_of_its_group() {
+/// id, for the first group of `events`: its start, finish and verdict.
+fn abandoned_attempt(events: &[Event]) -> [Event; 3] {
     use forgelog_schemas::{RolloutFinished, RolloutStarted, VerifierResult};
-    let events = recorded_run("run", 1, 3, 2, 8);
     let Some(Event::RolloutStarted(first)) = events.first().cloned() else {
         panic!("a run starts with a rollout");
     };
-    let id = "run-g0-attempt-given-up".to_string();
+    let id = format!("{}-attempt-given-up", first.group_id);
     let started = Event::from(RolloutStarted {
         event_id: format!("{}-a", first.event_id),
         rollout_id: id.clone(),
@@ -146,7 +149,7 @@ fn an_abandoned_attempt_is_no_member_of_its_group() {
         ..first.clone()
     });
     let finished = Event::from(RolloutFinished {
-        run_id: "run".into(),
+        run_id: first.run_id.clone(),
         event_id: "abandoned-finished".into(),
         rollout_id: id.clone(),
         session_id: format!("session-{id}"),
@@ -156,14 +159,23 @@ fn an_abandoned_attempt_is_no_member_of_its_group() {
         finished_at_ms: 1,
     });
     let verdict = Event::from(VerifierResult {
-        run_id: "run".into(),
+        run_id: first.run_id,
         event_id: "abandoned-verdict".into(),
-        rollout_id: id.clone(),
+        rollout_id: id,
         ok: false,
         reward: None,
         details: "infra:sandbox".into(),
         abandoned: true,
     });
+    [started, finished, verdict]
+}
+
+/// In whichever order its events arrive, a group's members are the rollouts
+/// that ran, never the abandoned attempt.
+#[test]
+fn an_abandoned_attempt_is_no_member_of_its_group() {
+    let events = recorded_run("run", 1, 3, 2, 8);
+    let [started, finished, verdict] = abandoned_attempt(&events);
     let expected = batches(RewardConfig::default(), events.clone());
     assert_eq!(expected.len(), 1);
     assert_eq!(expected[0].members.len(), 3);
@@ -189,5 +201,92 @@ fn an_abandoned_attempt_is_no_member_of_its_group() {
     for (i, order) in orders.into_iter().enumerate() {
         let got = batches(RewardConfig::default(), order);
         assert_eq!(got, expected, "order {i}");
+    }
+}
+
+/// A member's trajectory and verdict can reach the join before any of its
+/// group's starts (a live run: the trajectory consumer and the verifier were
+/// quicker than the join's read of the rollouts). The group's size is not
+/// known yet, so it is not complete with that one member.
+#[test]
+fn a_group_is_never_complete_before_its_size_is_known() {
+    let events = recorded_run("run", 1, 3, 2, 8);
+    let trajectories = trajectories_of(&events);
+    let mut join = RewardJoin::new(RewardConfig::default());
+    let mut out = Vec::new();
+    let first = trajectories[0].clone();
+    let Event::TrajectoryBuilt(t) = &first else {
+        panic!("{first:?}")
+    };
+    let verdict = events
+        .iter()
+        .find(|e| matches!(e, Event::VerifierResult(v) if v.rollout_id == t.rollout_id))
+        .cloned()
+        .unwrap();
+    join.process(first, &mut out);
+    join.process(verdict, &mut out);
+    assert!(out.is_empty(), "a group of one was emitted: {out:?}");
+}
+
+/// The join's inputs are three topics that grow independently in a live run,
+/// so it sees them interleaved in any order that keeps each topic's own.
+/// Whatever the interleaving, the batches are the same events (byte for byte
+/// by event id); only the order they complete in may differ.
+mod interleavings {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn by_topic() -> [Vec<Event>; 3] {
+        let mut events = recorded_run("run", 3, 3, 2, 6);
+        events.splice(0..0, abandoned_attempt(&events));
+        let trajectories = trajectories_of(&events);
+        let (rewards, rollouts): (Vec<Event>, Vec<Event>) = events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::CallFinished(_)))
+            .partition(|e| matches!(e, Event::VerifierResult(_)));
+        [rollouts, trajectories, rewards]
+    }
+
+    fn sorted(mut batches: Vec<TrainingBatch>) -> Vec<TrainingBatch> {
+        batches.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+        batches
+    }
+
+    proptest! {
+        #[test]
+        fn batches_do_not_depend_on_how_the_topics_interleave(
+            picks in proptest::collection::vec(0usize..3, 0..200),
+        ) {
+            let topics = by_topic();
+            let swept: Vec<Event> = topics.iter().flatten().cloned().collect();
+            let mut join = RewardJoin::new(RewardConfig::default());
+            let mut expected = Vec::new();
+            for e in swept {
+                join.process(e, &mut expected);
+            }
+            let expected = sorted(expected.into_iter().map(batch).collect());
+            prop_assert_eq!(expected.len(), 3);
+
+            let mut queues = topics.map(|t| t.into_iter().peekable());
+            let mut picks = picks.into_iter();
+            let mut join = RewardJoin::new(RewardConfig::default());
+            let mut got = Vec::new();
+            loop {
+                let open: Vec<usize> = (0..3).filter(|&i| queues[i].peek().is_some()).collect();
+                if open.is_empty() {
+                    break;
+                }
+                let i = open[picks.next().unwrap_or(0) % open.len()];
+                join.process(queues[i].next().expect("open"), &mut got);
+            }
+            prop_assert_eq!(sorted(got.into_iter().map(batch).collect()), expected);
+        }
+    }
+
+    fn batch(e: Event) -> TrainingBatch {
+        match e {
+            Event::TrainingBatch(b) => b,
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -1,0 +1,127 @@
+//! The fast tier: the shell on a [`MemoryLog`], no broker.
+use super::*;
+use crate::rebuild::rebuild;
+use crate::{RewardConfig, RewardJoin, TrajectoryBuilder};
+use forgelog_schemas::{testing::recorded_run, Topic};
+use forgelog_stream::MemoryLog;
+
+const GROUPS: usize = 6;
+
+fn consume(log: &MemoryLog, state: &Path) -> (RunStats, RunStats) {
+    let options = |name: &str| ShellOptions {
+        checkpoint_every: 7,
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(state.join(name))
+    };
+    let trees = run_on(
+        log,
+        log,
+        TrajectoryBuilder::default(),
+        &options("trajectories"),
+    );
+    let groups = run_on(
+        log,
+        log,
+        RewardJoin::new(RewardConfig::default()),
+        &options("rewards"),
+    );
+    (trees.unwrap(), groups.unwrap())
+}
+
+fn ids(events: &[Event]) -> Vec<String> {
+    let mut ids: Vec<String> = events.iter().map(|e| e.event_id().to_string()).collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn on_a_memory_log_the_shells_emit_what_the_cores_derive_once_across_restarts() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let inputs = recorded_run("mem", GROUPS, 4, 3, 16);
+    let log = MemoryLog::default();
+    let state = tempfile::tempdir().unwrap();
+    // Half the inputs, consumed; the checkpoint kept as a crash would leave it.
+    let half = inputs.len() / 2;
+    for e in &inputs[..half] {
+        log.append(e).unwrap();
+    }
+    // What no forgelog producer writes: set aside, once, with the reason.
+    log.append_raw(Topic::Calls.name(), b"s-x", b"garbage");
+    consume(&log, state.path());
+    let stale = state.path().join("stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    for name in ["trajectories", "rewards"] {
+        std::fs::copy(
+            state.path().join(name).join("state.json"),
+            stale.join(format!("{name}.json")),
+        )
+        .unwrap();
+    }
+    for e in &inputs[half..] {
+        log.append(e).unwrap();
+    }
+    log.append_raw(
+        Topic::Rewards.name(),
+        b"r-x",
+        &[0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8],
+    );
+    let (trees, _) = consume(&log, state.path());
+    assert!(trees.emitted > 0);
+
+    let mut by_topic = BTreeMap::new();
+    for e in &inputs {
+        by_topic
+            .entry(e.topic())
+            .or_insert_with(Vec::new)
+            .push(e.clone());
+    }
+    let expected = rebuild(&by_topic, RewardConfig::default());
+    let trajectories = log.events(Topic::Trajectories.name());
+    let batches = log.events(Topic::Batches.name());
+    assert_eq!((trajectories.len(), batches.len()), (GROUPS * 4, GROUPS));
+    assert_eq!(ids(&trajectories), ids(&expected.trajectories));
+    assert_eq!(ids(&batches), ids(&expected.batches));
+
+    // A restart from where it was: nothing new. From the stale checkpoint
+    // (a crash after its outputs were sent): all re-derived, none sent again.
+    assert_eq!(consume(&log, state.path()).0.emitted, 0);
+    for name in ["trajectories", "rewards"] {
+        std::fs::copy(
+            stale.join(format!("{name}.json")),
+            state.path().join(name).join("state.json"),
+        )
+        .unwrap();
+    }
+    let (trees, groups) = consume(&log, state.path());
+    assert_eq!((trees.emitted, groups.emitted), (0, 0));
+    assert!(trees.skipped > 0, "{trees:?}");
+    assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
+    assert_eq!(log.events(Topic::Batches.name()).len(), GROUPS);
+    let mut dead: Vec<(String, String, Vec<u8>)> = log
+        .events(Topic::DeadLetters.name())
+        .into_iter()
+        .map(|e| match e {
+            Event::DeadLetter(d) => (d.consumer, d.topic, d.value),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    dead.sort();
+    assert_eq!(
+        dead,
+        [
+            (
+                "rewards".into(),
+                Topic::Rewards.name().into(),
+                vec![0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8]
+            ),
+            (
+                "trajectories".into(),
+                Topic::Calls.name().into(),
+                b"garbage".to_vec()
+            ),
+        ],
+        "each set aside once, across the restarts"
+    );
+}
