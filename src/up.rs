@@ -189,7 +189,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
 
     let engine = match &args.upstream {
         Some(_) => None,
-        None => Some(LocalEngine::start(&args.model, args.engine_listen, config).await?),
+        None => Some(LocalEngine::start(&args.model, args.engine_listen, config, &run).await?),
     };
     let upstream = match (&args.upstream, &engine) {
         (Some(u), _) => u.clone(),
@@ -271,18 +271,21 @@ pub struct LocalEngine {
 }
 
 impl LocalEngine {
-    /// Serves `model` on `listen`, reporting to `config`'s brokers; returns once healthy.
+    /// Serves `model` on `listen`, loading the policies `run` publishes on
+    /// `config`'s brokers (another run's versions are not this run's
+    /// policy); returns once healthy.
     pub async fn start(
         model: &str,
         listen: SocketAddr,
         config: &StreamConfig,
+        run: &str,
     ) -> Result<LocalEngine> {
         let engine = forgelog_engine::EngineArgs {
             model: model.to_string(),
             listen,
             device: forgelog_engine::DeviceKind::Cpu,
             brokers: Some(config.brokers.clone()),
-            run: None,
+            run: Some(run.to_string()),
             // It follows forgelog.policy; reload over HTTP stays off.
             admin_token: None,
             checkpoint_root: None,

@@ -1,6 +1,7 @@
 //! `kill -9` at any point: the process draining a spool, again and again
-//! (every event still reaches the log exactly once and in order); and the
-//! proxy, the consumers and the broker while rollouts run through them.
+//! (every event still reaches the log exactly once and in order); and every
+//! process of the closed loop (broker, engine, proxy, consumers, trainer)
+//! while rollouts run through it.
 
 use forgelog_schemas::{testing::call_finished, Codec, Event, Topic};
 use forgelog_stream::spool::Checkpoint;
@@ -109,6 +110,23 @@ fn killing_the_drainer_mid_drain_loses_and_duplicates_nothing() {
     println!("{kills_mid_drain} kills mid-drain; {N} events arrived exactly once, in order");
 }
 
+/// The newest version `run` published (0 before any, or with the broker away).
+fn newest_version(config: &StreamConfig, run: &str) -> i64 {
+    let Ok(reader) = ReplayReader::new(config) else {
+        return 0;
+    };
+    let Ok(read) = reader.read(Topic::Policy.name(), StartAt::Beginning, Some(run)) else {
+        return 0;
+    };
+    read.into_iter()
+        .filter_map(|r| match r.event {
+            Ok(Event::PolicyPublished(p)) => Some(p.version),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// A process of the chaos test, killed with SIGKILL when dropped.
 struct Proc(Child);
 
@@ -121,15 +139,19 @@ impl Drop for Proc {
 
 const ADMIN: &str = "chaos-admin";
 
-/// Chaos: rollouts driven through `forgelog proxy` (the driver acting as
-/// harness and orchestrator both, retrying what a crash interrupted) while the
-/// proxy, the consumers and the broker are killed with SIGKILL at random
-/// points and started again. Afterwards every call started has exactly one
-/// end, no event is in the log twice, every finished rollout's call count
-/// matches its calls, and `replay rebuild` says the consumers' outputs are
-/// what the log implies.
+/// Chaos: the closed loop as `forgelog up --train` runs it, each part its own
+/// process — `forgelog engine` (a tiny llama, following the run's policies),
+/// `forgelog proxy`, `forgelog consume all`, `forgelog train` — with rollouts
+/// driven through the proxy (the driver acting as harness and orchestrator
+/// both, retrying what a crash interrupted) while each of those and the
+/// broker is killed with SIGKILL at random points and started again.
+/// Afterwards every call started has exactly one end, no event is in the log
+/// twice, every finished rollout's call count matches its calls, `replay
+/// rebuild` says the consumers' outputs are what the log implies, and the
+/// trainer's versions are contiguous, each published once, every group
+/// trained once (or counted as dropped for staleness), and served.
 #[test]
-fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
+fn the_loop_survives_kill_9_of_each_of_its_processes_at_random_points() {
     use forgelog_api::{Finish, NewSession, SessionClient, Verdict};
     use forgelog_stream::testing::{free_local_addr, PrivateBroker};
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -141,64 +163,117 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
         &Default::default(),
     ))
     .unwrap();
-    let (upstream, _) = rt
-        .block_on(forgelog_producers::fake_upstream::spawn(
-            "127.0.0.1:0".parse().unwrap(),
-            // Slow enough that a kill lands mid-call now and then.
-            forgelog_producers::fake_upstream::FakeOptions {
-                delay: Duration::from_millis(40),
-                ..Default::default()
-            },
-        ))
-        .unwrap();
     let run = unique_run_id("chaos");
-    let listen = free_local_addr();
-    let (spool, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dirs = tempfile::tempdir().unwrap();
+    let dir = |name: &str| dirs.path().join(name);
+    let model = dir("model");
+    forgelog_model::testing::write_tiny_llama(&model, 11).unwrap();
+    let (listen, engine_listen) = (free_local_addr(), free_local_addr());
     let bin = env!("CARGO_BIN_EXE_forgelog");
-    let start_proxy = || {
+    let spawn = |args: &[&str], wait_for: Option<std::net::SocketAddr>| {
         let child = Command::new(bin)
-            .args(["proxy", "--upstream", &format!("http://{upstream}")])
-            .args([
+            .args(args)
+            .args(["--brokers", &config.brokers])
+            .env("RUST_LOG", "error")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while wait_for.is_some_and(|a| std::net::TcpStream::connect(a).is_err()) {
+            assert!(Instant::now() < deadline, "{args:?} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Proc(child)
+    };
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let start_engine = || {
+        let listen = engine_listen.to_string();
+        spawn(
+            &[
+                "engine",
+                "--model",
+                &path(model.clone()),
                 "--listen",
-                &listen.to_string(),
-                "--brokers",
-                &config.brokers,
-            ])
-            .args([
+                &listen,
+                "--run",
+                &run,
+            ],
+            Some(engine_listen),
+        )
+    };
+    let start_proxy = || {
+        let (upstream, listen_at) = (format!("http://{engine_listen}"), listen.to_string());
+        let spool = path(dir("proxy-spool"));
+        spawn(
+            &[
+                "proxy",
+                "--upstream",
+                &upstream,
+                "--listen",
+                &listen_at,
                 "--run-id",
                 &run,
                 "--admin-token",
                 ADMIN,
                 "--upstream-timeout-secs",
                 "5",
-            ])
-            .arg("--spool")
-            .arg(spool.path())
-            .env("RUST_LOG", "error")
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(listen).is_err() {
-            assert!(Instant::now() < deadline, "the proxy did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Proc(child)
-    };
-    let start_consumers = || {
-        Proc(
-            Command::new(bin)
-                .args(["consume", "all", "--checkpoint-every", "10"])
-                .args(["--brokers", &config.brokers, "--state"])
-                .arg(state.path())
-                .env("RUST_LOG", "error")
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
+                "--spool",
+                &spool,
+            ],
+            Some(listen),
         )
     };
-    let mut proxy = start_proxy();
-    let mut consumers = start_consumers();
+    let start_consumers = || {
+        let state = path(dir("consumers"));
+        spawn(
+            &[
+                "consume",
+                "all",
+                "--checkpoint-every",
+                "10",
+                "--state",
+                &state,
+            ],
+            None,
+        )
+    };
+    const GROUPS_PER_STEP: usize = 2;
+    let start_trainer = || {
+        let (checkpoints, spool) = (
+            format!("file://{}", path(dir("checkpoints"))),
+            path(dir("trainer-spool")),
+        );
+        spawn(
+            &[
+                "train",
+                "--model",
+                &path(model.clone()),
+                "--run",
+                &run,
+                "--checkpoints",
+                &checkpoints,
+                "--spool",
+                &spool,
+                "--groups-per-step",
+                &GROUPS_PER_STEP.to_string(),
+                "--tokens-per-step",
+                "1000000",
+                "--idle-flush",
+                "600",
+                "--learning-rate",
+                "1e-3",
+            ],
+            None,
+        )
+    };
+    // Started in the order `up` starts them; restarted by name after a kill.
+    let starts: [(&str, &dyn Fn() -> Proc); 4] = [
+        ("engine", &start_engine),
+        ("proxy", &start_proxy),
+        ("consumers", &start_consumers),
+        ("trainer", &start_trainer),
+    ];
+    let mut procs: Vec<Proc> = starts.iter().map(|(_, start)| start()).collect();
     let url = format!("http://{listen}");
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
@@ -214,38 +289,32 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
     };
     let mut kills = BTreeMap::<&str, usize>::new();
     let mut finished_rollouts = Vec::new();
-    let rollouts_to_run = 12 * forgelog_stream::testing::soak_scale();
+    // Groups of two: a step every `GROUPS_PER_STEP` groups.
+    let rollouts_to_run = 16 * forgelog_stream::testing::soak_scale();
     const CALLS: usize = 4;
     for r in 0..rollouts_to_run {
         let mut attempt = 0;
-        // Chaos before (and, for the proxy, during) each step of the driver.
-        let mut chaos = |proxy: &mut Proc, consumers: &mut Proc, broker: &mut PrivateBroker| {
-            match next(9) {
-                0 => {
-                    // Mid-request, as often as not: a call in flight dies with it.
-                    std::thread::sleep(Duration::from_millis(next(60)));
-                    let _ = proxy.0.kill();
-                    let _ = proxy.0.wait();
-                    *kills.entry("proxy").or_default() += 1;
-                    *proxy = start_proxy();
-                }
-                1 => {
-                    let _ = consumers.0.kill();
-                    let _ = consumers.0.wait();
-                    *kills.entry("consumers").or_default() += 1;
-                    *consumers = start_consumers();
-                }
-                2 => {
-                    broker.kill();
-                    std::thread::sleep(Duration::from_millis(500 + next(1000)));
-                    broker.restart().unwrap();
-                    *kills.entry("broker").or_default() += 1;
-                }
-                _ => {}
+        // Chaos before (and during the calls) each step of the driver: one
+        // chance in three of a kill, the broker's or one of the processes'.
+        let mut chaos = |procs: &mut Vec<Proc>, broker: &mut PrivateBroker| {
+            let which = next(15) as usize;
+            if which < starts.len() {
+                // Mid-request, as often as not: a call in flight dies with it.
+                std::thread::sleep(Duration::from_millis(next(60)));
+                let (name, start) = starts[which];
+                let _ = procs[which].0.kill();
+                let _ = procs[which].0.wait();
+                *kills.entry(name).or_default() += 1;
+                procs[which] = start();
+            } else if which == starts.len() {
+                broker.kill();
+                std::thread::sleep(Duration::from_millis(500 + next(1000)));
+                broker.restart().unwrap();
+                *kills.entry("broker").or_default() += 1;
             }
         };
         let (session, key, rollout) = loop {
-            chaos(&mut proxy, &mut consumers, &mut broker);
+            chaos(&mut procs, &mut broker);
             let rollout = format!("{run}-r{r}~{attempt}");
             let new =
                 NewSession::new(&rollout, "t", "chaos", format!("{run}-g{}", r / 2)).group_size(2);
@@ -278,7 +347,7 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
                     .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": format!("r{r} c{c}")}]}))
                     .send();
                 let call = rt.spawn(call);
-                chaos(&mut proxy, &mut consumers, &mut broker);
+                chaos(&mut procs, &mut broker);
                 match rt.block_on(call).unwrap() {
                     Ok(resp) if resp.status().is_success() => break,
                     Ok(resp) => {
@@ -297,7 +366,7 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
             ..Default::default()
         };
         loop {
-            chaos(&mut proxy, &mut consumers, &mut broker);
+            chaos(&mut procs, &mut broker);
             match rt.block_on(sessions.finish(&session, &finish)) {
                 Ok(_) => break,
                 // Finished before a crash took the answer.
@@ -309,10 +378,32 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
             }
         }
         finished_rollouts.push(rollout);
+        // The loop closes: the next round waits for the version trained on
+        // this one's groups (as `up --demo --train` does), kills and all.
+        if (r + 1) % (2 * GROUPS_PER_STEP) == 0 {
+            let version = ((r + 1) / (2 * GROUPS_PER_STEP)) as i64;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            for waited in 0.. {
+                if newest_version(&config, &run) >= version {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "version {version} was never published"
+                );
+                // A chance of a kill every few seconds of waiting, not more:
+                // a process killed faster than it starts makes no progress.
+                if waited % 15 == 14 {
+                    chaos(&mut procs, &mut broker);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
     }
     // A clean stop: the proxy flushes its spool, then the consumers catch up.
-    unsafe { libc::kill(proxy.0.id() as i32, libc::SIGTERM) };
-    assert!(proxy.0.wait().unwrap().success());
+    let proxy = &mut procs[1].0;
+    unsafe { libc::kill(proxy.id() as i32, libc::SIGTERM) };
+    assert!(proxy.wait().unwrap().success());
     let rebuild = || {
         Command::new(bin)
             .args([
@@ -340,8 +431,6 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
         );
         std::thread::sleep(Duration::from_secs(1));
     };
-    drop(consumers);
-
     let reader = ReplayReader::new(&config).unwrap();
     let read = |t: Topic| -> Vec<Event> {
         reader
@@ -398,13 +487,71 @@ fn rollouts_survive_kill_9_of_proxy_consumers_and_broker_at_random_points() {
         }
     }
     assert_eq!(finished, rollouts_to_run, "every rollout finished once");
-    println!(
-        "chaos: {kills:?}; {} calls recorded once each, {finished} rollouts; rebuild: {}",
-        ends.len(),
-        verdict.trim()
+
+    // The trainer: every group trained once, in contiguous versions, each
+    // published once; a moment more, and nothing is published twice.
+    let groups = read(Topic::Batches).len();
+    assert_eq!(groups, rollouts_to_run / 2);
+    let published = || -> Vec<forgelog_schemas::PolicyPublished> {
+        read(Topic::Policy)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::PolicyPublished(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    };
+    let accounted = |p: &[forgelog_schemas::PolicyPublished]| -> usize {
+        let trained: f64 = p.iter().map(|p| p.metrics["groups"]).sum();
+        let dropped = p.last().map_or(0.0, |p| p.metrics["dropped_stale"]);
+        (trained + dropped) as usize
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while accounted(&published()) < groups / GROUPS_PER_STEP * GROUPS_PER_STEP {
+        assert!(
+            Instant::now() < deadline,
+            "the trainer accounted for {} of {groups} groups",
+            accounted(&published())
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    drop(procs);
+    let published = published();
+    let versions: Vec<i64> = published.iter().map(|p| p.version).collect();
+    assert_eq!(
+        versions,
+        (1..=published.len() as i64).collect::<Vec<_>>(),
+        "versions contiguous, each published once"
+    );
+    assert_eq!(accounted(&published), groups, "every group trained once");
+    let served: std::collections::BTreeSet<i64> = calls
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => c.policy_version,
+            _ => None,
+        })
+        .filter(|&v| v != forgelog_schemas::UNKNOWN_POLICY_VERSION as i64)
+        .collect();
+    assert!(
+        served.iter().all(|v| versions.contains(v) || *v == 0),
+        "served versions {served:?}, published {versions:?}"
     );
     assert!(
-        kills.values().sum::<usize>() >= 5,
-        "too little chaos: {kills:?}"
+        served.iter().any(|&v| v >= 1),
+        "no call was served by a trained version: {served:?} (published {versions:?})"
     );
+    println!(
+        "chaos: {kills:?}; {} calls recorded once each, {finished} rollouts; rebuild: {}; \
+         versions 1..={} published once each, {groups} groups trained once; served versions {served:?}",
+        ends.len(),
+        verdict.trim(),
+        versions.len()
+    );
+    for name in ["broker", "engine", "proxy", "consumers", "trainer"] {
+        assert!(
+            kills.contains_key(name),
+            "{name} was never killed: {kills:?}"
+        );
+    }
 }

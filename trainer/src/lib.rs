@@ -240,6 +240,10 @@ pub async fn train(
     .map_err(|e| TrainError::Invalid(e.to_string()))??;
     let model_config = policy.model.config().clone();
 
+    // A `PolicyPublished` a killed trainer left in its spool is delivered
+    // first: read before it arrives, the last version would be the one
+    // before, and that step would be trained and published a second time.
+    sink.flush(Duration::from_secs(600)).await?;
     let resume = tokio::task::block_in_place(|| last_published(log, &args.run))?;
     let (weights, moments, mut state) = match &resume {
         Some(p) => {

@@ -87,3 +87,84 @@ async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_ba
         .checkpoint_uri
         .ends_with("/v000002/model.safetensors"));
 }
+
+/// A trainer killed after its `PolicyPublished` reached its spool but before
+/// the broker had it: the next process delivers it first and resumes from that
+/// version. (Reading the log first, it resumed from the version before and
+/// trained and published that step a second time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_left_in_the_spool_by_a_killed_trainer_is_published_once() {
+    let config = shared_broker().await;
+    let run = unique_run_id("trainer-spool");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
+    let spool = dir.path().join("spool");
+    let args = Cli::parse_from([
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--brokers",
+        &config.brokers,
+        "--run",
+        &run,
+        "--checkpoints",
+        &format!("file://{}/checkpoints", dir.path().display()),
+        "--spool",
+        spool.to_str().unwrap(),
+        "--tokens-per-step",
+        "1",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "1e-3",
+    ])
+    .train;
+    produce(&config, &[training_batch(&run, "a", 2, 0)]).await;
+
+    // The first process reads the log, but what it publishes never leaves its
+    // spool (its producer's broker is unreachable); it dies once it is there.
+    let (first, spool_dir, reads) = (args.clone(), spool.clone(), config.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let reader = ReplayReader::new(&reads).unwrap();
+            let unreachable = forgelog_stream::StreamConfig::new("127.0.0.1:1");
+            let sink =
+                forgelog_stream::EventProducer::start(&unreachable, &spool_dir, Default::default())
+                    .unwrap();
+            let training =
+                tokio::spawn(async move { forgelog_trainer::train(&first, &reader, &sink).await });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while forgelog_stream::SpoolStatus::read(&spool_dir).map_or(0, |s| s.pending) == 0 {
+                assert!(!training.is_finished(), "{:?}", training.await);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "nothing was published"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        });
+        rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    })
+    .join()
+    .unwrap();
+    assert!(
+        published(&config, &run).is_empty(),
+        "it never reached the log"
+    );
+
+    // The next process, on the same spool: version 1 is delivered, and the
+    // step it trains is the next one, on the new group only.
+    produce(&config, &[training_batch(&run, "b", 3, 1)]).await;
+    forgelog_trainer::run(args).await.unwrap();
+    let versions: Vec<(i64, i64)> = published(&config, &run)
+        .iter()
+        .map(|p| (p.version, p.step))
+        .collect();
+    assert_eq!(versions, [(1, 1), (2, 2)], "each version published once");
+}
