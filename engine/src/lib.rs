@@ -111,6 +111,8 @@ struct Shared {
     scheduler: Scheduler,
     /// Serializes reloads so versions are applied in the order asked.
     reloading: tokio::sync::Mutex<()>,
+    /// Checkpoints loaded since the start.
+    loaded: std::sync::atomic::AtomicU64,
 }
 
 /// A running engine: the scheduler and what the HTTP layer needs. Cheap to clone.
@@ -139,6 +141,7 @@ impl Engine {
             chat_template,
             scheduler,
             reloading: tokio::sync::Mutex::new(()),
+            loaded: Default::default(),
         }))
     }
 
@@ -156,6 +159,12 @@ impl Engine {
 
     pub fn policy_version(&self) -> u64 {
         self.0.scheduler.version()
+    }
+
+    /// Checkpoints this engine has loaded since it started (each costs a
+    /// read of the whole model).
+    pub fn checkpoints_loaded(&self) -> u64 {
+        self.0.loaded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Requests the scheduler has admitted so far (a request is stamped with
@@ -218,6 +227,9 @@ impl Engine {
         .await
         .map_err(|e| EngineError::Checkpoint(e.to_string()))??;
         self.0.scheduler.swap(model, version).await?;
+        self.0
+            .loaded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(version, checkpoint_uri, "policy loaded");
         Ok(())
     }
@@ -256,7 +268,9 @@ async fn fetch_checkpoint(uri: &str, max_bytes: u64) -> Result<bytes::Bytes, Eng
 /// Follows `forgelog.policy` and loads each `PolicyPublished` newer than what
 /// serves (of `run`, when given). Every engine reads every policy, so the
 /// consumer group is this process's own; it starts from the beginning of the
-/// topic and so ends on the newest policy.
+/// topic and so ends on the newest policy. A (re)started engine first loads
+/// the newest one the topic holds, so that it does not load every version
+/// of a long run on its way there.
 pub async fn follow_policy(
     engine: Engine,
     brokers: &str,
@@ -269,6 +283,22 @@ pub async fn follow_policy(
         std::process::id(),
         engine.model_name()
     );
+    let newest = {
+        let config = config.clone();
+        let run = run.map(str::to_string);
+        tokio::task::spawn_blocking(move || {
+            let reader = forgelog_stream::ReplayReader::new(&config)?;
+            forgelog_stream::newest_policy(&reader, run.as_deref())
+        })
+        .await
+    };
+    match newest {
+        Ok(Ok(Some(p))) => load_published(&engine, &p).await,
+        Ok(Ok(None)) => {}
+        // Not fatal: following the topic from its beginning gets there too.
+        Ok(Err(e)) => tracing::warn!(error = %e, "reading the newest policy"),
+        Err(e) => tracing::warn!(error = %e, "reading the newest policy"),
+    }
     let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
     loop {
         let received = consumer.recv().await?;
@@ -283,20 +313,25 @@ pub async fn follow_policy(
                 continue;
             }
         };
-        let version = published.version.max(0) as u64;
-        if version <= engine.policy_version() {
-            continue;
-        }
-        let reloaded = engine
-            .reload(
-                &published.checkpoint_uri,
-                version,
-                DEFAULT_MAX_CHECKPOINT_BYTES,
-            )
-            .await;
-        if let Err(e) = reloaded {
-            tracing::error!(version, uri = %published.checkpoint_uri, "policy not loaded: {e}");
-        }
+        load_published(&engine, &published).await;
+    }
+}
+
+/// Loads `published` if it is newer than what the engine serves.
+async fn load_published(engine: &Engine, published: &forgelog_schemas::PolicyPublished) {
+    let version = published.version.max(0) as u64;
+    if version <= engine.policy_version() {
+        return;
+    }
+    let reloaded = engine
+        .reload(
+            &published.checkpoint_uri,
+            version,
+            DEFAULT_MAX_CHECKPOINT_BYTES,
+        )
+        .await;
+    if let Err(e) = reloaded {
+        tracing::error!(version, uri = %published.checkpoint_uri, "policy not loaded: {e}");
     }
 }
 

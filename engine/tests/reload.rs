@@ -141,6 +141,54 @@ async fn policy_published_on_the_log_is_loaded() {
     assert_eq!(response["policy_version"], 3);
 }
 
+/// An engine started on a run that already published several versions loads
+/// the newest one, once: not every version on its way there.
+#[tokio::test]
+async fn a_started_engine_loads_only_the_newest_published_policy() {
+    use forgelog_schemas::{event_id, Event, PolicyPublished};
+    let broker = forgelog_stream::testing::shared_broker().await;
+    let run = forgelog_stream::testing::unique_run_id("engine-newest");
+    let dir = tempfile::tempdir().unwrap();
+    let server = tiny_server(&dir.path().join("model"));
+    let producer = forgelog_stream::EventProducer::start(
+        &broker,
+        dir.path().join("spool"),
+        Default::default(),
+    )
+    .unwrap();
+    for version in 1..=4 {
+        let uri = write_checkpoint(
+            &dir.path().join(format!("v{version}")),
+            server.engine.vocab_size(),
+            0.1 * version as f64,
+        );
+        let published = PolicyPublished {
+            run_id: run.clone(),
+            event_id: event_id("PolicyPublished", &[&run, &version.to_string()]),
+            version,
+            step: version,
+            checkpoint_uri: uri,
+            metrics: Default::default(),
+        };
+        producer.send(&Event::from(published)).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).await.unwrap();
+
+    let (engine, brokers, follow_run) =
+        (server.engine.clone(), broker.brokers.clone(), run.clone());
+    tokio::spawn(async move {
+        forgelog_engine::follow_policy(engine, &brokers, Some(&follow_run)).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.engine.policy_version() != 4 {
+        assert!(Instant::now() < deadline, "version 4 was not loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The follower reads versions 1 to 4 again from the topic: none is newer.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.engine.checkpoints_loaded(), 1);
+}
+
 /// `/admin/reload` used to take anything from anyone: `file:///etc/shadow`,
 /// `..` out of any directory, a 1 GB file, version `u64::MAX` (after which
 /// every real policy was ignored). Now: the token, under the root, bounded,

@@ -20,7 +20,7 @@ pub use config::{
 };
 pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt};
 pub use forgelog_schemas::Received;
-pub use log::{EventSink, LogReader, MemoryLog};
+pub use log::{newest_policy, EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, models_dir, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
 pub use spool::{FsyncPolicy, ParkedRecord, Spool, SpoolError, SpoolOptions, SpoolStatus};

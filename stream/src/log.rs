@@ -3,7 +3,7 @@
 //! no network: the same shell code, in milliseconds).
 
 use crate::{ConsumeError, EventProducer, FlushTimeout, ReplayReader, SendError};
-use forgelog_schemas::{Codec, Event, Received};
+use forgelog_schemas::{Codec, Event, PolicyPublished, Received, Topic};
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -34,6 +34,30 @@ pub trait LogReader {
         to: i64,
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError>;
+}
+
+/// The newest `PolicyPublished` on `forgelog.policy` (of `run`, when given):
+/// where a restarted trainer resumes, and the one policy a restarted engine
+/// loads (not every version before it).
+pub fn newest_policy(
+    log: &impl LogReader,
+    run: Option<&str>,
+) -> Result<Option<PolicyPublished>, ConsumeError> {
+    let topic = Topic::Policy.name();
+    let mut newest: Option<PolicyPublished> = None;
+    for partition in log.partitions(topic)? {
+        let end = log.end(topic, partition)?;
+        let _ = log.for_each_in(topic, partition, 0, end, |rec| {
+            if let Ok(Event::PolicyPublished(p)) = rec.event {
+                let ours = run.is_none_or(|r| r == p.run_id);
+                if ours && newest.as_ref().is_none_or(|n| p.version > n.version) {
+                    newest = Some(p);
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+    }
+    Ok(newest)
 }
 
 impl EventSink for EventProducer {

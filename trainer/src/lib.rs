@@ -173,24 +173,6 @@ fn device_and_dtype(args: &TrainArgs) -> Result<(Device, DType), TrainError> {
     Ok((device, dtype))
 }
 
-/// The newest `PolicyPublished` of `run` on `forgelog.policy`, if any.
-fn last_published(log: &impl LogReader, run: &str) -> Result<Option<PolicyPublished>, TrainError> {
-    let topic = Topic::Policy.name();
-    let mut last: Option<PolicyPublished> = None;
-    for partition in log.partitions(topic)? {
-        let end = log.end(topic, partition)?;
-        let _ = log.for_each_in(topic, partition, 0, end, |rec| {
-            if let Ok(Event::PolicyPublished(p)) = rec.event {
-                if p.run_id == run && last.as_ref().is_none_or(|l| p.version > l.version) {
-                    last = Some(p);
-                }
-            }
-            ControlFlow::Continue(())
-        })?;
-    }
-    Ok(last)
-}
-
 /// `forgelog train`: [`train`] on the Kafka log, publishing through a spool.
 pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
     let stream = StreamConfig::new(&args.brokers);
@@ -244,7 +226,8 @@ pub async fn train(
     // first: read before it arrives, the last version would be the one
     // before, and that step would be trained and published a second time.
     sink.flush(Duration::from_secs(600)).await?;
-    let resume = tokio::task::block_in_place(|| last_published(log, &args.run))?;
+    let resume =
+        tokio::task::block_in_place(|| forgelog_stream::newest_policy(log, Some(&args.run)))?;
     let (weights, moments, mut state) = match &resume {
         Some(p) => {
             let (weights, moments, state) = store.load(p.version as u64, &device).await?;
