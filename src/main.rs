@@ -14,6 +14,7 @@ mod broker;
 mod consume;
 mod demo;
 mod export;
+mod learn;
 mod replay;
 mod report;
 mod run;
@@ -80,7 +81,7 @@ enum Command {
         action: export::ExportAction,
     },
     /// Run every task with every harness in GRPO groups, one sandbox per rollout, through the capture proxy; resumes an existing --run
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// What happened in a run, per policy version and harness, and each published version's training step
     Report(report::ReportArgs),
     /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
@@ -119,7 +120,7 @@ fn main() -> Result<()> {
         Command::Export { action } => export::run(&rt, action),
         Command::Spool { action } => spool::run(&rt, action),
         Command::Tasks { action } => tasks::run(&rt, action),
-        Command::Run(args) => run::run(&rt, args),
+        Command::Run(args) => run::run(&rt, *args),
         Command::Report(args) => report::run(args),
     }
 }

@@ -9,9 +9,13 @@ use anyhow::{bail, Context, Result};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
 use forgelog_deploy::local::{LocalBackend, Podman};
-use forgelog_deploy::orchestrator::{Orchestrator, Progress, RunOptions, SandboxBackend};
+use forgelog_deploy::orchestrator::{
+    Admission, Orchestrator, PolicyClock, Progress, RunOptions, SandboxBackend,
+};
 use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
-use forgelog_deploy_core::{Outcome, Rollout, RunHistory, RunPlan, RunSummary, Task};
+use forgelog_deploy_core::{
+    Outcome, Rollout, RunHistory, RunPlan, RunSummary, StalenessBound, Task,
+};
 use forgelog_kube::{BundleSource, KubeBackend, KubeOptions, TaskImages};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
@@ -19,8 +23,10 @@ use forgelog_schemas::Topic;
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -73,6 +79,63 @@ pub struct RunArgs {
     /// The model of the embedded engine
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+    /// Train the embedded engine's model on the run's groups with GRPO: the
+    /// learner publishes versions the engine loads, and groups start only
+    /// while the policy that samples them is within --max-staleness
+    #[arg(long, conflicts_with_all = ["upstream", "proxy"])]
+    pub train: bool,
+    /// With --train: groups per learner step (one version each)
+    #[arg(long, default_value_t = 1)]
+    pub groups_per_step: usize,
+    /// With --train: versions a group's policy may lag the learner when it
+    /// is trained (0: every group sampled by the newest version)
+    #[arg(long, default_value_t = 1)]
+    pub max_staleness: u64,
+    /// With --train: the learner's rate
+    #[arg(long, default_value_t = 1e-5)]
+    pub learning_rate: f64,
+}
+
+/// The newest version a run published, read from the log (0 before any, or
+/// while the log cannot be read).
+struct LogClock {
+    config: StreamConfig,
+    run: String,
+}
+
+impl PolicyClock for LogClock {
+    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
+        let (config, run) = (self.config.clone(), self.run.clone());
+        Box::pin(async move {
+            let newest = tokio::task::spawn_blocking(move || {
+                let reader = ReplayReader::new(&config).ok()?;
+                forgelog_stream::newest_policy(&reader, Some(&run)).ok()?
+            })
+            .await;
+            newest.ok().flatten().map_or(0, |p| p.version.max(0) as u64)
+        })
+    }
+}
+
+/// The version the embedded engine serves (its `/v1/models`): what samples
+/// the rollouts admission lets start, a moment after it is published.
+struct EngineClock {
+    models: String,
+    http: reqwest::Client,
+}
+
+impl PolicyClock for EngineClock {
+    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
+        Box::pin(async move {
+            let models: Option<serde_json::Value> = match self.http.get(&self.models).send().await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+            models
+                .and_then(|m| m["data"][0]["policy_version"].as_u64())
+                .unwrap_or(0)
+        })
+    }
 }
 
 /// `--backend kube`.
@@ -304,6 +367,7 @@ async fn orchestrate(
         tokio::task::spawn_blocking(move || history(&config, &run)).await??
     };
     let total = plan.rollouts().count();
+    let groups = plan.groups.len();
     eprintln!(
         "run {run_id}: {} tasks × {} harnesses × {} = {total} rollouts, {} at a time, proxy {url}{}",
         tasks.len(),
@@ -312,6 +376,40 @@ async fn orchestrate(
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
+    let engine_url = engine.as_ref().map(|e: &LocalEngine| e.url.clone());
+    let learning = if args.train {
+        let extra = [
+            "--learning-rate".to_string(),
+            args.learning_rate.to_string(),
+            "--groups-per-step".into(),
+            args.groups_per_step.max(1).to_string(),
+            "--max-staleness".into(),
+            args.max_staleness.to_string(),
+            "--idle-flush".into(),
+            "10".into(),
+        ];
+        let train = crate::learn::trainer_args(&args.model, config, &run_id, &dir.path, &extra)?;
+        Some(crate::learn::Learning::start(
+            config,
+            &dir.path.join("consumers"),
+            Default::default(),
+            Some(train),
+        ))
+    } else {
+        None
+    };
+    let admission = || {
+        args.train.then(|| Admission {
+            bound: StalenessBound {
+                groups_per_step: args.groups_per_step.max(1),
+                max_staleness: args.max_staleness,
+            },
+            clock: Box::new(EngineClock {
+                models: format!("{}/v1/models", engine_url.as_deref().unwrap_or_default()),
+                http: reqwest::Client::new(),
+            }),
+        })
+    };
     let sessions = SessionClient::new(&url, Some(token));
     let options = RunOptions {
         concurrency: args.concurrency,
@@ -320,7 +418,8 @@ async fn orchestrate(
     };
     let result = if args.backend == "kube" {
         let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
-        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options);
+        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
+            .with_admission(admission());
         drive(orchestrator, &history, total).await
     } else {
         let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
@@ -328,9 +427,27 @@ async fn orchestrate(
             .check()
             .await
             .context("sandbox networks (forgelog run needs root for network namespaces)")?;
-        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options);
+        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
+            .with_admission(admission());
         drive(orchestrator, &history, total).await
     };
+    if let (Some(learning), Ok(_)) = (learning, &result) {
+        // The last groups' step, once the learner has them (an idle flush
+        // takes a last short step), before the engine stops serving.
+        let steps = groups.div_ceil(args.groups_per_step.max(1)) as u64;
+        let clock = LogClock {
+            config: config.clone(),
+            run: run_id.clone(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(600);
+        let mut newest = clock.newest_version().await;
+        while newest < steps && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            newest = clock.newest_version().await;
+        }
+        eprintln!("trainer   {newest} versions published for {groups} groups");
+        learning.stop().await;
+    }
     if let Some(proxy) = local_proxy {
         proxy.shutdown(Duration::from_secs(30)).await?;
     }

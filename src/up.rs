@@ -2,9 +2,10 @@
 //! and consumers — with a session key per dialect and a live status line.
 
 use crate::broker::start_local_broker;
+use crate::learn::Learning;
 use anyhow::Result;
 use forgelog_api::{NewSession, SessionClient};
-use forgelog_consumers::{run_consumers, Consumers, RewardConfig, ShellOptions};
+use forgelog_consumers::RewardConfig;
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
@@ -12,7 +13,6 @@ use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -61,34 +61,14 @@ pub struct UpArgs {
     pub tokens_per_step: usize,
 }
 
-/// `forgelog train`'s arguments, parsed as its command line would be.
-#[derive(clap::Parser)]
-struct TrainCli {
-    #[command(flatten)]
-    train: forgelog_trainer::TrainArgs,
-}
-
 /// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
 fn train_args(
     args: &UpArgs,
     config: &StreamConfig,
     run: &str,
 ) -> Result<forgelog_trainer::TrainArgs> {
-    use clap::Parser;
-    let home = std::fs::canonicalize(&args.home)?;
-    let mut argv = vec![
-        "train".to_string(),
-        "--model".into(),
-        args.model.clone(),
-        "--brokers".into(),
-        config.brokers.clone(),
-        "--run".into(),
-        run.into(),
-        "--checkpoints".into(),
-        format!("file://{}/checkpoints/{run}", home.display()),
-        "--spool".into(),
-        home.join("trainer-spool").join(run).display().to_string(),
-        "--learning-rate".into(),
+    let mut extra = vec![
+        "--learning-rate".to_string(),
         args.learning_rate.to_string(),
     ];
     if args.demo {
@@ -98,7 +78,7 @@ fn train_args(
         // the version it made. The learner scores tokens at the temperature
         // they were sampled at.
         let plan = forgelog_deploy::demo::DemoPlan::new(run);
-        argv.extend([
+        extra.extend([
             "--max-steps".into(),
             args.steps.to_string(),
             "--tokens-per-step".into(),
@@ -111,14 +91,14 @@ fn train_args(
             plan.sampling.temperature.unwrap_or(1.0).to_string(),
         ]);
     } else {
-        argv.extend([
+        extra.extend([
             "--tokens-per-step".into(),
             args.tokens_per_step.to_string(),
             "--idle-flush".into(),
             "5".into(),
         ]);
     }
-    Ok(TrainCli::try_parse_from(argv)?.train)
+    crate::learn::trainer_args(&args.model, config, run, &args.home, &extra)
 }
 
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {
@@ -210,36 +190,17 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let base = format!("http://{}", proxy.addr);
     eprintln!("proxy     {base} → {upstream}  (session API admin token: {admin_token})");
 
-    let options = ShellOptions::new(args.home.join("consumers"));
-    let stop_consumers = options.stop.clone();
-    let consumers = {
-        let (config, rewards) = (
-            config.clone(),
-            RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = run_consumers(&config, Consumers::All, &options, rewards).await {
-                eprintln!("consumers stopped: {e}");
-            }
-        })
-    };
-
-    eprintln!(
-        "consumers trajectories, rewards (state in {})",
-        args.home.join("consumers").display()
-    );
-
-    let trainer = if args.train {
-        let train = train_args(args, config, &run)?;
-        eprintln!(
-            "trainer   GRPO on {}'s groups, checkpoints in {}",
-            run,
-            train.checkpoints.as_deref().unwrap_or("?")
-        );
-        Some(tokio::spawn(forgelog_trainer::run(train)))
+    let train = if args.train {
+        Some(train_args(args, config, &run)?)
     } else {
         None
     };
+    let learning = Learning::start(
+        config,
+        &args.home.join("consumers"),
+        RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
+        train,
+    );
     let rounds = if args.train { Some(args.steps) } else { None };
     let result = if args.demo {
         tokio::select! {
@@ -249,13 +210,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     } else {
         serve(config, &base, &admin_token, &run, stamp, stop).await
     };
-    if let Some(t) = trainer {
-        t.abort();
-    }
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
     proxy.shutdown(Duration::from_secs(10)).await?;
-    stop_consumers.store(true, Ordering::Relaxed);
-    let _ = consumers.await;
+    learning.stop().await;
     if let Some(engine) = engine {
         engine.stop().await;
     }
@@ -295,12 +252,14 @@ impl LocalEngine {
         let shutdown = async {
             let _ = stopped.await;
         };
+        // Bound here, so that port 0 (`run`'s choice) has its port in the URL.
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let url = format!("http://{}", listener.local_addr()?);
         let task = tokio::spawn(async move {
-            if let Err(e) = forgelog_engine::serve(engine, shutdown).await {
+            if let Err(e) = forgelog_engine::serve_on(listener, engine, shutdown).await {
                 eprintln!("engine stopped: {e}");
             }
         });
-        let url = format!("http://{listen}");
         wait_healthy(&format!("{url}/healthz"), "the engine").await?;
         eprintln!("engine    {model} on {url}");
         Ok(LocalEngine { url, stop, task })

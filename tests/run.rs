@@ -487,3 +487,83 @@ fn a_killed_run_resumes_without_losing_or_repeating_a_rollout() {
     );
     assert_eq!(slots_of(&run), 0);
 }
+
+/// `forgelog run --train`: mini-swe-agent in its sandboxes, sampled by the
+/// embedded engine (a tiny llama), the consumers and the learner in the same
+/// process. On policy (`--max-staleness 0`, a step per group), the second
+/// group starts only once the engine serves the version trained on the first:
+/// versions advance, one per group, and each group's calls are served by the
+/// version made from the groups before it.
+#[test]
+fn a_training_run_closes_the_loop_through_a_real_harness() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let run = unique_run_id("run-train");
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("run")
+        .arg(shipped())
+        .args(["--harness", "mini-swe-agent", "--run", &run])
+        .args(["--task", "count-lines", "--task", "hello-file"])
+        .args(["--group-size", "2", "--concurrency", "4"])
+        .args(["--max-model-calls", "3", "--max-tokens", "12"])
+        .args(["--brokers", &stream.brokers])
+        .arg("--model")
+        .arg(model.path())
+        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
+        .args(["--learning-rate", "1e-3"])
+        .output()
+        .unwrap();
+    eprintln!(
+        "forgelog run --train: {} in {:.1} s\n{}",
+        out.status,
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let reader = ReplayReader::new(&stream).unwrap();
+    let read = |topic: Topic| -> Vec<Event> {
+        reader
+            .read(topic.name(), StartAt::Beginning, Some(&run))
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event.expect("decodable"))
+            .collect()
+    };
+    let versions: Vec<i64> = read(Topic::Policy)
+        .iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p.version),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(versions, [1, 2], "a version per group, each published once");
+    // Plan order: count-lines is group 0 (version 0), hello-file group 1.
+    let group_of_session: BTreeMap<String, String> = read(Topic::Rollouts)
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(r) => Some((r.session_id.clone(), r.task_id.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut served: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    for e in read(Topic::Calls) {
+        if let Event::CallFinished(c) = e {
+            served
+                .entry(group_of_session[&c.session_id].clone())
+                .or_default()
+                .insert(c.policy_version.expect("the engine reports its version"));
+        }
+    }
+    assert_eq!(
+        served,
+        BTreeMap::from([
+            ("count-lines".to_string(), BTreeSet::from([0])),
+            ("hello-file".to_string(), BTreeSet::from([1])),
+        ]),
+        "each group sampled by the version before it"
+    );
+}

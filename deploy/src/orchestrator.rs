@@ -16,7 +16,7 @@ use crate::local::infra;
 use forgelog_api::{AbandonAttempt, ClientError, Finish, NewSession, SessionClient};
 use forgelog_deploy_core::outcome::{judge, AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::plan::may_retry;
-use forgelog_deploy_core::{Outcome, Resume, Rollout, RunHistory, RunPlan, Task};
+use forgelog_deploy_core::{Outcome, Resume, Rollout, RunHistory, RunPlan, StalenessBound, Task};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -74,6 +74,18 @@ pub trait SandboxBackend: Send + Sync {
     }
 }
 
+/// The newest policy version of the run (what a training run's admission
+/// waits on); the command line reads it from the log.
+pub trait PolicyClock: Send + Sync {
+    fn newest_version(&self) -> std::pin::Pin<Box<dyn Future<Output = u64> + Send + '_>>;
+}
+
+/// A training run's admission: groups start under the staleness bound.
+pub struct Admission {
+    pub bound: StalenessBound,
+    pub clock: Box<dyn PolicyClock>,
+}
+
 /// Told as rollouts start and end (the command line draws a progress bar).
 pub trait Progress: Send + Sync {
     fn started(&self, rollout: &Rollout);
@@ -95,7 +107,12 @@ pub struct Orchestrator<B> {
     pub tasks: BTreeMap<String, Task>,
     pub harnesses: BTreeMap<String, Harness>,
     pub options: RunOptions,
+    /// When training: groups start only under the staleness bound.
+    pub admission: Option<Admission>,
 }
+
+/// How often a paused admission reads the newest version.
+const ADMISSION_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How one attempt ended.
 struct Ended {
@@ -119,6 +136,37 @@ impl<B: SandboxBackend> Orchestrator<B> {
             tasks,
             harnesses,
             options,
+            admission: None,
+        }
+    }
+
+    /// Starts groups only under `admission`'s staleness bound (when training).
+    pub fn with_admission(self, admission: Option<Admission>) -> Orchestrator<B> {
+        Orchestrator { admission, ..self }
+    }
+
+    /// Waits until the run's admission lets group `group` (its plan index)
+    /// start: the policy that will sample it is recent enough.
+    async fn admitted(&self, group: usize) {
+        let Some(Admission { bound, clock }) = &self.admission else {
+            return;
+        };
+        let mut said = false;
+        loop {
+            let version = clock.newest_version().await;
+            if bound.admits(group, version) {
+                return;
+            }
+            if !said {
+                tracing::info!(
+                    group,
+                    version,
+                    waits_for = bound.version_for(group),
+                    "admission paused: the group waits for a newer policy"
+                );
+                said = true;
+            }
+            tokio::time::sleep(ADMISSION_POLL).await;
         }
     }
 
@@ -142,6 +190,13 @@ impl<B: SandboxBackend> Orchestrator<B> {
             images.insert(id.clone(), self.backend.prepare(task).await);
         }
         let rollouts: Vec<Rollout> = self.plan.rollouts().collect();
+        let group_index: BTreeMap<&str, usize> = self
+            .plan
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.id.as_str(), i))
+            .collect();
         let order: BTreeMap<String, usize> = rollouts
             .iter()
             .enumerate()
@@ -150,7 +205,8 @@ impl<B: SandboxBackend> Orchestrator<B> {
         let mut outcomes: Vec<Outcome> = futures::stream::iter(rollouts)
             .map(|r| {
                 let image = images[&r.task].clone();
-                async move { self.rollout(r, image, history, progress).await }
+                let group = group_index[r.group.as_str()];
+                async move { self.rollout(r, group, image, history, progress).await }
             })
             .buffer_unordered(self.options.concurrency.max(1))
             .try_collect()
@@ -162,6 +218,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
     async fn rollout(
         &self,
         rollout: Rollout,
+        group: usize,
         image: Result<String, (Stage, String)>,
         history: &RunHistory,
         progress: &dyn Progress,
@@ -198,6 +255,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
                 return Ok(o);
             }
         }
+        self.admitted(group).await;
         progress.started(&rollout);
         let mut tries = 0;
         loop {

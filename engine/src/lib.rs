@@ -361,6 +361,17 @@ pub async fn serve(
     args: EngineArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), EngineError> {
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    serve_on(listener, args, shutdown).await
+}
+
+/// [`serve`] on a listener already bound (`args.listen` is not used): an
+/// embedding process binds port 0 and knows the port before the model loads.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    args: EngineArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
     let device = device(args.device)?;
     let model = args.model.clone();
     let policy = tokio::task::spawn_blocking(move || {
@@ -384,8 +395,7 @@ pub async fn serve(
             access.admin_token
         );
     }
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    tracing::info!(model = engine.model_name(), listen = %args.listen, "engine serving");
+    tracing::info!(model = engine.model_name(), listen = %listener.local_addr()?, "engine serving");
     let server = forgelog_http::HttpServer::start(
         listener,
         server::router(engine, access),

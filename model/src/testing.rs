@@ -132,15 +132,30 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
 /// Writes a loadable Hugging Face llama directory: `config.json`,
 /// `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` (ChatML).
 pub fn write_tiny_llama(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
-    write_tiny(dir, seed, "llama")
+    write_tiny(dir, seed, "llama", None)
+}
+
+/// [`write_tiny_llama`] with a context of `context` positions (a real
+/// harness's prompt is thousands of tokens).
+pub fn write_tiny_llama_with_context(
+    dir: &Path,
+    seed: u64,
+    context: usize,
+) -> std::io::Result<LlamaConfig> {
+    write_tiny(dir, seed, "llama", Some(context))
 }
 
 /// The same as a Qwen2 directory (q/k/v biases).
 pub fn write_tiny_qwen2(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
-    write_tiny(dir, seed, "qwen2")
+    write_tiny(dir, seed, "qwen2", None)
 }
 
-fn write_tiny(dir: &Path, seed: u64, model_type: &str) -> std::io::Result<LlamaConfig> {
+fn write_tiny(
+    dir: &Path,
+    seed: u64,
+    model_type: &str,
+    context: Option<usize>,
+) -> std::io::Result<LlamaConfig> {
     std::fs::create_dir_all(dir)?;
     let tokenizer = tiny_tokenizer();
     tokenizer
@@ -148,6 +163,9 @@ fn write_tiny(dir: &Path, seed: u64, model_type: &str) -> std::io::Result<LlamaC
         .map_err(std::io::Error::other)?;
     let mut config = tiny_config(tokenizer.get_vocab_size(true));
     config.attention_bias = model_type == "qwen2";
+    if let Some(context) = context {
+        config.max_position_embeddings = context;
+    }
     let mut config_json = serde_json::to_value(&config)?;
     config_json["model_type"] = json!(model_type);
     std::fs::write(dir.join("config.json"), config_json.to_string())?;

@@ -10,8 +10,10 @@
 //! - [`plan`]: a run's groups and rollouts, their deterministic ids, and which
 //!   failures are retried;
 //! - [`history`]: what the log holds of a run, so a restarted run resumes;
-//! - [`summary`]: the per-harness table a run ends with.
+//! - [`summary`]: the per-harness table a run ends with;
+//! - [`admission`]: the staleness bound a training run starts groups under.
 
+pub mod admission;
 pub mod history;
 pub mod outcome;
 pub mod plan;
@@ -19,6 +21,7 @@ pub mod reward;
 pub mod summary;
 pub mod task;
 
+pub use admission::StalenessBound;
 pub use history::{Resume, RunHistory};
 pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
 pub use plan::{Group, Rollout, RunPlan};

@@ -66,11 +66,6 @@ pub fn chat_logprobs(response: &Value) -> Vec<f32> {
 
 /// The tiny random llama (seeded weights) with a context of 1024 tokens.
 pub fn tiny_long_context_llama(dir: &std::path::Path, seed: u64) -> Policy {
-    forgelog_model::testing::write_tiny_llama(dir, seed).unwrap();
-    let config_path = dir.join("config.json");
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    config["max_position_embeddings"] = serde_json::json!(1024);
-    std::fs::write(&config_path, config.to_string()).unwrap();
+    forgelog_model::testing::write_tiny_llama_with_context(dir, seed, 1024).unwrap();
     forgelog_model::load_hf_dir(dir, &candle_core::Device::Cpu).unwrap()
 }
