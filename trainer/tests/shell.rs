@@ -28,6 +28,36 @@ fn published(config: &forgelog_stream::StreamConfig, run: &str) -> Vec<PolicyPub
         .collect()
 }
 
+/// `forgelog train` for one step of the tiny llama in `dir/model`, its
+/// checkpoints and spool (`dir/spool`) under `dir`.
+fn one_step(
+    config: &forgelog_stream::StreamConfig,
+    run: &str,
+    dir: &std::path::Path,
+    spool: &str,
+) -> TrainArgs {
+    Cli::parse_from([
+        "train",
+        "--model",
+        dir.join("model").to_str().unwrap(),
+        "--brokers",
+        &config.brokers,
+        "--run",
+        run,
+        "--checkpoints",
+        &format!("file://{}/checkpoints", dir.display()),
+        "--spool",
+        dir.join(spool).to_str().unwrap(),
+        "--tokens-per-step",
+        "1",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "1e-3",
+    ])
+    .train
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_batches() {
     let config = shared_broker().await;
@@ -35,28 +65,7 @@ async fn a_restarted_trainer_resumes_from_its_last_policy_and_trains_only_new_ba
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
-    let args = |spool: &str| {
-        Cli::parse_from([
-            "train",
-            "--model",
-            model.to_str().unwrap(),
-            "--brokers",
-            &config.brokers,
-            "--run",
-            &run,
-            "--checkpoints",
-            &format!("file://{}/checkpoints", dir.path().display()),
-            "--spool",
-            dir.path().join(spool).to_str().unwrap(),
-            "--tokens-per-step",
-            "1",
-            "--max-steps",
-            "1",
-            "--learning-rate",
-            "1e-3",
-        ])
-        .train
-    };
+    let args = |spool: &str| one_step(&config, &run, dir.path(), spool);
 
     produce(&config, &[training_batch(&run, "a", 2, 0)]).await;
     forgelog_trainer::run(args("spool-1")).await.unwrap();
@@ -100,26 +109,7 @@ async fn a_policy_left_in_the_spool_by_a_killed_trainer_is_published_once() {
     let model = dir.path().join("model");
     forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
     let spool = dir.path().join("spool");
-    let args = Cli::parse_from([
-        "train",
-        "--model",
-        model.to_str().unwrap(),
-        "--brokers",
-        &config.brokers,
-        "--run",
-        &run,
-        "--checkpoints",
-        &format!("file://{}/checkpoints", dir.path().display()),
-        "--spool",
-        spool.to_str().unwrap(),
-        "--tokens-per-step",
-        "1",
-        "--max-steps",
-        "1",
-        "--learning-rate",
-        "1e-3",
-    ])
-    .train;
+    let args = one_step(&config, &run, dir.path(), "spool");
     produce(&config, &[training_batch(&run, "a", 2, 0)]).await;
 
     // The first process reads the log, but what it publishes never leaves its
