@@ -377,14 +377,19 @@ async fn orchestrate(
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
     let engine_url = engine.as_ref().map(|e: &LocalEngine| e.url.clone());
+    // The learner steps on this bound, and admission starts groups under it.
+    let bound = StalenessBound {
+        groups_per_step: args.groups_per_step.max(1),
+        max_staleness: args.max_staleness,
+    };
     let learning = if args.train {
         let extra = [
             "--learning-rate".to_string(),
             args.learning_rate.to_string(),
             "--groups-per-step".into(),
-            args.groups_per_step.max(1).to_string(),
+            bound.groups_per_step.to_string(),
             "--max-staleness".into(),
-            args.max_staleness.to_string(),
+            bound.max_staleness.to_string(),
             "--idle-flush".into(),
             "10".into(),
         ];
@@ -400,10 +405,7 @@ async fn orchestrate(
     };
     let admission = || {
         args.train.then(|| Admission {
-            bound: StalenessBound {
-                groups_per_step: args.groups_per_step.max(1),
-                max_staleness: args.max_staleness,
-            },
+            bound,
             clock: Box::new(EngineClock {
                 models: format!("{}/v1/models", engine_url.as_deref().unwrap_or_default()),
                 http: reqwest::Client::new(),
@@ -434,7 +436,7 @@ async fn orchestrate(
     if let (Some(learning), Ok(_)) = (learning, &result) {
         // The last groups' step, once the learner has them (an idle flush
         // takes a last short step), before the engine stops serving.
-        let steps = groups.div_ceil(args.groups_per_step.max(1)) as u64;
+        let steps = groups.div_ceil(bound.groups_per_step) as u64;
         let clock = LogClock {
             config: config.clone(),
             run: run_id.clone(),

@@ -112,19 +112,11 @@ fn killing_the_drainer_mid_drain_loses_and_duplicates_nothing() {
 
 /// The newest version `run` published (0 before any, or with the broker away).
 fn newest_version(config: &StreamConfig, run: &str) -> i64 {
-    let Ok(reader) = ReplayReader::new(config) else {
-        return 0;
-    };
-    let Ok(read) = reader.read(Topic::Policy.name(), StartAt::Beginning, Some(run)) else {
-        return 0;
-    };
-    read.into_iter()
-        .filter_map(|r| match r.event {
-            Ok(Event::PolicyPublished(p)) => Some(p.version),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
+    ReplayReader::new(config)
+        .ok()
+        .and_then(|reader| forgelog_stream::newest_policy(&reader, Some(run)).ok())
+        .flatten()
+        .map_or(0, |p| p.version)
 }
 
 /// A process of the chaos test, killed with SIGKILL when dropped.
