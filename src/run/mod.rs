@@ -3,31 +3,32 @@
 //! this process, or `--proxy`), verifiers run, everything in the log. A
 //! restarted `--run R` resumes where the log says R stopped.
 
+mod clock;
+mod cluster;
+mod progress;
+
 use crate::up::LocalEngine;
 use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
+use clock::{EngineClock, LogClock};
+use cluster::{kube_backend, KubeArgs};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
 use forgelog_deploy::local::{LocalBackend, Podman};
 use forgelog_deploy::orchestrator::{
-    Admission, Orchestrator, PolicyClock, Progress, RunOptions, SandboxBackend,
+    Admission, Orchestrator, PolicyClock, RunOptions, SandboxBackend,
 };
 use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
-use forgelog_deploy_core::{
-    Outcome, Rollout, RunHistory, RunPlan, RunSummary, StalenessBound, Task,
-};
-use forgelog_kube::{BundleSource, KubeBackend, KubeOptions, TaskImages};
+use forgelog_deploy_core::{Outcome, RunHistory, RunPlan, RunSummary, StalenessBound, Task};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use progress::Bar;
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::Mutex;
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -94,146 +95,6 @@ pub struct RunArgs {
     /// With --train: the learner's rate
     #[arg(long, default_value_t = 1e-5)]
     pub learning_rate: f64,
-}
-
-/// The newest version a run published, read from the log (0 before any, or
-/// while the log cannot be read).
-struct LogClock {
-    config: StreamConfig,
-    run: String,
-}
-
-impl PolicyClock for LogClock {
-    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
-        let (config, run) = (self.config.clone(), self.run.clone());
-        Box::pin(async move {
-            let newest = tokio::task::spawn_blocking(move || {
-                let reader = ReplayReader::new(&config).ok()?;
-                forgelog_stream::newest_policy(&reader, Some(&run)).ok()?
-            })
-            .await;
-            newest.ok().flatten().map_or(0, |p| p.version.max(0) as u64)
-        })
-    }
-}
-
-/// The version the embedded engine serves (its `/v1/models`): what samples
-/// the rollouts admission lets start, a moment after it is published.
-struct EngineClock {
-    models: String,
-    http: reqwest::Client,
-}
-
-impl PolicyClock for EngineClock {
-    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
-        Box::pin(async move {
-            let models: Option<serde_json::Value> = match self.http.get(&self.models).send().await {
-                Ok(r) => r.json().await.ok(),
-                Err(_) => None,
-            };
-            models
-                .and_then(|m| m["data"][0]["policy_version"].as_u64())
-                .unwrap_or(0)
-        })
-    }
-}
-
-/// `--backend kube`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct KubeArgs {
-    /// The API server (plain URL, no credentials; default: KUBECONFIG or the in-cluster config)
-    #[arg(long)]
-    pub kube_api: Option<String>,
-    /// The namespace the run's Jobs go to
-    #[arg(long, default_value = "forgelog")]
-    pub namespace: String,
-    /// The proxy as pods reach it (default: http://forgelog-proxy:<the proxy's port>)
-    #[arg(long)]
-    pub kube_proxy_url: Option<String>,
-    /// Labels of the proxy's pods: the run's NetworkPolicy lets pods reach only them (and DNS)
-    #[arg(long, default_value = "app.kubernetes.io/name=forgelog-proxy")]
-    pub kube_proxy_labels: String,
-    /// The harness bundles as an image: `image:REF` (image volume), `copy:REF`
-    /// (an init container copies them), or `hostpath:DIR` (default: the bundles here)
-    #[arg(long)]
-    pub bundles: Option<String>,
-    /// Task images are PREFIX/forgelog-task-ID:latest, pushed beforehand (default: built here with podman)
-    #[arg(long)]
-    pub image_registry: Option<String>,
-    /// A pod Pending longer than this is infra:schedule
-    #[arg(long, default_value_t = 300)]
-    pub schedule_timeout_sec: u64,
-    /// Job creations per second at most
-    #[arg(long, default_value_t = 10.0)]
-    pub creates_per_second: f64,
-    /// The run's lease: renewed every third of this; a run not renewed for
-    /// this long is deleted, with all its Jobs, by the next `forgelog run`
-    #[arg(long, default_value_t = 30)]
-    pub lease_seconds: u64,
-}
-
-/// Counts per harness for the progress bar's message.
-#[derive(Default)]
-struct Counts {
-    running: usize,
-    done: usize,
-    unscored: usize,
-}
-
-struct Bar {
-    bar: indicatif::ProgressBar,
-    counts: Mutex<BTreeMap<String, Counts>>,
-}
-
-impl Bar {
-    fn new(total: usize) -> Bar {
-        let bar = indicatif::ProgressBar::new(total as u64).with_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} rollouts  {msg}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        Bar {
-            bar,
-            counts: Mutex::default(),
-        }
-    }
-
-    fn update(&self, harness: &str, f: impl FnOnce(&mut Counts)) {
-        let mut counts = self.counts.lock().expect("progress lock");
-        f(counts.entry(harness.to_string()).or_default());
-        let msg: Vec<String> = counts
-            .iter()
-            .map(|(h, c)| {
-                format!(
-                    "{h}: {} done, {} running, {} unscored",
-                    c.done, c.running, c.unscored
-                )
-            })
-            .collect();
-        self.bar.set_message(msg.join(" | "));
-    }
-}
-
-impl Progress for Bar {
-    fn started(&self, rollout: &Rollout) {
-        self.update(&rollout.harness, |c| c.running += 1);
-    }
-
-    fn finished(&self, o: &Outcome) {
-        let unscored = o
-            .status
-            .is_some_and(|s| s != forgelog_deploy_core::RolloutStatus::Scored);
-        self.update(&o.harness, |c| {
-            if o.status.is_some() {
-                c.running = c.running.saturating_sub(1);
-            }
-            c.done += 1;
-            c.unscored += usize::from(unscored);
-        });
-        self.bar.inc(1);
-    }
 }
 
 /// The run's rollout events already in the log.
@@ -493,53 +354,6 @@ async fn drive<B: SandboxBackend>(
     bar.bar.finish();
     orchestrator.backend.clean_up().await;
     result
-}
-
-async fn kube_backend(
-    args: &KubeArgs,
-    run_id: &str,
-    proxy: SocketAddr,
-    bundles: &std::path::Path,
-    podman: Podman,
-) -> Result<KubeBackend> {
-    let client = match &args.kube_api {
-        Some(url) => kube::Client::try_from(kube::Config::new(url.parse()?))?,
-        None => kube::Client::try_default()
-            .await
-            .context("no Kubernetes configuration (KUBECONFIG, in-cluster, or --kube-api)")?,
-    };
-    let bundles = match args.bundles.as_deref().map(|b| b.split_once(':')) {
-        None => BundleSource::HostPath(bundles.to_string_lossy().into_owned()),
-        Some(Some(("image", r))) => BundleSource::Image(r.into()),
-        Some(Some(("copy", r))) => BundleSource::CopiedFrom(r.into()),
-        Some(Some(("hostpath", d))) => BundleSource::HostPath(d.into()),
-        Some(_) => bail!("--bundles is image:REF, copy:REF or hostpath:DIR"),
-    };
-    let proxy_labels = args
-        .kube_proxy_labels
-        .split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let options = KubeOptions {
-        namespace: args.namespace.clone(),
-        proxy_url: args
-            .kube_proxy_url
-            .clone()
-            .unwrap_or_else(|| format!("http://forgelog-proxy:{}", proxy.port())),
-        proxy_labels,
-        proxy_port: i32::from(proxy.port()),
-        bundles,
-        images: match &args.image_registry {
-            Some(prefix) => TaskImages::Registry(prefix.clone()),
-            None => TaskImages::BuiltLocally(podman),
-        },
-        schedule_timeout: Duration::from_secs(args.schedule_timeout_sec),
-        creates_per_second: args.creates_per_second,
-        lease_seconds: args.lease_seconds,
-        reconcile_every: Duration::from_secs(30),
-    };
-    Ok(KubeBackend::start(client, options, run_id).await?)
 }
 
 /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its
