@@ -8,114 +8,22 @@
 //! the trajectory core must build each harness's tree; and the calls the
 //! harness itself reports must match what the proxy recorded.
 
-use forgelog_api::{Finish, NewSession, SessionClient};
-use forgelog_consumers::{Processor, TrajectoryBuilder};
-use forgelog_producers::fake_upstream::{self, FakeOptions};
-use forgelog_schemas::{CallFinished, CallStatus, Event, Topic, TrajectoryBuilt};
-use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
-use forgelog_stream::{ReplayReader, StreamConfig};
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+mod support;
 
-const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
+use forgelog_consumers::{Processor, TrajectoryBuilder};
+use forgelog_producers::fake_upstream;
+use forgelog_schemas::compact::{expand_events, SessionVolume};
+use forgelog_schemas::{CallFinished, CallStatus, Event, TrajectoryBuilt};
+use serde_json::Value;
+use std::path::Path;
+use support::kit::{require_installed, KitProxy, HARNESSES};
+
 const BUDGET: usize = 6;
-const ADMIN: &str = "harness-test-admin";
 /// More steps than the budget: every harness is ended by the budget stop. Where
 /// a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
 /// `task`), the first step is delegated to a sub-agent: its calls must form
 /// roots of their own in the trajectory tree.
 const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
-
-fn kit() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/harnesses")
-}
-
-/// Fails with a clear message when install.sh has not installed a harness.
-fn require_installed() {
-    let home = forgelog_stream::forgelog_home();
-    let versions = std::fs::read_to_string(kit().join("versions.sh")).unwrap();
-    let pinned = |var: &str| {
-        versions
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{var}=")))
-            .unwrap_or_else(|| panic!("{var} in versions.sh"))
-            .to_string()
-    };
-    for (h, var) in [
-        ("claude-code", "CLAUDE_CODE_VERSION"),
-        ("codex", "CODEX_VERSION"),
-        ("opencode", "OPENCODE_VERSION"),
-        ("mini-swe-agent", "MINI_SWE_AGENT_VERSION"),
-    ] {
-        let stamp = home.join("harnesses").join(h).join(".forgelog-version");
-        let have = std::fs::read_to_string(&stamp).unwrap_or_default();
-        assert_eq!(
-            have.trim(),
-            pinned(var),
-            "{h} {} is not installed ({}): run deploy/harnesses/install.sh (scripts/setup.sh does)",
-            pinned(var),
-            stamp.display()
-        );
-    }
-}
-
-/// Kills the proxy on every exit path.
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proxy {
-    /// SIGTERM: the proxy stops serving and flushes its spool to the broker.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.0.try_wait() {
-                assert!(status.success(), "proxy exited {status}");
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("the proxy did not stop within 60 s of SIGTERM");
-    }
-}
-
-fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
-    let reader = ReplayReader::new(stream).unwrap();
-    let mut marks = Vec::new();
-    for topic in [Topic::Calls, Topic::Rollouts] {
-        for p in reader.partitions(topic.name()).unwrap() {
-            marks.push((topic, p, reader.end(topic.name(), p).unwrap()));
-        }
-    }
-    marks
-}
-
-/// The run's events past `marks` (calls first, then rollouts).
-fn read_events(stream: &StreamConfig, run: &str, marks: &[(Topic, i32, i64)]) -> Vec<Event> {
-    let reader = ReplayReader::new(stream).unwrap();
-    let mut out = Vec::new();
-    for &(topic, p, from) in marks {
-        let to = reader.end(topic.name(), p).unwrap();
-        let _all_read = reader
-            .for_each_in(topic.name(), p, from, to, |r| {
-                if r.in_run(Some(run)) {
-                    out.push(r.event.expect("decodable event"));
-                }
-                std::ops::ControlFlow::Continue(())
-            })
-            .unwrap();
-    }
-    out
-}
 
 /// What a harness's own transcript says of its run.
 #[derive(Debug, Clone, Copy)]
@@ -184,87 +92,35 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
 fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     require_installed();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let stream = rt.block_on(shared_broker());
-    let run = unique_run_id("harnesses");
-    let marks = topic_ends(&stream);
-    let (upstream, fake) = rt
-        .block_on(fake_upstream::spawn(
-            "127.0.0.1:0".parse().unwrap(),
-            FakeOptions {
-                keep_answers: true,
-                ..Default::default()
-            },
-        ))
-        .unwrap();
-    let listen = free_local_addr();
-    let spool = tempfile::tempdir().unwrap();
-    let proxy = Proxy(
-        Command::new(env!("CARGO_BIN_EXE_forgelog"))
-            .args(["proxy", "--upstream", &format!("http://{upstream}")])
-            .args([
-                "--listen",
-                &listen.to_string(),
-                "--brokers",
-                &stream.brokers,
-            ])
-            .args(["--run-id", &run, "--admin-token", ADMIN])
-            .arg("--spool")
-            .arg(spool.path())
-            .spawn()
-            .unwrap(),
-    );
-    let url = format!("http://{listen}");
-    let http = reqwest::Client::new();
-    rt.block_on(async {
-        for _ in 0..300 {
-            if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
-                if r.status().is_success() {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the proxy did not come up");
-    });
-
-    let sessions = SessionClient::with_http(&url, Some(ADMIN.into()), http.clone());
+    let proxy = KitProxy::start(&rt, "harnesses");
     let outs = tempfile::tempdir().unwrap();
     let mut transcripts = std::collections::BTreeMap::new();
     for h in HARNESSES {
-        let new = NewSession::new(h, "hello", h, "g").max_model_calls(BUDGET as u32);
-        let session = rt.block_on(sessions.create(&new)).unwrap();
-        let key = &session.api_key;
         let out = outs.path().join(h);
-        let started = Instant::now();
-        let status = Command::new(kit().join("run.sh"))
-            .args([h, &url, key])
-            .arg(&out)
-            .arg(TASK)
-            .env("FORGELOG_HARNESS_TIMEOUT", "240")
-            .status()
-            .unwrap();
-        eprintln!("{h}: {status} in {:.1} s", started.elapsed().as_secs_f64());
+        let status = proxy.run_harness(&rt, h, BUDGET as u32, TASK, &out);
         let stderr = std::fs::read_to_string(out.join("stderr")).unwrap_or_default();
         let tail = &stderr[stderr.len().saturating_sub(3000)..];
         assert!(
             status.success(),
             "{h} exited {status}; its stderr ends:\n{tail}"
         );
-        let exited = Finish {
-            exit_status: Some(0),
-            verifier: None,
-            ..Default::default()
-        };
-        let done = rt
-            .block_on(sessions.finish(&session.session_id, &exited))
-            .unwrap();
-        eprintln!("{h}: {} model calls recorded", done.model_calls);
         transcripts.insert(h, reported(h, &out));
     }
-    proxy.stop();
-
-    let events = read_events(&stream, &run, &marks);
-    let answers = fake.answers.lock().unwrap().clone();
+    let answers = proxy.fake.answers.lock().unwrap().clone();
+    let mut events = proxy.stop();
+    // As stored, each session's calls are what is new in them (schema v5).
+    for h in HARNESSES {
+        let v = SessionVolume::of(events.iter().filter(|e| match e {
+            Event::CallStarted(c) => c.rollout_id == h,
+            Event::CallFinished(c) => c.rollout_id == h,
+            _ => false,
+        }));
+        eprintln!("{h}: {v}");
+        // The target: at most 2× the final transcript (5–6× stored whole).
+        assert!(v.ratio() <= 2.0 && v.whole_ratio() > 3.0, "{h}: {v}");
+    }
+    let errors = expand_events(&mut events);
+    assert!(errors.is_empty(), "{errors:?}");
     let mut trajectories = TrajectoryBuilder::default();
     let mut built = Vec::new();
     for e in events.iter().cloned() {

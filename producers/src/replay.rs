@@ -241,7 +241,7 @@ impl Recording {
     pub fn from_events<'a>(run_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Recording {
         let mut rollouts: BTreeMap<String, RolloutStarted> = BTreeMap::new();
         let mut started: BTreeMap<(String, i64), ()> = BTreeMap::new();
-        let mut finished: BTreeMap<(String, i64), &CallFinished> = BTreeMap::new();
+        let mut finished: Vec<CallFinished> = Vec::new();
         for e in events.into_iter().filter(|e| e.run_id() == run_id) {
             match e {
                 Event::RolloutStarted(r) => {
@@ -250,9 +250,7 @@ impl Recording {
                 Event::CallStarted(c) => {
                     started.insert((c.session_id.clone(), c.call_index), ());
                 }
-                Event::CallFinished(c) => {
-                    finished.insert((c.session_id.clone(), c.call_index), c);
-                }
+                Event::CallFinished(c) => finished.push(c.clone()),
                 _ => {}
             }
         }
@@ -270,7 +268,14 @@ impl Recording {
                 },
             );
         }
-        for ((session_id, index), c) in &finished {
+        // The chat forms whole again (stored relative to earlier calls, v5).
+        forgelog_schemas::compact::expand_finished(&mut finished);
+        // One per call (the log is at-least-once), in call order.
+        let finished: BTreeMap<(&str, i64), &CallFinished> = finished
+            .iter()
+            .map(|c| ((c.session_id.as_str(), c.call_index), c))
+            .collect();
+        for (&(session_id, index), c) in &finished {
             let Some(s) = rec.sessions.get_mut(session_id) else {
                 continue;
             };
@@ -287,9 +292,9 @@ impl Recording {
                 }),
             };
             s.calls.insert(
-                *index,
+                index,
                 RecordedCall {
-                    call_index: *index,
+                    call_index: index,
                     chat_request: serde_json::from_str(&c.chat_request).unwrap_or_default(),
                     outcome,
                 },

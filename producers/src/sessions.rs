@@ -4,11 +4,12 @@
 //! `RolloutStarted`, so the table is a projection of the log ([`SessionLog`])
 //! and a restarted proxy serves the sessions that were open.
 
+use forgelog_schemas::compact::SessionMemory;
 use forgelog_schemas::{CallStatus, Event, RolloutStarted};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Semaphore;
 
 pub use forgelog_api::NewSession;
@@ -52,9 +53,15 @@ pub struct Session {
     /// Calls in flight hold a permit; finishing takes them all, so it waits for them.
     pub(crate) in_flight: Arc<Semaphore>,
     pub(crate) max_in_flight: u32,
+    /// Its recent calls, to record the next ones as what is new in them.
+    memory: Mutex<SessionMemory>,
 }
 
 impl Session {
+    pub(crate) fn memory(&self) -> std::sync::MutexGuard<'_, SessionMemory> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The next call's index: 0, 1, 2... in arrival order.
     pub fn next_call_index(&self) -> i64 {
         self.next_call.fetch_add(1, Ordering::Relaxed)
@@ -155,6 +162,7 @@ impl Sessions {
             sampled_tokens: AtomicI64::new(0),
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
+            memory: Mutex::default(),
         });
         let mut t = self.tables.write().expect("sessions lock");
         if t.by_id.contains_key(&id) || t.ended.contains(&id) {
@@ -273,6 +281,8 @@ impl OpenSession {
             sampled_tokens: AtomicI64::new(ended.map(|(_, n)| *n as i64).sum()),
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
+            // A restarted proxy records its next call of the session whole.
+            memory: Mutex::default(),
         }
     }
 }

@@ -26,6 +26,14 @@ const HISTORY: &[(EventKind, &str)] = &[
         EventKind::RolloutStarted,
         include_str!("../avro/history/v3/RolloutStarted.avsc"),
     ),
+    (
+        EventKind::CallStarted,
+        include_str!("../avro/history/v4/CallStarted.avsc"),
+    ),
+    (
+        EventKind::CallFinished,
+        include_str!("../avro/history/v4/CallFinished.avsc"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]

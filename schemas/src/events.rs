@@ -2,6 +2,7 @@
 //! schemas exactly (the serializer walks the schema); enum variant order matches
 //! the Avro symbols. Per-token arrays are packed, see [`crate::packed`].
 
+use crate::compact::Splice;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -64,6 +65,10 @@ pub struct CallStarted {
     pub path: String,
     #[serde(with = "crate::packed")]
     pub raw_request: Vec<u8>,
+    /// Set when `raw_request` holds only what is new since an earlier call of
+    /// the session (v5): [`crate::compact::expand_started`] makes it whole.
+    #[serde(default)]
+    pub raw_request_splice: Option<Splice>,
     pub received_at_ms: i64,
 }
 
@@ -79,6 +84,10 @@ pub struct CallFinished {
     pub model: String,
     #[serde(with = "crate::packed")]
     pub prompt_token_ids: Vec<u32>,
+    /// Set when `prompt_token_ids` holds only what is new since an earlier call
+    /// of the session (v5): [`crate::compact::expand_finished`] makes it whole.
+    #[serde(default)]
+    pub prompt_splice: Option<Splice>,
     #[serde(with = "crate::packed")]
     pub completion_token_ids: Vec<u32>,
     /// Sampling-time logprob of each completion token (after temperature).
@@ -98,6 +107,9 @@ pub struct CallFinished {
     /// (empty when unknown). What SFT export writes.
     #[serde(default)]
     pub chat_request: String,
+    /// The same for `chat_request` (in bytes, on character boundaries).
+    #[serde(default)]
+    pub chat_request_splice: Option<Splice>,
     /// The assistant message in OpenAI Chat form (empty when unknown).
     #[serde(default)]
     pub chat_response: String,

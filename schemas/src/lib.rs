@@ -5,6 +5,7 @@
 //! as `C3 01` + the schema's CRC-64-AVRO fingerprint (little-endian) + the Avro body.
 
 mod codec;
+pub mod compact;
 pub mod diff;
 mod events;
 mod ids;

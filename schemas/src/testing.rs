@@ -55,6 +55,8 @@ pub fn call_finished(
         latency_ms: 50,
         finished_at_ms: 1_790_000_000_000 + call_index,
         unparsed_tool_calls: 0,
+        prompt_splice: None,
+        chat_request_splice: None,
     }
 }
 
@@ -211,4 +213,91 @@ pub fn training_batch(run: &str, id: &str, sampled: usize, version: u32) -> Even
         members: vec![member(0, 1.0, 1.0), member(1, 0.0, -1.0)],
     }
     .into()
+}
+
+/// An agent session as a proxy records it: `calls` calls (every tenth retried
+/// once), each re-sending the whole conversation with the model's last answer
+/// and a tool result of `turn` tokens (about `4 × turn` bytes of text) added.
+/// The raw requests are OpenAI Chat bodies with tools after the messages;
+/// everything depends only on the arguments.
+pub fn growing_session(
+    run_id: &str,
+    session_id: &str,
+    calls: usize,
+    turn: usize,
+) -> Vec<(crate::CallStarted, CallFinished)> {
+    use crate::{CallStarted, Dialect};
+    let words = |seed: usize, n: usize| -> String {
+        const WORDS: [&str; 8] = [
+            "grep",
+            "the",
+            "src/lib.rs",
+            "fn",
+            "error",
+            "ok",
+            "line",
+            "test",
+        ];
+        (0..n)
+            .map(|i| WORDS[(i * 7 + seed) % WORDS.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let tools = r#"[{"type":"function","function":{"name":"bash","description":"Run a command","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}}]"#;
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": words(1, 300)}),
+        serde_json::json!({"role": "user", "content": words(2, turn)}),
+    ];
+    let mut context: Vec<u32> = (0..turn as u32).map(|t| (t * 31) % 49_152).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while out.len() < calls {
+        let index = out.len() as i64;
+        let messages_json = serde_json::Value::Array(messages.clone()).to_string();
+        let raw =
+            format!(r#"{{"model":"m","messages":{messages_json},"tools":{tools},"stream":true}}"#);
+        let started = CallStarted {
+            run_id: run_id.into(),
+            event_id: event_id("CallStarted", &[run_id, session_id, &index.to_string()]),
+            session_id: session_id.into(),
+            rollout_id: format!("rollout-{session_id}"),
+            call_index: index,
+            dialect: Dialect::OpenaiChat,
+            harness: "agent".into(),
+            path: "/v1/chat/completions".into(),
+            raw_request: raw.into_bytes(),
+            received_at_ms: 1_790_000_000_000 + index,
+            raw_request_splice: None,
+        };
+        let mut c = call_finished(run_id, session_id, index, 0, 0);
+        c.prompt_token_ids = context.clone();
+        c.completion_token_ids = (0..256).map(|t| (t * 7 + i as u32) % 49_152).collect();
+        c.completion_logprobs = vec![-0.5; 256];
+        c.chat_request = format!(r#"{{"messages":{messages_json},"tools":{tools}}}"#);
+        let answer = words(i + 3, 60);
+        c.chat_response = serde_json::json!({"role": "assistant", "content": answer}).to_string();
+        c.response_body =
+            format!(r#"{{"choices":[{{"message":{}}}]}}"#, c.chat_response).into_bytes();
+        let retried = i % 10 == 9
+            && out
+                .last()
+                .is_none_or(|(_, l): &(_, CallFinished)| l.prompt_token_ids != context);
+        out.push((started, c.clone()));
+        if retried {
+            continue; // the same request again
+        }
+        context.extend_from_slice(&c.completion_token_ids);
+        context.extend((0..turn as u32).map(|t| (t * 13 + i as u32) % 49_152));
+        let id = format!("call_{i}");
+        let command = serde_json::json!({"command": words(i, 3)}).to_string();
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": answer, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "bash", "arguments": command}}]}),
+        );
+        messages.push(
+            serde_json::json!({"role": "tool", "tool_call_id": id, "content": words(i + 5, turn)}),
+        );
+        i += 1;
+    }
+    out
 }

@@ -29,7 +29,7 @@ fn every_kind_has_a_sample_and_round_trips() {
 #[test]
 fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for version in ["v1", "v2", "v3", "v4"] {
+    for version in ["v1", "v2", "v3", "v4", "v5"] {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
@@ -59,6 +59,14 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let v4 = std::fs::read(root.join("v4/RolloutStarted.avro")).unwrap();
     assert_ne!(v3[2..10], v4[2..10]);
     assert_eq!(v4.len(), v3.len() + 3, "three union indices more");
+    // v5 stores calls relative to earlier ones: CallStarted.raw_request_splice,
+    // CallFinished.prompt_splice and chat_request_splice (older ones read null: whole).
+    for (kind, more) in [("CallStarted", 1), ("CallFinished", 2)] {
+        let v4 = std::fs::read(root.join(format!("v4/{kind}.avro"))).unwrap();
+        let v5 = std::fs::read(root.join(format!("v5/{kind}.avro"))).unwrap();
+        assert_ne!(v4[2..10], v5[2..10], "{kind}");
+        assert_eq!(v5.len(), v4.len() + more, "{kind}: union indices more");
+    }
 }
 
 #[test]
@@ -233,6 +241,14 @@ fn status() -> impl Strategy<Value = CallStatus> {
     ]
 }
 
+fn splice() -> impl Strategy<Value = compact::Splice> {
+    any::<(i64, i64, i64)>().prop_map(|(base_call, prefix, suffix)| compact::Splice {
+        base_call,
+        prefix,
+        suffix,
+    })
+}
+
 fn ids() -> (
     impl Strategy<Value = String>,
     impl Strategy<Value = String>,
@@ -250,7 +266,8 @@ fn event() -> impl Strategy<Value = Event> {
             dialect(),
             text(),
             prop::collection::vec(any::<u8>(), 0..64),
-            any::<i64>()
+            any::<i64>(),
+            opt(splice())
         )
             .prop_map(
                 |(
@@ -260,6 +277,7 @@ fn event() -> impl Strategy<Value = Event> {
                     harness,
                     raw_request,
                     received_at_ms,
+                    raw_request_splice,
                 )| {
                     CallStarted {
                         run_id,
@@ -272,6 +290,7 @@ fn event() -> impl Strategy<Value = Event> {
                         path: "/v1/x".into(),
                         raw_request,
                         received_at_ms,
+                        raw_request_splice,
                     }
                     .into()
                 }
@@ -290,7 +309,8 @@ fn event() -> impl Strategy<Value = Event> {
                 any::<bool>(),
                 opt(text()),
                 any::<(i64, i64, i64, i64)>()
-            )
+            ),
+            (opt(splice()), opt(splice()))
         )
             .prop_map(
                 |(
@@ -307,6 +327,7 @@ fn event() -> impl Strategy<Value = Event> {
                         untrainable_reason,
                         (latency_ms, finished_at_ms, call_index, unparsed_tool_calls),
                     ),
+                    (prompt_splice, chat_request_splice),
                 )| {
                     CallFinished {
                         run_id,
@@ -336,6 +357,8 @@ fn event() -> impl Strategy<Value = Event> {
                         latency_ms,
                         finished_at_ms,
                         unparsed_tool_calls,
+                        prompt_splice,
+                        chat_request_splice,
                     }
                     .into()
                 }

@@ -1,6 +1,8 @@
 //! Shared by the `forgelog` binary's tests.
 #![allow(dead_code)]
 
+pub mod kit;
+
 use forgelog_stream::testing::python_json;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -66,7 +66,12 @@ impl Processor for TrajectoryBuilder {
 
 fn build(p: PendingRollout) -> TrajectoryBuilt {
     let started = p.started.expect("complete rollouts have started");
-    let tree = TrajectoryTree::build(p.calls.values());
+    // Calls are stored relative to earlier ones of the session (schema v5):
+    // whole again here, where all of the rollout's calls are at hand. What
+    // cannot be made whole is left empty and shows as a failed call.
+    let mut calls: Vec<CallFinished> = p.calls.into_values().collect();
+    forgelog_schemas::compact::expand_finished(&mut calls);
+    let tree = TrajectoryTree::build(&calls);
     TrajectoryBuilt {
         event_id: event_id("TrajectoryBuilt", &[&started.run_id, &started.rollout_id]),
         run_id: started.run_id,
@@ -75,7 +80,7 @@ fn build(p: PendingRollout) -> TrajectoryBuilt {
         task_id: started.task_id,
         group_id: started.group_id,
         harness: started.harness,
-        calls: p.calls.len() as i64,
+        calls: calls.len() as i64,
         tool_calls: tree.tool_calls(),
         sequences: tree.sequences(),
         findings: tree.findings().to_vec(),

@@ -153,13 +153,15 @@ pub async fn export_run(
         }
         Ok(got.into_iter().filter_map(|r| r.event.ok()).collect())
     };
-    let calls: Vec<CallFinished> = read(Topic::Calls)?
+    let mut calls: Vec<CallFinished> = read(Topic::Calls)?
         .into_iter()
         .filter_map(|e| match e {
             Event::CallFinished(c) => Some(c),
             _ => None,
         })
         .collect();
+    // Each call's chat form whole again (stored relative to earlier calls, v5).
+    forgelog_schemas::compact::expand_finished(&mut calls);
     let trajectories: Vec<TrajectoryBuilt> = read(Topic::Trajectories)?
         .into_iter()
         .filter_map(|e| match e {

@@ -150,7 +150,7 @@ impl Call {
         metrics::counter!("forgelog_proxy_calls_total", "dialect" => format!("{:?}", self.dialect), "status" => status)
             .increment(1);
         let sampled = event.completion_token_ids.len();
-        if self.st.send(event.into()) {
+        if self.st.send_call(&self.session, event.into()) {
             self.session.call_finished(sampled);
         }
     }
@@ -324,7 +324,7 @@ async fn serve<D: DialectAdapter>(
         raw.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
         now_ms(),
     );
-    if !st.send(started.into()) {
+    if !st.send_call(&session, started.into()) {
         return error_response::<D>(&DialectError::new(
             ErrorKind::Internal,
             "the proxy cannot record calls right now (spool full?)",

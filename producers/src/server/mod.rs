@@ -15,7 +15,7 @@ mod stream;
 pub use body::decode_body;
 pub use call::{CallsInFlight, INTERRUPTED};
 
-use crate::sessions::Sessions;
+use crate::sessions::{Session, Sessions};
 use crate::upstream::{Probe, Upstream, UpstreamClient};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -249,27 +249,55 @@ impl ProxyState {
     }
 
     /// Records `event`; false (logged, counted) if it could not be.
-    fn send(&self, mut event: Event) -> bool {
-        let Some(events) = &self.events else {
-            return true;
+    fn send(&self, event: Event) -> bool {
+        self.record(event) != Recorded::Not
+    }
+
+    /// Records a call's event as what is new since the session's recent calls
+    /// (schema v5), then remembers it for the next ones: only a call that is
+    /// in the log may be what a later one is stored against.
+    fn send_call(&self, session: &Session, mut event: Event) -> bool {
+        let whole = match &mut event {
+            Event::CallStarted(e) => session.memory().compact_started(e),
+            Event::CallFinished(e) => session.memory().compact_finished(e),
+            _ => return self.send(event),
         };
-        let mut sent = events.send(&event);
+        let whole = match self.record(event) {
+            Recorded::Not => return false,
+            Recorded::WithoutBodies => whole.without_chat_request(),
+            Recorded::Whole => whole,
+        };
+        session.memory().remember(whole);
+        true
+    }
+
+    fn record(&self, mut event: Event) -> Recorded {
+        let Some(events) = &self.events else {
+            return Recorded::Whole;
+        };
+        let mut sent = events.send(&event).map(|_| Recorded::Whole);
         if let (Err(too_large @ SendError::TooLarge { .. }), Event::CallFinished(call)) =
             (&sent, &mut event)
         {
             // A call is large by its bodies; its tokens, what training needs, are small.
             record::without_bodies(call, too_large);
-            sent = events.send(&event);
+            sent = events.send(&event).map(|_| Recorded::WithoutBodies);
         }
-        match sent {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");
-                metrics::counter!("forgelog_proxy_events_refused_total").increment(1);
-                false
-            }
-        }
+        sent.unwrap_or_else(|e| {
+            tracing::error!(error = %e, kind = event.kind().name(), "event NOT recorded");
+            metrics::counter!("forgelog_proxy_events_refused_total").increment(1);
+            Recorded::Not
+        })
     }
+}
+
+/// How an event went into the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorded {
+    Whole,
+    /// A call too large for the log, recorded without its bodies.
+    WithoutBodies,
+    Not,
 }
 
 pub fn router(state: Arc<ProxyState>) -> Router {

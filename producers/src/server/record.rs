@@ -57,6 +57,7 @@ impl<'a> CallIds<'a> {
             path,
             raw_request,
             received_at_ms,
+            raw_request_splice: None,
         }
     }
 
@@ -94,6 +95,8 @@ impl<'a> CallIds<'a> {
             latency_ms,
             finished_at_ms,
             unparsed_tool_calls: 0,
+            prompt_splice: None,
+            chat_request_splice: None,
         }
     }
 
@@ -114,6 +117,7 @@ impl<'a> CallIds<'a> {
 pub fn without_bodies(call: &mut CallFinished, refused: &impl std::fmt::Display) {
     call.response_body = Vec::new();
     call.chat_request = String::new();
+    call.chat_request_splice = None;
     call.chat_response = String::new();
     let note = format!("{refused}; recorded without its response and chat-form bodies");
     call.error = Some(match call.error.take() {

@@ -268,7 +268,8 @@ pub async fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
     .unwrap()
 }
 
-/// The run's events on `topic` written after `marks` (the shared topics hold every past run).
+/// The run's events on `topic` written after `marks` (the shared topics hold
+/// every past run), calls made whole.
 pub async fn read_events(
     stream: &StreamConfig,
     topic: Topic,
@@ -295,6 +296,9 @@ pub async fn read_events(
                 })
                 .unwrap();
         }
+        // Calls whole again, as every reader of the log sees them (schema v5).
+        let errors = forgelog_schemas::compact::expand_events(&mut out);
+        assert!(errors.is_empty(), "{errors:?}");
         out
     })
     .await

@@ -49,6 +49,7 @@ pub fn all() -> Vec<Event> {
             path: "/v1/messages".into(),
             raw_request: br#"{"model":"m","messages":[]}"#.to_vec(),
             received_at_ms: 1_790_000_000_000,
+            raw_request_splice: None,
         }
         .into(),
         CallFinished {
@@ -79,6 +80,8 @@ pub fn all() -> Vec<Event> {
             latency_ms: 12,
             finished_at_ms: 1_790_000_000_012,
             unparsed_tool_calls: 0,
+            prompt_splice: None,
+            chat_request_splice: None,
         }
         .into(),
         RolloutStarted {

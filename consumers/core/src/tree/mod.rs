@@ -13,6 +13,7 @@
 //!   same point: a retry) and their branches are discarded. At the top level
 //!   only a root re-sent with its whole prompt counts as a retry.
 
+pub use forgelog_schemas::compact::common_prefix;
 use forgelog_schemas::{
     CallFinished, CallStatus, Finding, FindingKind, Sequence, UNKNOWN_POLICY_VERSION,
 };
@@ -40,20 +41,6 @@ pub struct TrajectoryTree {
     nodes: Vec<Node>,
     roots: usize,
     findings: Vec<Finding>,
-}
-
-/// Length of the common prefix of two token slices (compared in chunks: memcmp speed).
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    const CHUNK: usize = 64;
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
-        i += CHUNK;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
 }
 
 impl TrajectoryTree {

@@ -273,4 +273,32 @@ proptest! {
         }
         prop_assert_eq!(TrajectoryTree::build(&shuffled).sequences(), seqs);
     }
+
+    /// Stored compactly (each call a splice of a recent one, as the proxy
+    /// records it) and read back in any order, the calls are the same calls
+    /// and build the same tree.
+    #[test]
+    fn compact_storage_builds_the_same_tree(steps in prop::collection::vec(step(), 1..25), lens in prop::collection::vec(1usize..12, 1..5), seed in any::<u64>()) {
+        use forgelog_schemas::compact::{expand_finished, SessionMemory};
+        let (calls, _) = simulate(&steps, &lens);
+        let mut memory = SessionMemory::default();
+        let mut stored: Vec<CallFinished> = calls
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let whole = memory.compact_finished(&mut c);
+                memory.remember(whole);
+                c
+            })
+            .collect();
+        let mut x = seed | 1;
+        for i in (1..stored.len()).rev() {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            stored.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        prop_assert!(expand_finished(&mut stored).is_empty());
+        stored.sort_by_key(|c| c.call_index);
+        prop_assert_eq!(&stored, &calls);
+        prop_assert_eq!(TrajectoryTree::build(&stored).sequences(), TrajectoryTree::build(&calls).sequences());
+    }
 }

@@ -1,0 +1,208 @@
+//! The harness kit (`deploy/harnesses`) through a real `forgelog proxy` in front
+//! of the fake vLLM-compatible upstream: shared by the harness test and the
+//! `log-volume` bench.
+
+use forgelog_api::{Finish, NewSession, SessionClient};
+use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
+use forgelog_schemas::{Event, Topic};
+use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
+use forgelog_stream::{ReplayReader, StreamConfig};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The kit's harnesses the tests run.
+pub const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
+pub const ADMIN: &str = "harness-test-admin";
+
+pub fn kit() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/harnesses")
+}
+
+/// Fails with a clear message when install.sh has not installed a harness.
+pub fn require_installed() {
+    let home = forgelog_stream::forgelog_home();
+    let versions = std::fs::read_to_string(kit().join("versions.sh")).unwrap();
+    let pinned = |var: &str| {
+        versions
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("{var} in versions.sh"))
+            .to_string()
+    };
+    for (h, var) in [
+        ("claude-code", "CLAUDE_CODE_VERSION"),
+        ("codex", "CODEX_VERSION"),
+        ("opencode", "OPENCODE_VERSION"),
+        ("mini-swe-agent", "MINI_SWE_AGENT_VERSION"),
+    ] {
+        let stamp = home.join("harnesses").join(h).join(".forgelog-version");
+        let have = std::fs::read_to_string(&stamp).unwrap_or_default();
+        assert_eq!(
+            have.trim(),
+            pinned(var),
+            "{h} {} is not installed ({}): run deploy/harnesses/install.sh (scripts/setup.sh does)",
+            pinned(var),
+            stamp.display()
+        );
+    }
+}
+
+/// `forgelog proxy` in front of the fake upstream, recording run `run`.
+pub struct KitProxy {
+    pub url: String,
+    pub run: String,
+    pub stream: StreamConfig,
+    pub fake: Arc<FakeUpstream>,
+    pub sessions: SessionClient,
+    child: Option<Child>,
+    marks: Vec<(Topic, i32, i64)>,
+    _spool: tempfile::TempDir,
+}
+
+impl Drop for KitProxy {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl KitProxy {
+    pub fn start(rt: &tokio::runtime::Runtime, run_prefix: &str) -> KitProxy {
+        let stream = rt.block_on(shared_broker());
+        let run = unique_run_id(run_prefix);
+        let marks = topic_ends(&stream);
+        let (upstream, fake) = rt
+            .block_on(fake_upstream::spawn(
+                "127.0.0.1:0".parse().unwrap(),
+                FakeOptions {
+                    keep_answers: true,
+                    ..Default::default()
+                },
+            ))
+            .unwrap();
+        let listen = free_local_addr();
+        let spool = tempfile::tempdir().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["proxy", "--upstream", &format!("http://{upstream}")])
+            .args([
+                "--listen",
+                &listen.to_string(),
+                "--brokers",
+                &stream.brokers,
+            ])
+            .args(["--run-id", &run, "--admin-token", ADMIN])
+            .arg("--spool")
+            .arg(spool.path())
+            .spawn()
+            .unwrap();
+        let url = format!("http://{listen}");
+        let http = reqwest::Client::new();
+        rt.block_on(async {
+            for _ in 0..300 {
+                if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
+                    if r.status().is_success() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("the proxy did not come up");
+        });
+        KitProxy {
+            sessions: SessionClient::with_http(&url, Some(ADMIN.into()), http),
+            url,
+            run,
+            stream,
+            fake,
+            child: Some(child),
+            marks,
+            _spool: spool,
+        }
+    }
+
+    /// Runs harness `h` on `task` once, in a session of its own (rollout id
+    /// `h`) with a budget of `budget` model calls; its files go to `out`.
+    pub fn run_harness(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        h: &str,
+        budget: u32,
+        task: &str,
+        out: &Path,
+    ) -> ExitStatus {
+        let new = NewSession::new(h, "hello", h, "g").max_model_calls(budget);
+        let session = rt.block_on(self.sessions.create(&new)).unwrap();
+        let started = Instant::now();
+        let status = Command::new(kit().join("run.sh"))
+            .args([h, &self.url, &session.api_key])
+            .arg(out)
+            .arg(task)
+            .env("FORGELOG_HARNESS_TIMEOUT", "240")
+            .status()
+            .unwrap();
+        eprintln!("{h}: {status} in {:.1} s", started.elapsed().as_secs_f64());
+        let exited = Finish {
+            exit_status: status.code().map(i64::from),
+            verifier: None,
+            ..Default::default()
+        };
+        let done = rt
+            .block_on(self.sessions.finish(&session.session_id, &exited))
+            .unwrap();
+        eprintln!("{h}: {} model calls recorded", done.model_calls);
+        status
+    }
+
+    /// SIGTERM: the proxy stops serving and flushes its spool to the broker;
+    /// then the run's events as the log holds them (calls first, then rollouts).
+    pub fn stop(mut self) -> Vec<Event> {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                assert!(status.success(), "proxy exited {status}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy did not stop within 60 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        read_events(&self.stream, &self.run, &self.marks)
+    }
+}
+
+fn topic_ends(stream: &StreamConfig) -> Vec<(Topic, i32, i64)> {
+    let reader = ReplayReader::new(stream).unwrap();
+    let mut marks = Vec::new();
+    for topic in [Topic::Calls, Topic::Rollouts] {
+        for p in reader.partitions(topic.name()).unwrap() {
+            marks.push((topic, p, reader.end(topic.name(), p).unwrap()));
+        }
+    }
+    marks
+}
+
+fn read_events(stream: &StreamConfig, run: &str, marks: &[(Topic, i32, i64)]) -> Vec<Event> {
+    let reader = ReplayReader::new(stream).unwrap();
+    let mut out = Vec::new();
+    for &(topic, p, from) in marks {
+        let to = reader.end(topic.name(), p).unwrap();
+        let _all_read = reader
+            .for_each_in(topic.name(), p, from, to, |r| {
+                if r.in_run(Some(run)) {
+                    out.push(r.event.expect("decodable event"));
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .unwrap();
+    }
+    out
+}
