@@ -92,6 +92,10 @@ struct RunArgs {
     sessions: Vec<usize>,
     #[arg(long, default_value_t = 4)]
     calls: usize,
+    /// Tokens of task text in each session's first message, re-sent with the
+    /// growing history on every call (the fake upstream's tokens are bytes)
+    #[arg(long, default_value_t = 0)]
+    prompt_tokens: usize,
     /// Pause between a session's calls (its harness running tools), per round
     #[arg(long, value_delimiter = ',', default_value = "1000,0")]
     think_ms: Vec<u64>,
@@ -107,12 +111,18 @@ struct RunArgs {
     /// With `--proxy`: it is not forgelog, so open no forgelog sessions
     #[arg(long, requires = "proxy")]
     no_sessions: bool,
+    /// The session API's admin token of `--proxy`
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN", requires = "proxy")]
+    admin_token: Option<String>,
     /// The process to measure CPU and memory of, with `--proxy`
     #[arg(long, requires = "proxy")]
     proxy_pid: Option<u32>,
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     brokers: String,
 }
+
+/// The session API token of the proxy started here.
+const ADMIN: &str = "proxy-load-admin";
 
 /// Kills the child processes on every exit path.
 struct Children(Vec<Child>);
@@ -145,24 +155,30 @@ async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
     anyhow::bail!("{url} did not come up")
 }
 
-/// CPU time in ms (all threads, from each thread's `schedstat`: nanoseconds,
-/// where `stat`'s clock ticks are too coarse for a few hundred calls), and peak
-/// RSS in MiB, of a process.
+/// CPU time in ms of a whole process, as `ps` and `top` count it (user +
+/// system, every thread it ever had, exited ones included: tokio's blocking
+/// pool, the Kafka client's threads), and its peak RSS in MiB.
 fn proc_usage(pid: u32) -> (f64, f64) {
-    let cpu_ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses:
+    // utime and stime are the 12th and 13th, in clock ticks.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
         .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm_kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
-    (cpu_ns as f64 / 1e6, hwm_kb / 1024.0)
+    (ticks as f64 * 1000.0 / hz, hwm_kb / 1024.0)
 }
 
 struct Round {
@@ -183,6 +199,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 struct Load {
     sessions: usize,
     calls: usize,
+    prompt_tokens: usize,
     /// Pause between a session's calls.
     think: Duration,
     /// Upstream delay plus think: sessions start spread over it.
@@ -190,10 +207,15 @@ struct Load {
 }
 
 /// N sessions, each `calls` calls whose prompts extend the previous turn.
-async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
+async fn round(base: &str, load: Load, admin: Option<&str>) -> Round {
+    let with_sessions = admin.is_some();
+    // Rollout ids are unique per round.
+    static ROUNDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let round_no = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let Load {
         sessions: n,
         calls,
+        prompt_tokens,
         think,
         cycle,
     } = load;
@@ -203,7 +225,7 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (http, base) = (http.clone(), base.to_string());
-            let sessions = SessionClient::with_http(&base, None, http.clone());
+            let sessions = SessionClient::with_http(&base, admin.map(str::to_string), http.clone());
             // Without think time all sessions start at once (the saturating
             // case); with it their starts are spread evenly over a cycle.
             let offset = if think.is_zero() { Duration::ZERO } else { cycle.mul_f64(i as f64 / n as f64) };
@@ -214,13 +236,16 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
                 let mut key = String::from("none");
                 let mut session = String::new();
                 if with_sessions {
-                    let new = NewSession::new(format!("load-{i}-{}", std::process::id()), "load", "proxy-load", format!("g{}", i / 8)).group_size(8);
+                    let new = NewSession::new(format!("load-{round_no}-{i}-{}", std::process::id()), "load", "proxy-load", format!("g{}", i / 8)).group_size(8);
                     match sessions.create(&new).await {
                         Ok(created) => (key, session) = (created.api_key, created.session_id),
-                        Err(_) => return (latencies, calls + 1),
+                        Err(e) => {
+                            eprintln!("error: session {i}: {e}");
+                            return (latencies, calls + 1);
+                        }
                     }
                 }
-                let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": format!("Task {i}: do the thing")})];
+                let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": task(i, prompt_tokens)})];
                 for turn in 0..calls {
                     if turn > 0 && !think.is_zero() {
                         tokio::time::sleep(think).await;
@@ -257,6 +282,29 @@ async fn round(base: &str, load: Load, with_sessions: bool) -> Round {
     out.wall = start.elapsed();
     out.latencies_us.sort_unstable();
     out
+}
+
+/// Session `i`'s task: `tokens` bytes of words, different per session.
+fn task(i: usize, tokens: usize) -> String {
+    const WORDS: [&str; 8] = [
+        "grep",
+        "the",
+        "src/lib.rs",
+        "for",
+        "error",
+        "and",
+        "fix",
+        "tests",
+    ];
+    let mut text = format!("Task {i}: do the thing.");
+    for w in 0.. {
+        if text.len() >= tokens {
+            break;
+        }
+        text.push(' ');
+        text.push_str(WORDS[(w * 7 + i) % WORDS.len()]);
+    }
+    text
 }
 
 /// Waits (up to 5 minutes) until a forgelog proxy has delivered every event it
@@ -332,11 +380,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     wait_ready(&http, &format!("{upstream}/v1/models")).await?;
-    let (base, proxy_pid, with_sessions) = match &args.proxy {
+    let (base, proxy_pid, admin) = match &args.proxy {
         Some(url) => (
             url.trim_end_matches('/').to_string(),
             args.proxy_pid,
-            !args.no_sessions,
+            (!args.no_sessions).then(|| args.admin_token.clone().unwrap_or_default()),
         ),
         None => {
             let addr = free_addr();
@@ -344,7 +392,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let child = Command::new(&exe)
                 .args(["proxy", "--upstream", &upstream])
                 .args(["--listen", &addr.to_string(), "--brokers", &args.brokers])
-                .args(["--run-id", &run_id])
+                .args(["--run-id", &run_id, "--admin-token", ADMIN])
                 .args(["--spool", &spool.path().display().to_string()])
                 .args(["--max-calls-in-flight", &args.calls.to_string()])
                 .spawn()?;
@@ -353,7 +401,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             children.0.push(child);
             let base = format!("http://{addr}");
             wait_ready(&http, &format!("{base}/healthz")).await?;
-            (base, Some(pid), true)
+            (base, Some(pid), Some(ADMIN.to_string()))
         }
     };
     let calls = args.calls;
@@ -361,12 +409,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let warm_load = Load {
         sessions: 50,
         calls,
+        prompt_tokens: args.prompt_tokens,
         think: Duration::ZERO,
         cycle: Duration::ZERO,
     };
-    let warm = round(&base, warm_load, with_sessions).await;
+    let warm = round(&base, warm_load, admin.as_deref()).await;
     println!(
-        "{base} -> {upstream}, {calls} calls per session (warm-up: {} calls)",
+        "{base} -> {upstream}, {calls} calls per session, a {}-token task (warm-up: {} calls)",
+        args.prompt_tokens,
         warm.latencies_us.len()
     );
     // `up CPU`: the fake upstream's own CPU per call in the direct round, what
@@ -395,15 +445,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let load = Load {
             sessions: n,
             calls,
+            prompt_tokens: args.prompt_tokens,
             think,
             cycle: Duration::from_millis(args.delay_ms) + think,
         };
         let (up0, _) = usage(upstream_pid);
-        let direct = round(&upstream, load, false).await;
+        let direct = round(&upstream, load, None).await;
         let (up1, _) = usage(upstream_pid);
         let (cpu0, _) = usage(proxy_pid);
-        let proxied = round(&base, load, with_sessions).await;
-        if with_sessions {
+        let proxied = round(&base, load, admin.as_deref()).await;
+        if admin.is_some() {
             // The round's events are still draining to the broker: their CPU is
             // the round's, and must not land in the next one.
             drained(&http, &base).await;

@@ -58,6 +58,63 @@ pub struct Sampled {
     pub unparsed_tool_calls: usize,
 }
 
+/// An upstream chat completion: its JSON less the prompt's token ids, which
+/// are read straight into numbers. A long prompt's ids are most of an answer,
+/// and read as JSON values they were the largest part of the proxy's CPU per call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpstreamAnswer {
+    pub body: Value,
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+impl From<Value> for UpstreamAnswer {
+    fn from(mut body: Value) -> UpstreamAnswer {
+        let ids_value = body
+            .as_object_mut()
+            .and_then(|m| m.remove("prompt_token_ids"));
+        UpstreamAnswer {
+            prompt_token_ids: ids(ids_value.as_ref()),
+            body,
+        }
+    }
+}
+
+impl std::ops::Index<&str> for UpstreamAnswer {
+    type Output = Value;
+    fn index(&self, key: &str) -> &Value {
+        &self.body[key]
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for UpstreamAnswer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UpstreamAnswer;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chat completion object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UpstreamAnswer, A::Error> {
+                let mut answer = UpstreamAnswer::default();
+                let mut body = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "prompt_token_ids" {
+                        answer.prompt_token_ids = map.next_value()?;
+                    } else {
+                        body.insert(key, map.next_value()?);
+                    }
+                }
+                answer.body = Value::Object(body);
+                Ok(answer)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
 fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
     v?.as_array()?
         .iter()
@@ -68,14 +125,17 @@ fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
 /// Reads a vLLM (or forgelog engine) chat completion. `call_id_prefix` names
 /// the tool calls the proxy itself parses from Hermes text.
 pub fn read_response(
-    body: &Value,
+    answer: &UpstreamAnswer,
     call_id_prefix: &str,
 ) -> Result<(ChatResponse, Sampled), DialectError> {
     let bad = |m: &str| DialectError::new(ErrorKind::Upstream, format!("upstream answer: {m}"));
+    let body = &answer.body;
     let mut resp = OpenAiChatDialect::decode_response(body).map_err(|e| bad(&e.message))?;
     let choice = &body["choices"][0];
     let mut sampled = Sampled {
-        prompt_token_ids: ids(body.get("prompt_token_ids"))
+        prompt_token_ids: answer
+            .prompt_token_ids
+            .clone()
             .or_else(|| ids(choice.get("prompt_token_ids")))
             .unwrap_or_default(),
         completion_token_ids: ids(choice.get("token_ids")).unwrap_or_default(),
@@ -198,16 +258,17 @@ impl Upstream {
         &self,
         call: Option<(&str, i64)>,
         body: &Value,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<UpstreamAnswer, UpstreamError> {
         match (self, call) {
             (Upstream::Live(client), _) => client.chat(body).await,
-            (Upstream::Recorded(rec), Some((session, index))) => {
-                rec.answer(session, index, body).map_err(|e| {
+            (Upstream::Recorded(rec), Some((session, index))) => rec
+                .answer(session, index, body)
+                .map(Into::into)
+                .map_err(|e| {
                     tracing::warn!(error = %e, "replay: no recorded answer");
                     metrics::counter!("forgelog_replay_refused_total").increment(1);
                     e.into()
-                })
-            }
+                }),
             (Upstream::Recorded(_), None) => {
                 Err(crate::replay::ReplayError::NotACall("token counting").into())
             }
@@ -279,7 +340,7 @@ impl UpstreamClient {
     }
 
     /// One chat completion.
-    pub async fn chat(&self, body: &Value) -> Result<Value, UpstreamError> {
+    pub async fn chat(&self, body: &Value) -> Result<UpstreamAnswer, UpstreamError> {
         self.post("/v1/chat/completions", body, read_json).await
     }
 
@@ -290,7 +351,7 @@ impl UpstreamClient {
             if matches!(r.status().as_u16(), 404 | 405) {
                 return Ok(None);
             }
-            Ok(read_json(r).await?["count"].as_u64())
+            Ok(read_json::<Value>(r).await?["count"].as_u64())
         })
         .await
     }
@@ -345,7 +406,9 @@ pub const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// The JSON body of an upstream response; a non-2xx status is an error carrying
 /// (the start of) the body.
-async fn read_json(mut r: reqwest::Response) -> Result<Value, UpstreamError> {
+async fn read_json<T: serde::de::DeserializeOwned>(
+    mut r: reqwest::Response,
+) -> Result<T, UpstreamError> {
     let status = r.status().as_u16();
     let mut bytes = Vec::new();
     while let Some(chunk) = r

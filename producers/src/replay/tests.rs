@@ -57,7 +57,7 @@ fn recording() -> Recording {
 #[test]
 fn a_recorded_answer_reads_back_as_the_recorded_response() {
     let c = finished("run", "s1", 0, json!([]));
-    let (resp, sampled) = read_response(&recorded_answer(&c), "p_").unwrap();
+    let (resp, sampled) = read_response(&recorded_answer(&c).into(), "p_").unwrap();
     assert_eq!(resp.created, 1_700_000_000);
     assert_eq!(resp.text(), "hi");
     assert_eq!(resp.tool_calls().next().unwrap().arguments, "{\"a\":1}");

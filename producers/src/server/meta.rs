@@ -77,7 +77,7 @@ pub(super) async fn count_tokens(
         Ok(None) => st.upstream.chat(None, &body).await.map(|a| {
             a["usage"]["prompt_tokens"]
                 .as_u64()
-                .or_else(|| a["prompt_token_ids"].as_array().map(|v| v.len() as u64))
+                .or_else(|| a.prompt_token_ids.as_ref().map(|v| v.len() as u64))
                 .unwrap_or(0)
         }),
         Err(e) => Err(e),
