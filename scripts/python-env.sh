@@ -4,8 +4,9 @@
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 VENV="$FORGELOG_HOME/venv"
-# moto[server]: the S3-compatible server of the export test; datasets: the export loads with HF datasets.
-PINS=(openai==3.51.0 anthropic==2.10.0 "moto[server]==5.2.5" datasets==5.2.0)
+# moto[server]: the S3-compatible server of the export test; datasets: the export loads with HF datasets;
+# fastavro: the log read outside forgelog (schemas/python).
+PINS=(openai==3.51.0 anthropic==2.10.0 "moto[server]==5.2.5" datasets==5.2.0 fastavro==1.13.1)
 
 if [ ! -x "$VENV/bin/python3" ]; then
   python3 -m venv "$VENV"

@@ -78,7 +78,7 @@ impl Fixture {
         out
     }
 
-    /// The run's events: calls, rollouts, rewards.
+    /// The run's events: calls (made whole), rollouts, rewards.
     fn events(&self, run: &str) -> Vec<Event> {
         let reader = ReplayReader::new(&self.stream).unwrap();
         let mut out = Vec::new();
@@ -90,6 +90,9 @@ impl Fixture {
                 out.push(r.event.expect("decodable"));
             }
         }
+        // Calls whole again, as every reader of the log sees them (schema v5).
+        let errors = forgelog_schemas::compact::expand_events(&mut out);
+        assert!(errors.is_empty(), "{errors:?}");
         out
     }
 }

@@ -9,29 +9,35 @@ use std::sync::LazyLock;
 const MAGIC: [u8; 2] = [0xC3, 0x01];
 const HEADER_LEN: usize = 10;
 
-/// Schemas of earlier versions, still readable: `(kind, avsc text)`.
+/// Schemas of earlier versions, still readable: `(kind, version, avsc text)`,
+/// the file being `avro/history/<version>/<kind>.avsc`.
 ///
 /// When a schema in `avro/` changes, copy the old file to `avro/history/vN/` and
 /// list it here; the fixture test in `tests/` proves old events still decode.
-const HISTORY: &[(EventKind, &str)] = &[
+pub const HISTORY: &[(EventKind, &str, &str)] = &[
     (
         EventKind::CallFinished,
+        "v1",
         include_str!("../avro/history/v1/CallFinished.avsc"),
     ),
     (
         EventKind::VerifierResult,
+        "v2",
         include_str!("../avro/history/v2/VerifierResult.avsc"),
     ),
     (
         EventKind::RolloutStarted,
+        "v3",
         include_str!("../avro/history/v3/RolloutStarted.avsc"),
     ),
     (
         EventKind::CallStarted,
+        "v4",
         include_str!("../avro/history/v4/CallStarted.avsc"),
     ),
     (
         EventKind::CallFinished,
+        "v4",
         include_str!("../avro/history/v4/CallFinished.avsc"),
     ),
 ];
@@ -73,12 +79,90 @@ pub struct Codec {
     writers: HashMap<u64, Writer>,
 }
 
-fn fingerprint(schema: &Schema) -> [u8; 8] {
+/// The schema's fingerprint as the specification defines it: CRC-64-AVRO of
+/// its Parsing Canonical Form, little-endian (what fastavro and Java readers
+/// look events up by).
+pub fn fingerprint(schema: &Schema) -> [u8; 8] {
+    crc64_avro(canonical_form(schema).as_bytes()).to_le_bytes()
+}
+
+/// The fingerprint forgelog wrote before it wrote the specification's (events
+/// recorded until then carry it): apache-avro's, whose canonical form keeps
+/// `{"type":"long"}` where a `timestamp-millis` field was.
+pub fn legacy_fingerprint(schema: &Schema) -> [u8; 8] {
     schema
         .fingerprint::<Rabin>()
         .bytes
         .try_into()
         .expect("CRC-64-AVRO is 8 bytes")
+}
+
+/// A schema file forgelog reads: `avro/<Kind>.avsc` (today's) or
+/// `avro/history/<version>/<Kind>.avsc`, with its fingerprint and, where
+/// different, the one forgelog wrote before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaFile {
+    /// The path under `avro/`.
+    pub file: String,
+    pub kind: EventKind,
+    pub fingerprint: [u8; 8],
+    pub legacy_fingerprint: [u8; 8],
+}
+
+/// Every schema file, today's first.
+pub fn schema_files() -> Vec<SchemaFile> {
+    let current = EventKind::ALL
+        .iter()
+        .map(|&k| (format!("{}.avsc", k.name()), k, k.avsc()));
+    let history = HISTORY
+        .iter()
+        .map(|&(k, v, avsc)| (format!("history/{v}/{}.avsc", k.name()), k, avsc));
+    current
+        .chain(history)
+        .map(|(file, kind, avsc)| {
+            let schema = parse(kind, avsc);
+            SchemaFile {
+                file,
+                kind,
+                fingerprint: fingerprint(&schema),
+                legacy_fingerprint: legacy_fingerprint(&schema),
+            }
+        })
+        .collect()
+}
+
+/// The Parsing Canonical Form. apache-avro's strips a logical type's attribute
+/// but leaves `{"type":"long"}`, where the specification's [PRIMITIVES] rule
+/// writes the primitive's simple form, `"long"`. In canonical form such an
+/// object can only be a primitive schema (names cannot hold quotes or braces).
+fn canonical_form(schema: &Schema) -> String {
+    const PRIMITIVES: [&str; 8] = [
+        "null", "boolean", "int", "long", "float", "double", "bytes", "string",
+    ];
+    let mut form = schema.canonical_form();
+    for p in PRIMITIVES {
+        form = form.replace(&format!(r#"{{"type":"{p}"}}"#), &format!(r#""{p}""#));
+    }
+    form
+}
+
+/// CRC-64-AVRO (the specification's Rabin fingerprint) of `bytes`.
+fn crc64_avro(bytes: &[u8]) -> u64 {
+    const EMPTY: u64 = 0xc15d_213a_a4d7_a795;
+    static TABLE: LazyLock<[u64; 256]> = LazyLock::new(|| {
+        let mut table = [0u64; 256];
+        for (i, entry) in table.iter_mut().enumerate() {
+            let mut fp = i as u64;
+            for _ in 0..8 {
+                fp = (fp >> 1) ^ (EMPTY & (fp & 1).wrapping_neg());
+            }
+            *entry = fp;
+        }
+        table
+    });
+    bytes.iter().fold(EMPTY, |fp, &b| {
+        (fp >> 8) ^ TABLE[((fp ^ u64::from(b)) & 0xff) as usize]
+    })
 }
 
 fn parse(kind: EventKind, avsc: &str) -> Schema {
@@ -91,7 +175,7 @@ impl Codec {
     }
 
     /// A codec that also reads events written by the given older schemas.
-    pub fn with_history(history: &[(EventKind, &str)]) -> Codec {
+    pub fn with_history(history: &[(EventKind, &str, &str)]) -> Codec {
         // Packed per-token arrays serialize as bytes only for non-human-readable
         // serializers; Avro's serde is human-readable unless told otherwise.
         // Only the first call sets it; later calls report the value in force.
@@ -101,29 +185,27 @@ impl Codec {
         );
         let mut current = HashMap::new();
         let mut writers = HashMap::new();
+        // Each writer schema under the specification's fingerprint and, where
+        // it differs, the one forgelog wrote before (old logs still decode).
+        let mut register = |kind: EventKind, schema: Schema, is_current: bool| {
+            for fp in [fingerprint(&schema), legacy_fingerprint(&schema)] {
+                writers.insert(
+                    u64::from_le_bytes(fp),
+                    Writer {
+                        kind,
+                        schema: schema.clone(),
+                        current: is_current,
+                    },
+                );
+            }
+        };
         for &kind in EventKind::ALL {
             let schema = parse(kind, kind.avsc());
-            let fp = fingerprint(&schema);
-            writers.insert(
-                u64::from_le_bytes(fp),
-                Writer {
-                    kind,
-                    schema: schema.clone(),
-                    current: true,
-                },
-            );
-            current.insert(kind, (schema, fp));
+            current.insert(kind, (schema.clone(), fingerprint(&schema)));
+            register(kind, schema, true);
         }
-        for &(kind, avsc) in history {
-            let schema = parse(kind, avsc);
-            writers.insert(
-                u64::from_le_bytes(fingerprint(&schema)),
-                Writer {
-                    kind,
-                    schema,
-                    current: false,
-                },
-            );
+        for &(kind, _, avsc) in history {
+            register(kind, parse(kind, avsc), false);
         }
         Codec { current, writers }
     }

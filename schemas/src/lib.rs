@@ -15,7 +15,10 @@ mod record;
 pub mod testing;
 mod topics;
 
-pub use codec::{Codec, DecodeError, EncodeError};
+pub use codec::{
+    fingerprint, legacy_fingerprint, schema_files, Codec, DecodeError, EncodeError, SchemaFile,
+    HISTORY,
+};
 pub use events::*;
 pub use ids::event_id;
 pub use record::Received;

@@ -584,7 +584,7 @@ fn older_schema_versions_resolve_to_current_types() {
         codec().decode(&bytes),
         Err(DecodeError::UnknownFingerprint(_))
     ));
-    let with_v0 = Codec::with_history(&[(EventKind::VerifierResult, v0)]);
+    let with_v0 = Codec::with_history(&[(EventKind::VerifierResult, "v0", v0)]);
     let expected = VerifierResult {
         run_id: "run".into(),
         event_id: "e".into(),
@@ -597,5 +597,55 @@ fn older_schema_versions_resolve_to_current_types() {
     assert_eq!(
         with_v0.decode(&bytes).unwrap(),
         Event::VerifierResult(expected)
+    );
+}
+
+/// The header carries the specification's fingerprint (checked against
+/// fastavro in the root package's `python_reader` test); it differs from the
+/// one forgelog wrote before only where a schema has a logical type, and
+/// events with the old one still decode.
+#[test]
+fn events_carry_the_specifications_fingerprint_and_old_ones_still_decode() {
+    for f in schema_files() {
+        if !f.kind.avsc().contains("logicalType") && !f.file.starts_with("history") {
+            // The same CRC-64-AVRO over the same canonical form.
+            assert_eq!(f.fingerprint, f.legacy_fingerprint, "{}", f.file);
+        }
+    }
+    for e in samples::all() {
+        let bytes = codec().encode(&e).unwrap();
+        let (schema, _) = codec().schema(e.kind());
+        assert_eq!(bytes[2..10], fingerprint(schema), "{:?}", e.kind());
+        let mut old = bytes.clone();
+        old[2..10].copy_from_slice(&legacy_fingerprint(schema));
+        assert_eq!(codec().decode(&old).unwrap(), e);
+    }
+    let (started, _) = codec().schema(EventKind::CallStarted);
+    assert_ne!(fingerprint(started), legacy_fingerprint(started));
+}
+
+/// `avro/legacy-fingerprints.json` (what non-Rust readers use to find events
+/// recorded before the specification's fingerprints) lists every schema whose
+/// old fingerprint differs. `FORGELOG_WRITE_FIXTURES=1` rewrites it.
+#[test]
+fn the_legacy_fingerprint_table_is_complete() {
+    let hex = |fp: [u8; 8]| fp.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let table: std::collections::BTreeMap<String, String> = schema_files()
+        .into_iter()
+        .filter(|f| f.fingerprint != f.legacy_fingerprint)
+        .map(|f| (hex(f.legacy_fingerprint), f.file))
+        .collect();
+    let want = serde_json::to_string_pretty(&table).unwrap() + "\n";
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("avro/legacy-fingerprints.json");
+    if std::env::var_os("FORGELOG_WRITE_FIXTURES").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        have,
+        want,
+        "{} is stale: FORGELOG_WRITE_FIXTURES=1 rewrites it",
+        path.display()
     );
 }

@@ -50,6 +50,14 @@ fn a_growing_session_comes_back_whole_from_a_log_a_fraction_of_its_size() {
         assert_eq!(s, want_s);
         assert_eq!(f, want_f);
     }
+    // Every event is about the size of a turn, where the last call stored
+    // whole would be past Kafka's default 1 MiB message limit.
+    let largest = log.iter().map(Vec::len).max().unwrap();
+    let last_whole = Codec::global()
+        .encode(&session[54].1.clone().into())
+        .unwrap()
+        .len();
+    assert!(largest < 64 << 10 && last_whole > 1 << 20, "{largest} {last_whole}");
     let compact: usize = log.iter().map(Vec::len).sum();
     let whole: usize = session
         .iter()
