@@ -57,7 +57,10 @@ fn a_growing_session_comes_back_whole_from_a_log_a_fraction_of_its_size() {
         .encode(&session[54].1.clone().into())
         .unwrap()
         .len();
-    assert!(largest < 64 << 10 && last_whole > 1 << 20, "{largest} {last_whole}");
+    assert!(
+        largest < 64 << 10 && last_whole > 1 << 20,
+        "{largest} {last_whole}"
+    );
     let compact: usize = log.iter().map(Vec::len).sum();
     let whole: usize = session
         .iter()
