@@ -44,11 +44,28 @@ pub fn trainer_args(
     Ok(TrainCli::try_parse_from(argv)?.train)
 }
 
+/// Why the learner stopped, once it has (it runs until told to stop).
+#[derive(Clone, Default)]
+pub struct LearnerEnd(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl LearnerEnd {
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, why: String) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+}
+
 /// The consumers and (when training) the learner, running until [`stop`](Learning::stop).
 pub struct Learning {
     stop_consumers: std::sync::Arc<std::sync::atomic::AtomicBool>,
     consumers: tokio::task::JoinHandle<()>,
-    trainer: Option<tokio::task::JoinHandle<Result<(), forgelog_trainer::TrainError>>>,
+    /// The learner's task and the task that records how it ended.
+    trainer: Option<(tokio::task::AbortHandle, tokio::task::JoinHandle<()>)>,
+    /// Set when the learner stops on its own (an error, a panic).
+    pub learner_end: LearnerEnd,
 }
 
 impl Learning {
@@ -73,30 +90,42 @@ impl Learning {
             "consumers trajectories, rewards (state in {})",
             state.display()
         );
+        let learner_end = LearnerEnd::default();
         let trainer = train.map(|train| {
             eprintln!(
                 "trainer   GRPO on {}'s groups, checkpoints in {}",
                 train.run,
                 train.checkpoints.as_deref().unwrap_or("?")
             );
-            tokio::spawn(forgelog_trainer::run(train))
+            let end = learner_end.clone();
+            let learner = tokio::spawn(forgelog_trainer::run(train));
+            let abort = learner.abort_handle();
+            let watch = tokio::spawn(async move {
+                let why = match learner.await {
+                    Ok(Ok(())) => "the learner exited".to_string(),
+                    Ok(Err(e)) => format!("the learner failed: {e}"),
+                    Err(e) if e.is_cancelled() => return, // stopped by `stop`
+                    Err(_) => "the learner panicked".to_string(),
+                };
+                eprintln!("trainer   stopped: {why}");
+                end.set(why);
+            });
+            (abort, watch)
         });
         Learning {
             stop_consumers,
             consumers,
             trainer,
+            learner_end,
         }
     }
 
     /// Stops the learner (what it published is in the log; a restart
     /// resumes from its last checkpoint), then the consumers at a checkpoint.
     pub async fn stop(self) {
-        if let Some(t) = self.trainer {
-            t.abort();
-            if let Ok(Ok(Err(e))) = tokio::time::timeout(std::time::Duration::from_secs(5), t).await
-            {
-                eprintln!("trainer stopped: {e}");
-            }
+        if let Some((learner, watch)) = self.trainer {
+            learner.abort();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), watch).await;
         }
         self.stop_consumers.store(true, Ordering::Relaxed);
         let _ = self.consumers.await;

@@ -29,6 +29,12 @@ pub enum OrchestratorError {
     NoTask(String),
     #[error("harness {0} is in the plan but was not resolved")]
     NoHarness(String),
+    #[error("group {group} waits for policy version {waits_for}, which will not come: {why}")]
+    NoNewerPolicy {
+        group: usize,
+        waits_for: u64,
+        why: String,
+    },
 }
 
 /// What the run is given besides its plan.
@@ -78,12 +84,50 @@ pub trait SandboxBackend: Send + Sync {
 /// waits on); the command line reads it from the log.
 pub trait PolicyClock: Send + Sync {
     fn newest_version(&self) -> std::pin::Pin<Box<dyn Future<Output = u64> + Send + '_>>;
+
+    /// Why no newer version will come (the learner stopped), if so: a
+    /// paused admission then fails the run instead of waiting for ever.
+    fn stopped(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A training run's admission: groups start under the staleness bound.
 pub struct Admission {
     pub bound: StalenessBound,
     pub clock: Box<dyn PolicyClock>,
+}
+
+impl Admission {
+    /// Waits until group `group` (its plan index) may start: the policy that
+    /// will sample it is recent enough. Fails when that version will not
+    /// come (the clock says the learner stopped).
+    pub async fn admitted(&self, group: usize) -> Result<(), OrchestratorError> {
+        let mut said = false;
+        loop {
+            let version = self.clock.newest_version().await;
+            if self.bound.admits(group, version) {
+                return Ok(());
+            }
+            if let Some(why) = self.clock.stopped() {
+                return Err(OrchestratorError::NoNewerPolicy {
+                    group,
+                    waits_for: self.bound.version_for(group),
+                    why,
+                });
+            }
+            if !said {
+                tracing::info!(
+                    group,
+                    version,
+                    waits_for = self.bound.version_for(group),
+                    "admission paused: the group waits for a newer policy"
+                );
+                said = true;
+            }
+            tokio::time::sleep(ADMISSION_POLL).await;
+        }
+    }
 }
 
 /// Told as rollouts start and end (the command line draws a progress bar).
@@ -147,29 +191,12 @@ impl<B: SandboxBackend> Orchestrator<B> {
 
     /// Waits until the run's admission lets group `group` (its plan index)
     /// start: the policy that will sample it is recent enough.
-    async fn admitted(&self, group: usize) {
-        let Some(Admission { bound, clock }) = &self.admission else {
-            return;
+    async fn admitted(&self, group: usize) -> Result<(), OrchestratorError> {
+        let Some(admission) = &self.admission else {
+            return Ok(());
         };
-        let mut said = false;
-        loop {
-            let version = clock.newest_version().await;
-            if bound.admits(group, version) {
-                return;
-            }
-            if !said {
-                tracing::info!(
-                    group,
-                    version,
-                    waits_for = bound.version_for(group),
-                    "admission paused: the group waits for a newer policy"
-                );
-                said = true;
-            }
-            tokio::time::sleep(ADMISSION_POLL).await;
-        }
+        admission.admitted(group).await
     }
-
     /// Builds each task's image once, then runs every rollout the log does
     /// not hold finished. Outcomes come back in plan order.
     pub async fn run(
@@ -255,7 +282,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
                 return Ok(o);
             }
         }
-        self.admitted(group).await;
+        self.admitted(group).await?;
         progress.started(&rollout);
         let mut tries = 0;
         loop {
@@ -334,5 +361,76 @@ impl<B: SandboxBackend> Orchestrator<B> {
                 retries: tries,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    /// A learner that publishes `version` and may have stopped.
+    #[derive(Default)]
+    struct Learner {
+        version: AtomicU64,
+        stopped: Mutex<Option<String>>,
+    }
+
+    impl PolicyClock for std::sync::Arc<Learner> {
+        fn newest_version(&self) -> std::pin::Pin<Box<dyn Future<Output = u64> + Send + '_>> {
+            Box::pin(async { self.version.load(Ordering::SeqCst) })
+        }
+        fn stopped(&self) -> Option<String> {
+            self.stopped.lock().unwrap().clone()
+        }
+    }
+
+    fn admission(learner: &std::sync::Arc<Learner>) -> Admission {
+        Admission {
+            bound: StalenessBound {
+                groups_per_step: 1,
+                max_staleness: 0,
+            },
+            clock: Box::new(learner.clone()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_group_starts_once_the_version_it_needs_is_published() {
+        let learner = std::sync::Arc::new(Learner::default());
+        admission(&learner).admitted(0).await.unwrap();
+        let waiting = tokio::spawn({
+            let learner = learner.clone();
+            async move { admission(&learner).admitted(2).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "group 2 started on version 0");
+        learner.version.store(2, Ordering::SeqCst);
+        waiting.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stopped_learner_fails_a_waiting_group_with_its_reason() {
+        let learner = std::sync::Arc::new(Learner::default());
+        learner.version.store(1, Ordering::SeqCst);
+        let waiting = tokio::spawn({
+            let learner = learner.clone();
+            async move { admission(&learner).admitted(3).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished());
+        *learner.stopped.lock().unwrap() = Some("the learner failed: out of memory".into());
+        let err = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait ends")
+            .unwrap()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("group 3 waits for policy version 3"),
+            "{text}"
+        );
+        assert!(text.contains("out of memory"), "{text}");
     }
 }

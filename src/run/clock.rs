@@ -32,6 +32,8 @@ impl PolicyClock for LogClock {
 pub struct EngineClock {
     pub models: String,
     pub http: reqwest::Client,
+    /// The learner that publishes the versions: no newer one once it stopped.
+    pub learner: crate::learn::LearnerEnd,
 }
 
 impl PolicyClock for EngineClock {
@@ -45,5 +47,9 @@ impl PolicyClock for EngineClock {
                 .and_then(|m| m["data"][0]["policy_version"].as_u64())
                 .unwrap_or(0)
         })
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.learner.get()
     }
 }

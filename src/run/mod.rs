@@ -264,12 +264,17 @@ async fn orchestrate(
     } else {
         None
     };
+    let learner_end = learning
+        .as_ref()
+        .map(|l| l.learner_end.clone())
+        .unwrap_or_default();
     let admission = || {
         args.train.then(|| Admission {
             bound,
             clock: Box::new(EngineClock {
                 models: format!("{}/v1/models", engine_url.as_deref().unwrap_or_default()),
                 http: reqwest::Client::new(),
+                learner: learner_end.clone(),
             }),
         })
     };
@@ -304,7 +309,10 @@ async fn orchestrate(
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(600);
         let mut newest = clock.newest_version().await;
-        while newest < steps && std::time::Instant::now() < deadline {
+        while newest < steps
+            && std::time::Instant::now() < deadline
+            && learning.learner_end.get().is_none()
+        {
             tokio::time::sleep(Duration::from_secs(1)).await;
             newest = clock.newest_version().await;
         }
