@@ -129,6 +129,18 @@ impl<T> Recent<T> {
     }
 }
 
+/// `whole` as an event stores it: with `best`, the splice and the middle it
+/// leaves; without, no splice and all of it.
+fn stored<T: Clone>(best: Option<Splice>, whole: &[T]) -> (Option<Splice>, Vec<T>) {
+    match best {
+        Some(s) => (
+            Some(s),
+            whole[s.prefix as usize..whole.len() - s.suffix as usize].to_vec(),
+        ),
+        None => (None, whole.to_vec()),
+    }
+}
+
 /// What a proxy remembers of a session to store its next calls compactly.
 #[derive(Debug, Default)]
 pub struct SessionMemory {
@@ -167,14 +179,11 @@ impl Whole {
 impl SessionMemory {
     /// Stores the raw request as a splice of a recent one where that saves.
     pub fn compact_started(&self, e: &mut CallStarted) -> Whole {
-        let whole = e.raw_request.clone();
-        if let Some(s) = self
+        let whole = std::mem::take(&mut e.raw_request);
+        let best = self
             .raw_requests
-            .best(|call, base| Splice::between(call, base, &whole))
-        {
-            e.raw_request = whole[s.prefix as usize..whole.len() - s.suffix as usize].to_vec();
-            e.raw_request_splice = Some(s);
-        }
+            .best(|call, base| Splice::between(call, base, &whole));
+        (e.raw_request_splice, e.raw_request) = stored(best, &whole);
         Whole::Started {
             call: e.call_index,
             raw_request: whole,
@@ -185,27 +194,18 @@ impl SessionMemory {
     /// where that saves. Calls without prompt ids (failures) stay as they are.
     pub fn compact_finished(&self, e: &mut CallFinished) -> Whole {
         let prompt = std::mem::take(&mut e.prompt_token_ids);
-        e.prompt_token_ids = match self
+        let best = self
             .tokens
-            .best(|call, base| Splice::between(call, base, &prompt))
-        {
-            Some(s) => {
-                e.prompt_splice = Some(s);
-                prompt[s.prefix as usize..prompt.len() - s.suffix as usize].to_vec()
-            }
-            None => prompt.clone(),
-        };
+            .best(|call, base| Splice::between(call, base, &prompt));
+        (e.prompt_splice, e.prompt_token_ids) = stored(best, &prompt);
         let chat = std::mem::take(&mut e.chat_request);
-        e.chat_request = match self
+        let best = self
             .chat_requests
-            .best(|call, base| Splice::between_text(call, base, &chat))
-        {
-            Some(s) => {
-                e.chat_request_splice = Some(s);
-                chat[s.prefix as usize..chat.len() - s.suffix as usize].to_string()
-            }
-            None => chat.clone(),
-        };
+            .best(|call, base| Splice::between_text(call, base, &chat));
+        let (splice, middle) = stored(best, chat.as_bytes());
+        e.chat_request_splice = splice;
+        e.chat_request =
+            String::from_utf8(middle).expect("a text splice ends on character boundaries");
         let mut tokens = prompt;
         if !tokens.is_empty() {
             tokens.extend_from_slice(&e.completion_token_ids);
