@@ -10,11 +10,8 @@
 mod support;
 
 use forgelog_api::{Finish, NewSession};
-use forgelog_schemas::compact::SessionVolume;
-use forgelog_schemas::{testing, Event};
-use support::kit::{KitProxy, HARNESSES};
-
-const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
+use forgelog_schemas::testing;
+use support::kit::{volume_of, KitProxy, HARNESSES, TASK};
 
 fn main() {
     let _broker = std::env::var_os("FORGELOG_BROKERS").is_none().then(|| {
@@ -77,11 +74,7 @@ fn main() {
     let mut growing = 0.0;
     let mut harness_max: f64 = 0.0;
     for rollout in &sessions {
-        let v = SessionVolume::of(events.iter().filter(|e| match e {
-            Event::CallStarted(c) => &c.rollout_id == rollout,
-            Event::CallFinished(c) => &c.rollout_id == rollout,
-            _ => false,
-        }));
+        let v = volume_of(&events, rollout);
         println!("{rollout}: {v}");
         if rollout == "growing" {
             growing = v.ratio();

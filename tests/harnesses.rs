@@ -12,18 +12,13 @@ mod support;
 
 use forgelog_consumers::{Processor, TrajectoryBuilder};
 use forgelog_producers::fake_upstream;
-use forgelog_schemas::compact::{expand_events, SessionVolume};
+use forgelog_schemas::compact::expand_events;
 use forgelog_schemas::{CallFinished, CallStatus, Event, TrajectoryBuilt};
 use serde_json::Value;
 use std::path::Path;
-use support::kit::{require_installed, KitProxy, HARNESSES};
+use support::kit::{require_installed, volume_of, KitProxy, HARNESSES, TASK};
 
 const BUDGET: usize = 6;
-/// More steps than the budget: every harness is ended by the budget stop. Where
-/// a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
-/// `task`), the first step is delegated to a sub-agent: its calls must form
-/// roots of their own in the trajectory tree.
-const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
 
 /// What a harness's own transcript says of its run.
 #[derive(Debug, Clone, Copy)]
@@ -110,11 +105,7 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     let mut events = proxy.stop();
     // As stored, each session's calls are what is new in them (schema v5).
     for h in HARNESSES {
-        let v = SessionVolume::of(events.iter().filter(|e| match e {
-            Event::CallStarted(c) => c.rollout_id == h,
-            Event::CallFinished(c) => c.rollout_id == h,
-            _ => false,
-        }));
+        let v = volume_of(&events, h);
         eprintln!("{h}: {v}");
         // The target: at most 2× the final transcript (5–6× stored whole).
         assert!(v.ratio() <= 2.0 && v.whole_ratio() > 3.0, "{h}: {v}");

@@ -4,6 +4,7 @@
 
 use forgelog_api::{Finish, NewSession, SessionClient};
 use forgelog_producers::fake_upstream::{self, FakeOptions, FakeUpstream};
+use forgelog_schemas::compact::SessionVolume;
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StreamConfig};
@@ -15,6 +16,19 @@ use std::time::{Duration, Instant};
 /// The kit's harnesses the tests run.
 pub const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
 pub const ADMIN: &str = "harness-test-admin";
+/// More steps than any budget: every harness is ended by the budget stop.
+/// Where a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
+/// `task`), the first step is delegated to a sub-agent.
+pub const TASK: &str = "Create a file hello.txt containing the word hello. [agent:20] [delegate]";
+
+/// What rollout `rollout`'s calls cost in the log (`events` as it holds them).
+pub fn volume_of(events: &[Event], rollout: &str) -> SessionVolume {
+    SessionVolume::of(events.iter().filter(|e| match e {
+        Event::CallStarted(c) => c.rollout_id == rollout,
+        Event::CallFinished(c) => c.rollout_id == rollout,
+        _ => false,
+    }))
+}
 
 pub fn kit() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/harnesses")
