@@ -107,7 +107,7 @@ fn main() -> Result<()> {
     // A broken properties file is refused before anything connects without it.
     forgelog_stream::env_properties()?;
     let rt = tokio::runtime::Runtime::new()?;
-    match cli.command {
+    let result = match cli.command {
         Command::Up(args) => up::up(&rt, args),
         Command::Broker(cmd) => broker::run(&rt, cmd),
         Command::Topics { action } => topics::run(&rt, action),
@@ -122,7 +122,11 @@ fn main() -> Result<()> {
         Command::Tasks { action } => tasks::run(&rt, action),
         Command::Run(args) => run::run(&rt, *args),
         Command::Report(args) => report::run(args),
-    }
+    };
+    // A task that ignores its stop signal must not keep a finished command
+    // alive (the runtime's drop would wait for it forever).
+    rt.shutdown_timeout(std::time::Duration::from_secs(10));
+    result
 }
 
 /// A spinner on stderr for work that may take a while (hidden when stderr is not a terminal).

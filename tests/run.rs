@@ -570,3 +570,41 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
         "each group sampled by the version before it"
     );
 }
+
+/// A learner that cannot start (its checkpoint directory is a file) ends
+/// `forgelog run --train` with its reason, instead of rollouts waiting
+/// forever for a version nobody will publish.
+#[test]
+fn a_training_run_whose_learner_cannot_start_fails_and_says_why() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let run = unique_run_id("run-nolearner");
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
+    std::fs::create_dir_all(run_dir(&run).join("checkpoints")).unwrap();
+    std::fs::write(run_dir(&run).join("checkpoints").join(&run), "in the way").unwrap();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("run")
+        .arg(shipped())
+        .args(["--harness", "mini-swe-agent", "--run", &run])
+        .args(["--task", "count-lines", "--task", "hello-file"])
+        .args(["--group-size", "2", "--concurrency", "4"])
+        .args(["--max-model-calls", "3", "--max-tokens", "12"])
+        .args(["--brokers", &stream.brokers])
+        .arg("--model")
+        .arg(model.path())
+        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&out);
+    eprintln!(
+        "forgelog run --train, no learner: {} in {:.1} s\n{stderr}",
+        out.status,
+        started.elapsed().as_secs_f64(),
+    );
+    assert!(!out.status.success());
+    assert!(stderr.contains("the learner failed"), "{stderr}");
+    assert_eq!(slots_of(&run), 0, "the sandboxes are gone");
+    let _ = std::fs::remove_dir_all(run_dir(&run));
+}

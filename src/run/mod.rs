@@ -284,39 +284,48 @@ async fn orchestrate(
         max_model_calls: args.max_model_calls,
         max_tokens: args.max_tokens,
     };
-    let result = if args.backend == "kube" {
-        let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
-        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
-            .with_admission(admission());
-        drive(orchestrator, &history, total).await
-    } else {
-        let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
-        backend
-            .check()
-            .await
-            .context("sandbox networks (forgelog run needs root for network namespaces)")?;
-        let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
-            .with_admission(admission());
-        drive(orchestrator, &history, total).await
-    };
-    if let (Some(learning), Ok(_)) = (learning, &result) {
-        // The last groups' step, once the learner has them (an idle flush
-        // takes a last short step), before the engine stops serving.
-        let steps = groups.div_ceil(bound.groups_per_step) as u64;
-        let clock = LogClock {
-            config: config.clone(),
-            run: run_id.clone(),
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(600);
-        let mut newest = clock.newest_version().await;
-        while newest < steps
-            && std::time::Instant::now() < deadline
-            && learning.learner_end.get().is_none()
-        {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            newest = clock.newest_version().await;
+    // Whatever ends the rollouts, the learner and the consumers are stopped
+    // below: their blocking tasks would otherwise keep the process alive.
+    let result = async {
+        if args.backend == "kube" {
+            let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
+            let orchestrator =
+                Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
+                    .with_admission(admission());
+            drive(orchestrator, &history, total).await
+        } else {
+            let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
+            backend
+                .check()
+                .await
+                .context("sandbox networks (forgelog run needs root for network namespaces)")?;
+            let orchestrator =
+                Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
+                    .with_admission(admission());
+            drive(orchestrator, &history, total).await
         }
-        eprintln!("trainer   {newest} versions published for {groups} groups");
+    }
+    .await;
+    if let Some(learning) = learning {
+        if result.is_ok() {
+            // The last groups' step, once the learner has them (an idle flush
+            // takes a last short step), before the engine stops serving.
+            let steps = groups.div_ceil(bound.groups_per_step) as u64;
+            let clock = LogClock {
+                config: config.clone(),
+                run: run_id.clone(),
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(600);
+            let mut newest = clock.newest_version().await;
+            while newest < steps
+                && std::time::Instant::now() < deadline
+                && learning.learner_end.get().is_none()
+            {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                newest = clock.newest_version().await;
+            }
+            eprintln!("trainer   {newest} versions published for {groups} groups");
+        }
         learning.stop().await;
     }
     if let Some(proxy) = local_proxy {
