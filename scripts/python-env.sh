@@ -5,8 +5,10 @@ set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 VENV="$FORGELOG_HOME/venv"
 # moto[server]: the S3-compatible server of the export test; datasets: the export loads with HF datasets;
-# fastavro: the log read outside forgelog (schemas/python).
-PINS=(openai==3.51.0 anthropic==2.10.0 "moto[server]==5.2.5" datasets==5.2.0 fastavro==1.13.1)
+# fastavro: the log read outside forgelog (schemas/python); transformers, tokenizers, safetensors:
+# exported model folders read as Hugging Face reads them (no torch: tests/python/hf_model_check.py).
+PINS=(openai==3.51.0 anthropic==2.10.0 "moto[server]==5.2.5" datasets==5.2.0 fastavro==1.13.1
+      transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0)
 
 if [ ! -x "$VENV/bin/python3" ]; then
   python3 -m venv "$VENV"

@@ -1,10 +1,13 @@
-//! `forgelog export sft`: a run as a supervised fine-tuning dataset.
+//! `forgelog export sft`: a run as a supervised fine-tuning dataset;
+//! `forgelog export model`: a trained version as a Hugging Face model folder.
 
 use crate::BrokerArgs;
 use anyhow::Result;
 use forgelog_consumers::export;
+use forgelog_schemas::Event;
 use forgelog_schemas::Topic;
-use forgelog_stream::ReplayReader;
+use forgelog_stream::{ReplayReader, StartAt};
+use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
 pub enum ExportAction {
@@ -24,16 +27,42 @@ pub enum ExportAction {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// A policy version a run's trainer published, as a Hugging Face model folder
+    /// (config, tokenizer with its chat template, generation config, weights) that
+    /// `transformers` and vLLM load
+    ///
+    /// Example: forgelog export model --run run-1 --version 30 --to ./smollm2-grpo-v30
+    Model {
+        /// The run whose trainer published the version
+        #[arg(long)]
+        run: String,
+        /// The policy version (default: the newest the run published)
+        #[arg(long)]
+        version: Option<i64>,
+        /// The folder to write (created; files in it are replaced)
+        #[arg(long)]
+        to: PathBuf,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
 }
 
 pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
-    let ExportAction::Sft {
-        run,
-        to,
-        only_successful,
-        min_reward,
-        broker,
-    } = action;
+    let (run, to, only_successful, min_reward, broker) = match action {
+        ExportAction::Sft {
+            run,
+            to,
+            only_successful,
+            min_reward,
+            broker,
+        } => (run, to, only_successful, min_reward, broker),
+        ExportAction::Model {
+            run,
+            version,
+            to,
+            broker,
+        } => return export_model(rt, &run, version, &to, &broker),
+    };
     let reader = ReplayReader::new(&broker.config())?;
     // An unknown run is a mistake, not an empty dataset.
     let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, &run)?;
@@ -60,6 +89,57 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
         "exported {} rows ({} filtered out)",
         manifest.rows.values().sum::<usize>(),
         manifest.filtered_out
+    );
+    Ok(())
+}
+
+fn export_model(
+    rt: &tokio::runtime::Runtime,
+    run: &str,
+    version: Option<i64>,
+    to: &std::path::Path,
+    broker: &BrokerArgs,
+) -> Result<()> {
+    let reader = ReplayReader::new(&broker.config())?;
+    let published: Vec<_> = reader
+        .read(Topic::Policy.name(), StartAt::Beginning, Some(run))?
+        .into_iter()
+        .filter_map(|r| match r.event {
+            Ok(Event::PolicyPublished(p)) if p.run_id == run => Some(p),
+            _ => None,
+        })
+        .collect();
+    let chosen = match version {
+        Some(v) => published.iter().find(|p| p.version == v),
+        None => published.iter().max_by_key(|p| p.version),
+    };
+    let Some(policy) = chosen else {
+        let versions: Vec<String> = published.iter().map(|p| p.version.to_string()).collect();
+        let why = if versions.is_empty() {
+            "no policy version in the log".to_string()
+        } else {
+            // Only a version asked for can be missing from a non-empty list.
+            format!(
+                "no version {}; it has {}",
+                version.unwrap_or_default(),
+                versions.join(", ")
+            )
+        };
+        eprintln!("forgelog export model: run {run} published {why} (version 0 is the model the run started from: --model)");
+        std::process::exit(2);
+    };
+    let written = rt
+        .block_on(forgelog_trainer::checkpoint::export_model_folder(
+            &policy.checkpoint_uri,
+            to,
+        ))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    for path in written {
+        println!("{}", path.display());
+    }
+    eprintln!(
+        "exported run {run}'s policy version {} (step {}) from {}",
+        policy.version, policy.step, policy.checkpoint_uri
     );
     Ok(())
 }

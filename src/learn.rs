@@ -15,7 +15,7 @@ struct TrainCli {
     train: forgelog_trainer::TrainArgs,
 }
 
-/// The learner of `run` on `model`: checkpoints and its spool under `home`,
+/// The learner of `run` on `model`: checkpoints (`home/checkpoints/{run}`) and its spool under `home`,
 /// then `extra` flags as `forgelog train` takes them.
 pub fn trainer_args(
     model: &str,
@@ -36,7 +36,8 @@ pub fn trainer_args(
         "--run".into(),
         run.into(),
         "--checkpoints".into(),
-        format!("file://{}/checkpoints/{run}", home.display()),
+        // The learner keeps each run's versions in a folder of the run's name.
+        format!("file://{}/checkpoints", home.display()),
         "--spool".into(),
         home.join("trainer-spool").join(run).display().to_string(),
     ];

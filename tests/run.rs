@@ -569,6 +569,41 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
         ]),
         "each group sampled by the version before it"
     );
+
+    // The trained version as a Hugging Face folder: the same model to
+    // transformers as to forgelog, and not the one the run started from.
+    let exported = tempfile::tempdir().unwrap();
+    let export = |version: &str| {
+        Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["export", "model", "--run", &run, "--version", version])
+            .arg("--to")
+            .arg(exported.path())
+            .args(["--brokers", &stream.brokers])
+            .output()
+            .unwrap()
+    };
+    let missing = export("7");
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr_of(&missing));
+    assert!(stderr_of(&missing).contains("no version 7; it has 1, 2"));
+    let out = export("2");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let device = candle_core::Device::Cpu;
+    let trained = forgelog_model::load_hf_dir(exported.path(), &device).unwrap();
+    let checked = support::check_hf_model_folder(exported.path(), &trained);
+    eprintln!("exported version 2: {checked}");
+    let v2 = read(Topic::Policy)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::PolicyPublished(p) if p.version == 2 => Some(p.checkpoint_uri),
+            _ => None,
+        })
+        .unwrap();
+    let v2 = v2.strip_prefix("file://").unwrap();
+    assert!(
+        std::fs::read(v2).unwrap()
+            == std::fs::read(exported.path().join("model.safetensors")).unwrap(),
+        "the folder holds version 2's weights"
+    );
 }
 
 /// A learner that cannot start (its checkpoint directory is a file) ends

@@ -35,6 +35,21 @@ impl ChatTemplate {
         }
     }
 
+    /// The Jinja source, as a `tokenizer_config.json` carries it.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The `bos_token` the template sees (empty when the model has none).
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    /// The `eos_token` the template sees.
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     /// Renders OpenAI-style `messages` (and `tools`, which the template may
     /// show the model) into the prompt text.
     pub fn render(

@@ -8,6 +8,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod hf;
 mod kv_cache;
 pub mod llama;
 pub mod load;

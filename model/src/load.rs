@@ -300,6 +300,13 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
     let raw_config = read_json(&dir.join("config.json"))?;
     let mut config: LlamaConfig = serde_json::from_value(raw_config.clone())
         .map_err(|e| LoadError::Invalid(format!("{}/config.json: {e}", dir.display())))?;
+    // transformers 5 writes `rope_theta` inside `rope_parameters`.
+    if let Some(theta) = raw_config
+        .pointer("/rope_parameters/rope_theta")
+        .and_then(Value::as_f64)
+    {
+        config.rope_theta = theta;
+    }
     match raw_config.get("model_type").and_then(Value::as_str) {
         Some("llama") | None => {}
         Some("qwen2") => config.attention_bias = true,

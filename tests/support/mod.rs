@@ -58,3 +58,35 @@ pub fn variant(root: &Path, name: &str, file: &str, text: &str) {
     }
     std::fs::write(dir.join(file), text).unwrap();
 }
+
+/// Reads the model folder `dir` as the Hugging Face ecosystem does
+/// (`tests/python/hf_model_check.py`: transformers' config and tokenizer with
+/// its chat template, the safetensors weights, a numpy forward) and checks it
+/// against `policy` as forgelog serves it: the same prompt ids for a chat and
+/// the same logits after it. Returns what the check printed.
+pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> serde_json::Value {
+    let messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a helpful assistant."}),
+        serde_json::json!({"role": "user", "content": "What is the capital of France?"}),
+    ];
+    let text = policy.chat_template.render(&messages, None, true).unwrap();
+    let ids = policy
+        .tokenizer
+        .encode(text, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let logits = policy
+        .model
+        .forward(&ids, &mut forgelog_model::KvCache::new())
+        .unwrap();
+    let last: Vec<f32> = logits.get(ids.len() - 1).unwrap().to_vec1().unwrap();
+    let expected = tempfile::NamedTempFile::new().unwrap();
+    let body = serde_json::json!({"messages": messages, "prompt_ids": ids, "last_logits": last});
+    std::fs::write(expected.path(), body.to_string()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/hf_model_check.py");
+    let args = [dir.to_str().unwrap(), expected.path().to_str().unwrap()];
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(python_json(&script, &args))
+}

@@ -1,7 +1,10 @@
 //! Checkpoints through object_store: `{base}/{run}/v{version:06}/` holds
 //! `model.safetensors` (exactly what the engine reloads: checkpoint tensor
 //! names), `optimizer.safetensors` (AdamW moments, `m.NAME` / `v.NAME`) and
-//! `trainer.json` (step, optimizer steps, the batch offsets it reflects).
+//! `trainer.json` (step, optimizer steps, the batch offsets it reflects),
+//! and the policy's Hugging Face folder files (`config.json`, tokenizer,
+//! generation config: [`forgelog_model::hf`]) so that a version's folder is
+//! a model `transformers` and vLLM load as it is.
 
 use candle_core::{Device, Tensor};
 use forgelog_stream::store;
@@ -43,6 +46,8 @@ pub struct CheckpointStore {
     /// The URL of the run's folder, without a trailing `/`.
     url: String,
     prefix: String,
+    /// Written into every version beside the weights.
+    folder_files: Vec<(&'static str, Vec<u8>)>,
 }
 
 impl CheckpointStore {
@@ -61,7 +66,14 @@ impl CheckpointStore {
             store: location.store,
             prefix: location.prefix,
             url,
+            folder_files: Vec::new(),
         })
+    }
+
+    /// Every version also gets these files (see [`forgelog_model::hf::folder_files`]).
+    pub fn with_folder_files(mut self, files: Vec<(&'static str, Vec<u8>)>) -> CheckpointStore {
+        self.folder_files = files;
+        self
     }
 
     fn path(&self, version: u64, file: &str) -> StorePath {
@@ -95,8 +107,9 @@ impl CheckpointStore {
         Ok(object.bytes().await.map_err(err)?.to_vec())
     }
 
-    /// Writes optimizer state and `trainer.json` first, the weights last: a
-    /// version whose weights exist is complete. Returns the weights' URI.
+    /// Writes optimizer state, `trainer.json` and the folder files first, the
+    /// weights last: a version whose weights exist is complete. Returns the
+    /// weights' URI.
     pub async fn save(
         &self,
         weights: &HashMap<String, Tensor>,
@@ -119,6 +132,9 @@ impl CheckpointStore {
             serde_json::to_vec_pretty(state)?,
         )
         .await?;
+        for (name, bytes) in &self.folder_files {
+            self.put(state.version, name, bytes.clone()).await?;
+        }
         self.put(
             state.version,
             "model.safetensors",
@@ -166,6 +182,56 @@ impl CheckpointStore {
         let state = serde_json::from_slice(&self.get(version, "trainer.json").await?)?;
         Ok((weights, moments, state))
     }
+}
+
+/// Copies the Hugging Face model folder of the version whose weights are at
+/// `model_uri` (a `PolicyPublished.checkpoint_uri`) into the local directory
+/// `to`: the weights and the folder files, not the trainer's own state.
+/// Returns the paths written.
+pub async fn export_model_folder(
+    model_uri: &str,
+    to: &std::path::Path,
+) -> Result<Vec<std::path::PathBuf>, CheckpointError> {
+    let folder = model_uri
+        .strip_suffix("/model.safetensors")
+        .ok_or_else(|| CheckpointError::Location {
+            url: model_uri.to_string(),
+            why: "not a checkpoint's model.safetensors".into(),
+        })?;
+    let location = store::open(folder).map_err(|e| CheckpointError::Location {
+        url: e.location,
+        why: e.why,
+    })?;
+    std::fs::create_dir_all(to)?;
+    let mut written = Vec::new();
+    for name in forgelog_model::hf::FOLDER_FILES
+        .into_iter()
+        .chain(["model.safetensors"])
+    {
+        let path = location.path(name);
+        let bytes = match location.store.get(&path).await {
+            Ok(object) => object.bytes().await,
+            Err(e) => Err(e),
+        };
+        let bytes = bytes.map_err(|source| match source {
+            object_store::Error::NotFound { .. } if name != "model.safetensors" => {
+                CheckpointError::Location {
+                    url: folder.to_string(),
+                    why: format!(
+                        "has no {name}: written by a forgelog from before checkpoints were model folders"
+                    ),
+                }
+            }
+            source => CheckpointError::Store {
+                path: path.to_string(),
+                source,
+            },
+        })?;
+        let file = to.join(name);
+        std::fs::write(&file, &bytes)?;
+        written.push(file);
+    }
+    Ok(written)
 }
 
 fn safetensors_bytes(tensors: &HashMap<String, Tensor>) -> Result<Vec<u8>, CheckpointError> {

@@ -211,8 +211,8 @@ pub async fn train(
                 .display()
         ),
     };
+    // A location that cannot be written fails before the model loads.
     let store = CheckpointStore::new(&base, &args.run)?;
-
     let spec = args.model.clone();
     let load_device = device.clone();
     let policy = tokio::task::spawn_blocking(move || {
@@ -221,6 +221,11 @@ pub async fn train(
     .await
     .map_err(|e| TrainError::Invalid(e.to_string()))??;
     let model_config = policy.model.config().clone();
+    let torch_dtype = match dtype {
+        DType::BF16 => "bfloat16",
+        _ => "float32",
+    };
+    let store = store.with_folder_files(forgelog_model::hf::folder_files(&policy, torch_dtype)?);
 
     // A `PolicyPublished` a killed trainer left in its spool is delivered
     // first: read before it arrives, the last version would be the one
