@@ -171,6 +171,73 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         );
         assert_eq!(loaded["roles"][0], "system", "{loaded}");
     }
+
+    // The dataset card: each harness a config of the tokenized Parquet, `all`
+    // the default.
+    let harnesses: Vec<&String> = manifest["rows"].as_object().unwrap().keys().collect();
+    let mut total = 0;
+    for harness in &harnesses {
+        let tokens = support::load_export_config(local.path(), harness);
+        assert_eq!(tokens["rows"], manifest["rows"][harness], "{tokens}");
+        total += tokens["rows"].as_u64().unwrap();
+        for column in [
+            "row_id",
+            "input_ids",
+            "assistant_masks",
+            "labels",
+            "reward",
+            "advantage",
+            "sampling_logprobs",
+            "policy_versions",
+            "harness",
+            "task_id",
+        ] {
+            assert!(
+                tokens["columns"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&column.into()),
+                "{column}: {tokens}"
+            );
+        }
+    }
+    let all = support::load_export_config(local.path(), "all");
+    assert_eq!(all["rows"].as_u64().unwrap(), total, "{all}");
+    // Every conversation renders with the recording model's own template (as
+    // TRL's SFTTrainer renders it), and where the tokens are not the recorded
+    // ones the check says where.
+    let model = tempfile::tempdir().unwrap();
+    let policy = forgelog_model::load_policy(
+        "smollm2",
+        &forgelog_stream::models_dir(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for (name, bytes) in forgelog_model::hf::folder_files(&policy, "float32").unwrap() {
+        std::fs::write(model.path().join(name), bytes).unwrap();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/sft_template_check.py");
+    for harness in &harnesses {
+        let jsonl = local.path().join(harness).join("sft.jsonl");
+        let args = [model.path().to_str().unwrap(), jsonl.to_str().unwrap()];
+        let checked = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(forgelog_stream::testing::python_json(&script, &args));
+        eprintln!("{harness} rendered by SmolLM2's template: {checked}");
+        assert_eq!(checked["rendered"], manifest["jsonl_rows"][*harness]);
+        let differing = checked["differences"].as_array().unwrap().len() as u64;
+        assert_eq!(
+            checked["same_tokens"].as_u64().unwrap() + differing,
+            checked["rows"].as_u64().unwrap()
+        );
+    }
+
+    // The manifest's checksums are the files'.
+    for (name, sum) in manifest["sha256"].as_object().unwrap() {
+        use sha2::Digest;
+        let bytes = &from_file[Path::new(name)];
+        assert_eq!(sum, &format!("{:x}", sha2::Sha256::digest(bytes)), "{name}");
+    }
 }
 
 /// What the trainer writes to S3 the engine reloads, with the credentials and

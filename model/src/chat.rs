@@ -1,7 +1,7 @@
 //! The model's chat template (Jinja, as in Hugging Face `tokenizer_config.json`
 //! or GGUF `tokenizer.chat_template`), rendered with minijinja.
 
-use forgelog_dialects::hermes;
+use forgelog_dialects::{hermes, hf};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{json, Value};
 
@@ -87,51 +87,32 @@ impl ChatTemplate {
     }
 }
 
-/// What Hugging Face templates expect of a message: `content` a string (text
-/// parts joined; `null` as empty) and tool-call `arguments` as objects; with
-/// `!renders_tool_calls`, the calls appended to the content as Hermes text.
+/// What Hugging Face templates expect of a message ([`hf::hf_message`]);
+/// with `!renders_tool_calls`, the calls appended to the content as Hermes text.
 fn normalize_message(message: &Value, renders_tool_calls: bool) -> Value {
-    let mut message = message.clone();
+    let mut message = hf::hf_message(message);
+    if renders_tool_calls {
+        return message;
+    }
     let Some(fields) = message.as_object_mut() else {
         return message;
     };
-    let content = match fields.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
+    if let Some(Value::Array(calls)) = fields.get("tool_calls") {
+        let hermes: String = calls
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .map(|c| {
+                let f = &c["function"];
+                hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
+            })
             .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
-    };
-    fields.insert("content".into(), json!(content));
-    if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
-        for call in calls.iter_mut() {
-            if let Some(arguments) = call.pointer_mut("/function/arguments") {
-                if let Some(parsed) = arguments
-                    .as_str()
-                    .and_then(|s| serde_json::from_str(s).ok())
-                {
-                    *arguments = parsed;
-                }
-            }
-        }
-        if !renders_tool_calls {
-            let hermes: String = calls
-                .iter()
-                .map(|c| {
-                    let f = &c["function"];
-                    hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            let joined = [content, hermes]
-                .into_iter()
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join("\n");
-            fields.insert("content".into(), json!(joined));
-        }
+            .join("\n");
+        let content = fields["content"].as_str().unwrap_or_default().to_string();
+        let joined = [content, hermes]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        fields.insert("content".into(), json!(joined));
     }
     message
 }

@@ -9,6 +9,9 @@ use std::sync::LazyLock;
 const MAGIC: [u8; 2] = [0xC3, 0x01];
 const HEADER_LEN: usize = 10;
 
+/// The version of the schemas in `avro/`: one more than the newest in [`HISTORY`].
+pub const SCHEMA_VERSION: u32 = 5;
+
 /// Schemas of earlier versions, still readable: `(kind, version, avsc text)`,
 /// the file being `avro/history/<version>/<kind>.avsc`.
 ///

@@ -17,7 +17,7 @@ mod topics;
 
 pub use codec::{
     fingerprint, legacy_fingerprint, schema_files, Codec, DecodeError, EncodeError, SchemaFile,
-    HISTORY,
+    HISTORY, SCHEMA_VERSION,
 };
 pub use events::*;
 pub use ids::event_id;

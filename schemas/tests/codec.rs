@@ -649,3 +649,13 @@ fn the_legacy_fingerprint_table_is_complete() {
         path.display()
     );
 }
+
+#[test]
+fn the_schema_version_is_one_past_the_newest_in_history() {
+    let newest = forgelog_schemas::HISTORY
+        .iter()
+        .map(|(_, v, _)| v.trim_start_matches('v').parse::<u32>().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(forgelog_schemas::SCHEMA_VERSION, newest + 1);
+}

@@ -10,9 +10,20 @@ use std::process::Command;
 /// Loads an SFT JSONL export with Hugging Face `datasets` (offline, as a user
 /// would); returns `{"rows", "columns", "roles"}` (the roles of row 0).
 pub fn load_with_datasets(jsonl: &Path) -> serde_json::Value {
+    load_sft(&[jsonl.to_str().unwrap()])
+}
+
+/// Loads config `config` of the export in `dir` (its dataset card) with
+/// `datasets.load_dataset(dir, config)`; returns as [`load_with_datasets`].
+pub fn load_export_config(dir: &Path, config: &str) -> serde_json::Value {
+    load_sft(&[dir.to_str().unwrap(), config])
+}
+
+fn load_sft(args: &[&str]) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/load_sft.py");
     let cache = tempfile::tempdir().unwrap();
-    let args = [jsonl.to_str().unwrap(), cache.path().to_str().unwrap()];
+    let mut args = args.to_vec();
+    args.push(cache.path().to_str().unwrap());
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(python_json(&script, &args))

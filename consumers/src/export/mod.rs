@@ -1,18 +1,23 @@
 //! `forgelog export sft`: a run's trajectories as supervised fine-tuning data.
 //!
 //! The pure part ([`rows`]) picks the rows: one per non-discarded root-to-leaf
-//! path, with its tokens, loss mask and the reward of its rollout, and its
-//! conversation in OpenAI Chat form (the path's last call's `chat_request`
-//! messages plus its `chat_response`). [`write`] turns them into files: per
-//! harness a JSONL with a `messages` column (what HF `datasets` and TRL's
-//! SFTTrainer load) and a Parquet with `input_ids`, `loss_mask`, `labels`, plus
-//! a manifest with counts and the source offsets.
+//! path, with its exact tokens, loss mask, sampling logprobs and policy
+//! versions, where it came from (run, task, group, harness, rollout, path),
+//! its rollout's reward and advantage, and its conversation in the shape
+//! Hugging Face chat templates read (the path's last call's `chat_request`
+//! messages plus its `chat_response`, through [`forgelog_dialects::hf`]).
+//! [`write`] turns them into files: per harness a JSONL (the conversation and
+//! everything else, what TRL's SFTTrainer reads as a conversational dataset)
+//! and a zstd Parquet (the tokens, masks and provenance, trainable as it is),
+//! a dataset card whose `configs:` make each harness a `load_dataset` config,
+//! and a manifest with counts, checksums and the source offsets.
 
 mod files;
 
-pub use files::{jsonl, parquet, write, ExportError};
+pub use files::{dataset_card, jsonl, parquet, write, ExportError, ROW_GROUP_ROWS};
 
-use forgelog_schemas::{CallFinished, TrajectoryBuilt};
+use forgelog_dialects::hf::hf_message;
+use forgelog_schemas::{CallFinished, TrajectoryBuilt, UNKNOWN_POLICY_VERSION};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -35,15 +40,36 @@ impl ExportFilter {
     }
 }
 
-/// One training example.
+/// A rollout's outcome, from its training batch: both `None` before it has one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RolloutScore {
+    pub reward: Option<f64>,
+    pub advantage: Option<f64>,
+}
+
+/// One training example: one path of one rollout's trajectory tree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SftRow {
+    /// `{rollout_id}/{path_index}`: joins a JSONL row to its Parquet row.
+    pub row_id: String,
+    pub run_id: String,
+    pub task_id: String,
+    pub group_id: String,
     pub harness: String,
     pub rollout_id: String,
+    /// The path's index among its tree's paths (sub-agents and compactions are paths of their own).
+    pub path_index: usize,
     pub reward: Option<f64>,
+    pub advantage: Option<f64>,
     pub input_ids: Vec<u32>,
     pub loss_mask: Vec<u8>,
-    /// The conversation in OpenAI Chat form; `None` when the calls carry no chat view.
+    /// Sampling-time logprob per token (0 off the mask).
+    pub sampling_logprobs: Vec<f32>,
+    /// The policy version that sampled each token; -1 off the mask or where unknown.
+    pub policy_versions: Vec<i64>,
+    /// Each call's finish reason along the path (`null` where the engine gave none).
+    pub finish_reasons: Vec<Option<String>>,
+    /// The conversation as Hugging Face chat templates read it; `None` when the calls carry no chat view.
     pub messages: Option<Value>,
     pub tools: Option<Value>,
 }
@@ -69,15 +95,20 @@ pub struct Manifest {
     /// Harness → rows in its JSONL file (those with a chat view).
     pub jsonl_rows: BTreeMap<String, usize>,
     pub filtered_out: usize,
+    /// The forgelog that wrote the export, and the log's schema version.
+    pub forgelog_version: String,
+    pub schema_version: u32,
+    /// File (relative to the export) → its SHA-256, hex.
+    pub sha256: BTreeMap<String, String>,
     /// topic → partition → offset after the last message read.
     pub source_offsets: BTreeMap<String, BTreeMap<i32, i64>>,
 }
 
-/// Rows for `trajectories` (in log order), rewards by rollout id (absent: no verdict yet).
+/// Rows for `trajectories` (in log order), scores by rollout id (absent: no batch yet).
 pub fn rows(
     trajectories: &[TrajectoryBuilt],
     calls: &[CallFinished],
-    rewards: &BTreeMap<String, Option<f64>>,
+    scores: &BTreeMap<String, RolloutScore>,
     filter: &ExportFilter,
 ) -> (Vec<SftRow>, usize) {
     let by_call: BTreeMap<(&str, i64), &CallFinished> = calls
@@ -87,23 +118,44 @@ pub fn rows(
     let mut out = Vec::new();
     let mut filtered_out = 0;
     for t in trajectories {
-        let reward = rewards.get(&t.rollout_id).copied().flatten();
-        if !filter.keeps(reward) {
+        let score = scores.get(&t.rollout_id).copied().unwrap_or_default();
+        if !filter.keeps(score.reward) {
             filtered_out += t.sequences.iter().filter(|s| !s.discarded).count();
             continue;
         }
-        for s in t.sequences.iter().filter(|s| !s.discarded) {
-            let last = s
-                .call_indices
-                .last()
-                .and_then(|&i| by_call.get(&(t.session_id.as_str(), i)));
-            let (messages, tools) = last.and_then(|c| conversation(c)).unzip();
+        for (path_index, s) in t.sequences.iter().enumerate().filter(|(_, s)| !s.discarded) {
+            let call = |i: &i64| by_call.get(&(t.session_id.as_str(), *i)).copied();
+            let last = s.call_indices.last().and_then(call);
+            let (messages, tools) = last.and_then(conversation).unzip();
             out.push(SftRow {
+                row_id: format!("{}/{path_index}", t.rollout_id),
+                run_id: t.run_id.clone(),
+                task_id: t.task_id.clone(),
+                group_id: t.group_id.clone(),
                 harness: t.harness.clone(),
                 rollout_id: t.rollout_id.clone(),
-                reward,
+                path_index,
+                reward: score.reward,
+                advantage: score.advantage,
                 input_ids: s.token_ids.clone(),
                 loss_mask: s.loss_mask.clone(),
+                sampling_logprobs: s.sampling_logprobs.clone(),
+                policy_versions: s
+                    .policy_versions
+                    .iter()
+                    .map(|&v| {
+                        if v == UNKNOWN_POLICY_VERSION {
+                            -1
+                        } else {
+                            v as i64
+                        }
+                    })
+                    .collect(),
+                finish_reasons: s
+                    .call_indices
+                    .iter()
+                    .map(|i| call(i).and_then(|c| c.finish_reason.clone()))
+                    .collect(),
                 messages,
                 tools: tools.flatten(),
             });
@@ -112,12 +164,18 @@ pub fn rows(
     (out, filtered_out)
 }
 
-/// The call's request messages followed by its answer; its tools, if any.
+/// The call's request messages followed by its answer, as Hugging Face
+/// templates read them; its tools, if any.
 fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
     let request: Value = serde_json::from_str(&call.chat_request).ok()?;
     let answer: Value = serde_json::from_str(&call.chat_response).ok()?;
-    let mut messages = request.get("messages")?.as_array()?.clone();
-    messages.push(answer);
+    let messages = request
+        .get("messages")?
+        .as_array()?
+        .iter()
+        .chain([&answer])
+        .map(hf_message)
+        .collect();
     let tools = request
         .get("tools")
         .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
@@ -139,6 +197,8 @@ pub async fn export_run(
     let mut manifest = Manifest {
         run_id: run.into(),
         filter: filter.clone(),
+        forgelog_version: env!("CARGO_PKG_VERSION").into(),
+        schema_version: forgelog_schemas::SCHEMA_VERSION,
         ..Default::default()
     };
     let mut read = |topic: Topic| -> Result<Vec<Event>, forgelog_stream::ConsumeError> {
@@ -169,15 +229,19 @@ pub async fn export_run(
             _ => None,
         })
         .collect();
-    let mut rewards = BTreeMap::new();
+    let mut scores = BTreeMap::new();
     for e in read(Topic::Batches)? {
         if let Event::TrainingBatch(b) = e {
             for m in b.members {
-                rewards.insert(m.rollout_id, m.reward);
+                let score = RolloutScore {
+                    reward: m.reward,
+                    advantage: m.advantage,
+                };
+                scores.insert(m.rollout_id, score);
             }
         }
     }
-    let (rows, filtered_out) = rows(&trajectories, &calls, &rewards, &filter);
+    let (rows, filtered_out) = rows(&trajectories, &calls, &scores, &filter);
     manifest.filtered_out = filtered_out;
     let written = write(to, &rows, &mut manifest).await?;
     Ok((manifest, written))

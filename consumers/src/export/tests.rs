@@ -38,14 +38,13 @@ fn run() -> (Vec<TrajectoryBuilt>, Vec<CallFinished>) {
 #[test]
 fn rows_carry_tokens_labels_and_the_conversation_and_filters_apply() {
     let (trajectories, calls) = run();
-    let rewards: BTreeMap<String, Option<f64>> = trajectories
+    let rewards: BTreeMap<String, RolloutScore> = trajectories
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            (
-                t.rollout_id.clone(),
-                [Some(1.0), Some(0.0), None, Some(0.5)][i],
-            )
+            let reward = [Some(1.0), Some(0.0), None, Some(0.5)][i];
+            let advantage = reward.map(|r| r - 0.5);
+            (t.rollout_id.clone(), RolloutScore { reward, advantage })
         })
         .collect();
     let (all, filtered) = rows(&trajectories, &calls, &rewards, &ExportFilter::default());
@@ -63,6 +62,32 @@ fn rows_carry_tokens_labels_and_the_conversation_and_filters_apply() {
     let messages = r.messages.as_ref().unwrap().as_array().unwrap();
     assert_eq!(messages.last().unwrap()["role"], "assistant");
     assert!(r.tools.is_none(), "empty tool lists are left out");
+    // Where each row comes from, and what it needs for RL as well as SFT.
+    let t = &trajectories[0];
+    assert_eq!(r.row_id, format!("{}/{}", t.rollout_id, r.path_index));
+    assert_eq!(
+        (&r.run_id, &r.task_id, &r.group_id),
+        (&t.run_id, &t.task_id, &t.group_id)
+    );
+    assert_eq!((r.reward, r.advantage), (Some(1.0), Some(0.5)));
+    assert_eq!(all[2].advantage, None, "not scored: no advantage either");
+    for r in &all {
+        assert_eq!(r.sampling_logprobs.len(), r.input_ids.len());
+        assert_eq!(r.policy_versions.len(), r.input_ids.len());
+        let sampled = r.loss_mask.iter().filter(|&&m| m == 1).count();
+        assert_eq!(
+            r.policy_versions.iter().filter(|&&v| v >= 0).count(),
+            sampled
+        );
+        let seq = trajectories
+            .iter()
+            .find(|t| t.rollout_id == r.rollout_id)
+            .map(|t| &t.sequences[r.path_index])
+            .unwrap();
+        assert_eq!(r.finish_reasons.len(), seq.call_indices.len());
+    }
+    let ids: std::collections::BTreeSet<&str> = all.iter().map(|r| r.row_id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "row ids are unique");
 
     let (ok, filtered) = rows(
         &trajectories,
@@ -121,10 +146,85 @@ fn files_are_deterministic_and_parquet_reads_back() {
         .collect();
     assert_eq!(
         names,
-        ["rollout_id", "reward", "input_ids", "loss_mask", "labels"]
+        [
+            "row_id",
+            "run_id",
+            "task_id",
+            "group_id",
+            "harness",
+            "rollout_id",
+            "path_index",
+            "reward",
+            "advantage",
+            "input_ids",
+            "loss_mask",
+            "assistant_masks",
+            "labels",
+            "sampling_logprobs",
+            "policy_versions",
+            "finish_reasons",
+            "messages_json",
+            "tools_json"
+        ]
     );
-    for line in String::from_utf8(jsonl(&refs)).unwrap().lines() {
+    let schema = batches[0].schema();
+    assert!(schema.field_with_name("reward").unwrap().is_nullable());
+    assert!(!schema.field_with_name("input_ids").unwrap().is_nullable());
+    for (line, row) in String::from_utf8(jsonl(&refs)).unwrap().lines().zip(&all) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert!(v["messages"].is_array());
+        assert_eq!(v["row_id"], row.row_id.as_str());
+        assert_eq!(v["input_ids"], serde_json::json!(row.input_ids));
+        assert_eq!(v["labels"], serde_json::json!(row.labels()));
     }
+}
+
+#[test]
+fn parquet_row_groups_are_bounded() {
+    let (trajectories, calls) = run();
+    let (one, _) = rows(
+        &trajectories,
+        &calls,
+        &BTreeMap::new(),
+        &ExportFilter::default(),
+    );
+    let many: Vec<&SftRow> = one.iter().cycle().take(ROW_GROUP_ROWS * 2 + 3).collect();
+    let bytes = bytes::Bytes::from(parquet(&many).unwrap());
+    let meta = ::parquet::file::serialized_reader::SerializedFileReader::new(bytes).unwrap();
+    use ::parquet::file::reader::FileReader;
+    let groups: Vec<i64> = meta
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .collect();
+    assert_eq!(groups, [256, 256, 3]);
+    let compression = meta.metadata().row_group(0).column(0).compression();
+    assert!(matches!(
+        compression,
+        ::parquet::basic::Compression::ZSTD(_)
+    ));
+}
+
+#[test]
+fn the_dataset_card_makes_each_harness_a_config() {
+    let manifest = Manifest {
+        run_id: "r".into(),
+        rows: BTreeMap::from([("codex".into(), 3), ("opencode".into(), 2)]),
+        jsonl_rows: BTreeMap::from([("codex".into(), 3), ("opencode".into(), 0)]),
+        ..Default::default()
+    };
+    let card = dataset_card(&manifest);
+    let yaml = card.split("---").nth(1).unwrap();
+    for expected in [
+        "- config_name: all\n  default: true\n  data_files:\n  - split: train\n    path: \"*/sft.parquet\"",
+        "- config_name: codex\n  data_files:\n  - split: train\n    path: \"codex/sft.parquet\"",
+        "- config_name: opencode\n",
+    ] {
+        assert!(yaml.contains(expected), "{expected:?} in\n{yaml}");
+    }
+    assert!(
+        !yaml.contains("opencode-messages"),
+        "no JSONL rows, no config"
+    );
 }

@@ -6,8 +6,10 @@
 //!   each dialect's own shape;
 //! - [`hermes`]: tool calls written as `<tool_call>` text, parsed out of a
 //!   completion and rendered into a prompt (the proxy, the engine and the chat
-//!   template share it).
+//!   template share it);
+//! - [`hf`]: OpenAI Chat messages in the shape Hugging Face chat templates read.
 
 pub mod canonical;
 pub mod dialect;
 pub mod hermes;
+pub mod hf;

@@ -1,0 +1,65 @@
+//! OpenAI Chat messages in the shape Hugging Face chat templates expect:
+//! `content` always a string (text parts joined, `null` as empty) and a tool
+//! call's `arguments` a mapping, not OpenAI's JSON string. The engine renders
+//! prompts from this shape and the SFT export writes it.
+
+use serde_json::{json, Value};
+
+/// `message` (OpenAI Chat) as Hugging Face templates read it. Arguments that
+/// are not a JSON object stay as they were (a template shows them as text).
+pub fn hf_message(message: &Value) -> Value {
+    let mut message = message.clone();
+    let Some(fields) = message.as_object_mut() else {
+        return message;
+    };
+    let content = match fields.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    };
+    fields.insert("content".into(), json!(content));
+    if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
+        for call in calls.iter_mut() {
+            if let Some(arguments) = call.pointer_mut("/function/arguments") {
+                if let Some(parsed) = arguments
+                    .as_str()
+                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                    .filter(Value::is_object)
+                {
+                    *arguments = parsed;
+                }
+            }
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_a_string_and_arguments_a_mapping() {
+        let m = hf_message(&json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}},
+                {"id": "b", "type": "function", "function": {"name": "echo", "arguments": "not json"}},
+            ]
+        }));
+        assert_eq!(m["content"], "");
+        assert_eq!(
+            m["tool_calls"][0]["function"]["arguments"],
+            json!({"path": "."})
+        );
+        assert_eq!(m["tool_calls"][1]["function"]["arguments"], "not json");
+        let parts = hf_message(&json!({"role": "system", "content": [
+            {"type": "text", "text": "You are "}, {"type": "text", "text": "Claude."}]}));
+        assert_eq!(parts["content"], "You are Claude.");
+    }
+}
