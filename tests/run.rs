@@ -584,7 +584,7 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     };
     let missing = export("7");
     assert_eq!(missing.status.code(), Some(2), "{}", stderr_of(&missing));
-    assert!(stderr_of(&missing).contains("no version 7; it has 1, 2"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no version 7; it has 1, 2"));
     let out = export("2");
     assert!(out.status.success(), "{}", stderr_of(&out));
     let device = candle_core::Device::Cpu;
@@ -632,7 +632,8 @@ fn a_training_run_whose_learner_cannot_start_fails_and_says_why() {
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
         .output()
         .unwrap();
-    let stderr = stderr_of(&out);
+    // All of it: with RUST_BACKTRACE set, a backtrace follows the message.
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!(
         "forgelog run --train, no learner: {} in {:.1} s\n{stderr}",
         out.status,
