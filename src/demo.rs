@@ -110,10 +110,15 @@ pub async fn run(
     let dir = export_to.canonicalize()?.join(run_id);
     let url = format!("file://{}", dir.display());
     let reader = ReplayReader::new(config)?;
-    let (manifest, written) =
-        export::export_run(&reader, run_id, &url, export::ExportFilter::default())
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
+    let (manifest, written) = export::export_run(
+        &reader,
+        run_id,
+        &url,
+        export::ExportKind::Sft,
+        export::ExportFilter::default(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
     println!(
         "SFT export: {} rows in {}",
         manifest.rows.values().sum::<usize>(),

@@ -1,4 +1,5 @@
 //! `forgelog export sft`: a run as a supervised fine-tuning dataset;
+//! `forgelog export rl`: its groups for offline RL and preference tuning;
 //! `forgelog export model`: a trained version as a Hugging Face model folder.
 
 use crate::BrokerArgs;
@@ -27,6 +28,21 @@ pub enum ExportAction {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Every path of a run for offline RL (tokens, sampling logprobs, policy versions,
+    /// rewards, advantages, groups) and preference data from groups whose rewards
+    /// differ: DPO pairs and KTO examples in TRL's conversational shapes
+    ///
+    /// Example: forgelog export rl --run run-1 --to ./run-1-rl
+    Rl {
+        /// The run to export
+        #[arg(long)]
+        run: String,
+        /// Destination: a directory path, file:///abs/dir, or s3://bucket/prefix
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
     /// A policy version a run's trainer published, as a Hugging Face model folder
     /// (config, tokenizer with its chat template, generation config, weights) that
     /// `transformers` and vLLM load
@@ -48,14 +64,23 @@ pub enum ExportAction {
 }
 
 pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
-    let (run, to, only_successful, min_reward, broker) = match action {
+    let (kind, run, to, filter, broker) = match action {
         ExportAction::Sft {
             run,
             to,
             only_successful,
             min_reward,
             broker,
-        } => (run, to, only_successful, min_reward, broker),
+        } => {
+            let filter = export::ExportFilter {
+                only_successful,
+                min_reward,
+            };
+            (export::ExportKind::Sft, run, to, filter, broker)
+        }
+        ExportAction::Rl { run, to, broker } => {
+            (export::ExportKind::Rl, run, to, Default::default(), broker)
+        }
         ExportAction::Model {
             run,
             version,
@@ -73,22 +98,26 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
         );
         std::process::exit(2);
     }
-    let filter = export::ExportFilter {
-        only_successful,
-        min_reward,
-    };
     let working = crate::spinner(format!("exporting run {run} to {to}"));
     let (manifest, written) = rt
-        .block_on(export::export_run(&reader, &run, &to, filter))
+        .block_on(export::export_run(&reader, &run, &to, kind, filter))
         .map_err(|e| anyhow::anyhow!(e))?;
     working.finish_and_clear();
     for path in written {
         println!("{path}");
     }
     eprintln!(
-        "exported {} rows ({} filtered out)",
+        "exported {} rows ({} filtered out){}",
         manifest.rows.values().sum::<usize>(),
-        manifest.filtered_out
+        manifest.filtered_out,
+        match kind {
+            export::ExportKind::Sft => String::new(),
+            export::ExportKind::Rl => format!(
+                ", {} DPO pairs, {} KTO examples",
+                manifest.dpo_pairs.unwrap_or_default(),
+                manifest.kto_examples.unwrap_or_default()
+            ),
+        }
     );
     Ok(())
 }

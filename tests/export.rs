@@ -232,6 +232,52 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         );
     }
 
+    // The RL export of the same run: every path, and preference data from
+    // the groups whose rewards differ, each line what TRL's trainers read.
+    let rl = tempfile::tempdir().unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["export", "rl", "--run", RUN, "--to"])
+        .arg(rl.path())
+        .arg("--brokers")
+        .arg(&config.brokers));
+    let rl_files = files(rl.path());
+    let rl_manifest: serde_json::Value =
+        serde_json::from_slice(&rl_files[Path::new("manifest.json")]).unwrap();
+    assert_eq!(rl_manifest["kind"], "rl");
+    eprintln!("RL export: {rl_manifest}");
+    for harness in &harnesses {
+        let paths = support::load_export_config(rl.path(), harness);
+        assert_eq!(paths["rows"], rl_manifest["rows"][harness], "{paths}");
+    }
+    for (file, keys, count) in [
+        (
+            "dpo.jsonl",
+            &["prompt", "chosen", "rejected"][..],
+            "dpo_pairs",
+        ),
+        (
+            "kto.jsonl",
+            &["prompt", "completion", "label"][..],
+            "kto_examples",
+        ),
+    ] {
+        let text = String::from_utf8(rl_files[Path::new(file)].clone()).unwrap();
+        assert_eq!(
+            text.lines().count() as u64,
+            rl_manifest[count].as_u64().unwrap()
+        );
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            for key in keys {
+                assert!(!v[key].is_null(), "{key} in {line}");
+            }
+        }
+    }
+    assert!(
+        rl_manifest["dpo_pairs"].as_u64().unwrap() > 0,
+        "the fixture's groups have reward variance: {rl_manifest}"
+    );
+
     // The manifest's checksums are the files'.
     for (name, sum) in manifest["sha256"].as_object().unwrap() {
         use sha2::Digest;

@@ -1,7 +1,7 @@
 //! Export files: JSONL and Parquet bytes, a dataset card, written through
 //! object_store.
 
-use super::{Manifest, SftRow};
+use super::{rl, ExportKind, Manifest, SftRow};
 use arrow_array::builder::{
     Float32Builder, Float64Builder, Int64Builder, ListBuilder, StringBuilder, UInt32Builder,
     UInt8Builder,
@@ -52,6 +52,7 @@ pub fn jsonl(rows: &[&SftRow]) -> Vec<u8> {
             "harness": r.harness,
             "rollout_id": r.rollout_id,
             "path_index": r.path_index,
+            "call_indices": r.call_indices,
             "reward": r.reward,
             "advantage": r.advantage,
             "input_ids": r.input_ids,
@@ -89,6 +90,7 @@ fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError> {
         Arc::new(b.finish()) as ArrayRef
     };
     let mut path = Int64Builder::new();
+    let mut calls = ListBuilder::new(Int64Builder::new());
     let mut ids = ListBuilder::new(UInt32Builder::new());
     let mut mask = ListBuilder::new(UInt8Builder::new());
     let mut assistant = ListBuilder::new(UInt8Builder::new());
@@ -98,6 +100,8 @@ fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError> {
     let mut finish = ListBuilder::new(StringBuilder::new());
     for r in rows {
         path.append_value(r.path_index as i64);
+        calls.values().append_slice(&r.call_indices);
+        calls.append(true);
         ids.values().append_slice(&r.input_ids);
         ids.append(true);
         mask.values().append_slice(&r.loss_mask);
@@ -128,6 +132,7 @@ fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError> {
             false,
         ),
         ("path_index", Arc::new(path.finish()), false),
+        ("call_indices", Arc::new(calls.finish()), false),
         // Always nullable, so that every export of every run has one schema.
         ("reward", floats(&|r| r.reward), true),
         ("advantage", floats(&|r| r.advantage), true),
@@ -167,6 +172,7 @@ pub fn parquet(rows: &[&SftRow]) -> Result<Vec<u8>, ExportError> {
 /// `all` the default. (`datasets` reads one file format per folder, so the
 /// conversational JSONL is loaded by its path: the card says how.)
 pub fn dataset_card(manifest: &Manifest) -> String {
+    let tokens = tokens_file(manifest.kind);
     let mut yaml = String::from("---\nconfigs:\n");
     let config = |yaml: &mut String, name: &str, path: &str, default: bool| {
         yaml.push_str(&format!("- config_name: {name}\n"));
@@ -177,9 +183,9 @@ pub fn dataset_card(manifest: &Manifest) -> String {
             "  data_files:\n  - split: train\n    path: \"{path}\"\n"
         ));
     };
-    config(&mut yaml, "all", "*/sft.parquet", true);
+    config(&mut yaml, "all", &format!("*/{tokens}"), true);
     for harness in manifest.rows.keys() {
-        config(&mut yaml, harness, &format!("{harness}/sft.parquet"), false);
+        config(&mut yaml, harness, &format!("{harness}/{tokens}"), false);
     }
     yaml.push_str("tags:\n- forgelog\n- agent-trajectories\n---\n\n");
     let table: String = manifest
@@ -204,17 +210,43 @@ pub fn dataset_card(manifest: &Manifest) -> String {
          `harness`, `rollout_id`, `path_index`; `row_id` joins a JSONL row to its Parquet row). \
          The JSONL's `messages` are in the shape Hugging Face chat templates read (content a \
          string, tool-call arguments a mapping); the Parquet keeps them as `messages_json`.\n\n\
-         `manifest.json` lists the filter, the log offsets read and each file's SHA-256.\n",
+         {rl}`manifest.json` lists the filter, the log offsets read and each file's SHA-256.\n",
+        rl = match manifest.kind {
+            ExportKind::Sft => "",
+            ExportKind::Rl => "An RL export keeps every path, scored or not; `dpo.jsonl` holds a DPO pair \
+                per group whose rewards differ (its best rollout `chosen`, its worst `rejected`, after the \
+                `prompt` messages both share) and `kto.jsonl` every scored rollout of such groups \
+                (`label`: reward above the group's mean), in TRL's conversational shapes.\n\n",
+        },
         run = manifest.run_id,
         version = manifest.forgelog_version,
         schema = manifest.schema_version,
     )
 }
 
-/// Writes `<to>/<harness>/sft.jsonl`, `<to>/<harness>/sft.parquet`,
-/// `<to>/README.md` (the dataset card) and `<to>/manifest.json` through
-/// object_store (`file://`, `s3://`, ...), one harness at a time. Returns the
-/// paths written.
+/// The Parquet of tokenized rows an export of `kind` writes per harness.
+fn tokens_file(kind: ExportKind) -> &'static str {
+    match kind {
+        ExportKind::Sft => "sft.parquet",
+        ExportKind::Rl => "paths.parquet",
+    }
+}
+
+/// JSON lines of `items`.
+fn json_lines<T: serde::Serialize>(items: &[T]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        serde_json::to_writer(&mut out, item).expect("json values serialize");
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Writes per harness what an export of `manifest.kind` holds (SFT:
+/// `sft.jsonl` and `sft.parquet`; RL: `paths.parquet`, and for the whole run
+/// `dpo.jsonl` and `kto.jsonl`), then `README.md` (the dataset card) and `manifest.json`,
+/// through object_store (`file://`, `s3://`, ...), one harness at a time.
+/// Returns the paths written.
 pub async fn write(
     to: &str,
     rows: &[SftRow],
@@ -231,17 +263,33 @@ pub async fn write(
     let mut written = Vec::new();
     let mut sha256 = BTreeMap::new();
     for (harness, rows) in &by_harness {
-        manifest.rows.insert(harness.to_string(), rows.len());
-        manifest.jsonl_rows.insert(
-            harness.to_string(),
-            rows.iter().filter(|r| r.messages.is_some()).count(),
-        );
-        for (name, bytes) in [
-            (format!("{harness}/sft.jsonl"), jsonl(rows)),
-            (format!("{harness}/sft.parquet"), parquet(rows)?),
-        ] {
+        let h = harness.to_string();
+        manifest.rows.insert(h.clone(), rows.len());
+        let mut files = vec![(tokens_file(manifest.kind), parquet(rows)?)];
+        if manifest.kind == ExportKind::Sft {
+            let chats = rows.iter().filter(|r| r.messages.is_some()).count();
+            manifest.jsonl_rows.insert(h, chats);
+            files.insert(0, ("sft.jsonl", jsonl(rows)));
+        }
+        for (file, bytes) in files {
+            let name = format!("{harness}/{file}");
             sha256.insert(name.clone(), format!("{:x}", Sha256::digest(&bytes)));
             written.push(put(&location, &name, bytes).await?);
+        }
+    }
+    if manifest.kind == ExportKind::Rl {
+        // A group may span harnesses (one task, several harnesses): its
+        // preference data is the whole run's, not a harness's.
+        let all: Vec<&SftRow> = rows.iter().collect();
+        let (pairs, kto) = (rl::preference_pairs(&all), rl::kto_examples(&all));
+        manifest.dpo_pairs = Some(pairs.len());
+        manifest.kto_examples = Some(kto.len());
+        for (name, bytes) in [
+            ("dpo.jsonl", json_lines(&pairs)),
+            ("kto.jsonl", json_lines(&kto)),
+        ] {
+            sha256.insert(name.into(), format!("{:x}", Sha256::digest(&bytes)));
+            written.push(put(&location, name, bytes).await?);
         }
     }
     let card = dataset_card(manifest).into_bytes();

@@ -13,6 +13,7 @@
 //! and a manifest with counts, checksums and the source offsets.
 
 mod files;
+pub mod rl;
 
 pub use files::{dataset_card, jsonl, parquet, write, ExportError, ROW_GROUP_ROWS};
 
@@ -21,6 +22,18 @@ use forgelog_schemas::{CallFinished, TrajectoryBuilt, UNKNOWN_POLICY_VERSION};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// What an export is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportKind {
+    /// `sft.jsonl` (conversations) and `sft.parquet` (tokens) per harness.
+    #[default]
+    Sft,
+    /// `paths.parquet` (every path, tokens, logprobs, rewards, advantages)
+    /// per harness; `dpo.jsonl` and `kto.jsonl` ([`rl`]) for the run.
+    Rl,
+}
 
 /// Which rows to keep.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -59,6 +72,8 @@ pub struct SftRow {
     pub rollout_id: String,
     /// The path's index among its tree's paths (sub-agents and compactions are paths of their own).
     pub path_index: usize,
+    /// The calls along the path, in order.
+    pub call_indices: Vec<i64>,
     pub reward: Option<f64>,
     pub advantage: Option<f64>,
     pub input_ids: Vec<u32>,
@@ -89,11 +104,17 @@ impl SftRow {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Manifest {
     pub run_id: String,
+    pub kind: ExportKind,
     pub filter: ExportFilter,
     /// Harness → rows in its Parquet file.
     pub rows: BTreeMap<String, usize>,
     /// Harness → rows in its JSONL file (those with a chat view).
     pub jsonl_rows: BTreeMap<String, usize>,
+    /// `export rl`: the DPO pairs and KTO examples written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dpo_pairs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kto_examples: Option<usize>,
     pub filtered_out: usize,
     /// The forgelog that wrote the export, and the log's schema version.
     pub forgelog_version: String,
@@ -135,6 +156,7 @@ pub fn rows(
                 harness: t.harness.clone(),
                 rollout_id: t.rollout_id.clone(),
                 path_index,
+                call_indices: s.call_indices.clone(),
                 reward: score.reward,
                 advantage: score.advantage,
                 input_ids: s.token_ids.clone(),
@@ -191,11 +213,13 @@ pub async fn export_run(
     reader: &forgelog_stream::ReplayReader,
     run: &str,
     to: &str,
+    kind: ExportKind,
     filter: ExportFilter,
 ) -> Result<(Manifest, Vec<String>), Box<dyn std::error::Error + Send + Sync>> {
     use forgelog_schemas::{Event, Topic};
     let mut manifest = Manifest {
         run_id: run.into(),
+        kind,
         filter: filter.clone(),
         forgelog_version: env!("CARGO_PKG_VERSION").into(),
         schema_version: forgelog_schemas::SCHEMA_VERSION,

@@ -154,6 +154,7 @@ fn files_are_deterministic_and_parquet_reads_back() {
             "harness",
             "rollout_id",
             "path_index",
+            "call_indices",
             "reward",
             "advantage",
             "input_ids",
