@@ -42,6 +42,6 @@ fi
 # The official openai/anthropic SDKs the proxy's tests drive, in a venv.
 "$(dirname "$0")/python-env.sh"
 
-# The four real harnesses tests/harnesses.rs runs through the proxy (pinned
+# The eight real harnesses tests/harnesses.rs runs through the proxy (pinned
 # versions, into $FORGELOG_HOME/harnesses; about 1.5 min cold, 0 s when present).
 "$(dirname "$0")/../deploy/harnesses/install.sh"

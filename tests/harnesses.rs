@@ -16,7 +16,7 @@ use forgelog_schemas::compact::expand_events;
 use forgelog_schemas::{CallFinished, CallStatus, Event, TrajectoryBuilt};
 use serde_json::Value;
 use std::path::Path;
-use support::kit::{require_installed, volume_of, KitProxy, HARNESSES, TASK};
+use support::kit::{require_installed, volume_of, KitProxy, HARNESSES, TASK, TEXT_ONLY};
 
 const BUDGET: usize = 6;
 
@@ -79,12 +79,62 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
                 sub_agents: 0,
             })
         }
+        "qwen-code" => {
+            // One JSON array of messages, the last the result with per-source stats.
+            let events: Vec<Value> =
+                serde_json::from_str(&stdout).expect("qwen -o json prints JSON");
+            let result = events.last()?;
+            assert_eq!(result["is_error"], false, "{result}");
+            let models = result["stats"]["models"].as_object()?;
+            Some(Reported {
+                calls: models
+                    .values()
+                    .filter_map(|m| count(&m["bySource"]["main"]["api"]["totalRequests"]))
+                    .sum(),
+                sub_agents: events
+                    .iter()
+                    .filter(|e| e["type"] == "assistant" && e["parent_tool_use_id"].is_null())
+                    .flat_map(|e| {
+                        e["message"]["content"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default()
+                    })
+                    .filter(|c| c["type"] == "tool_use" && c["name"] == "agent")
+                    .count(),
+            })
+        }
+        "gemini-cli" => {
+            let v: Value = serde_json::from_str(&stdout).expect("gemini -o json prints JSON");
+            let models = v["stats"]["models"].as_object()?;
+            Some(Reported {
+                calls: models
+                    .values()
+                    .filter_map(|m| count(&m["roles"]["main"]["totalRequests"]))
+                    .sum(),
+                sub_agents: 0,
+            })
+        }
+        "pi" => Some(Reported {
+            // One turn per model call (`--mode json` events).
+            calls: stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|e| e["type"] == "turn_start")
+                .count(),
+            sub_agents: 0,
+        }),
+        "aider" => Some(Reported {
+            // A "Tokens: N sent, M received." line per model call.
+            calls: stdout.lines().filter(|l| l.starts_with("Tokens: ")).count(),
+            sub_agents: 0,
+        }),
         _ => None,
     }
 }
 
 #[test]
-fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
+fn eight_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     require_installed();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let proxy = KitProxy::start(&rt, "harnesses");
@@ -108,7 +158,9 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
         let v = volume_of(&events, h);
         eprintln!("{h}: {v}");
         // The target: at most 2× the final transcript (5–6× stored whole).
-        assert!(v.ratio() <= 2.0 && v.whole_ratio() > 3.0, "{h}: {v}");
+        // A single exchange has nothing earlier to be stored relative to.
+        let compacts = TEXT_ONLY.contains(&h) || v.whole_ratio() > 3.0;
+        assert!(v.ratio() <= 2.0 && compacts, "{h}: {v}");
     }
     let errors = expand_events(&mut events);
     assert!(errors.is_empty(), "{errors:?}");
@@ -136,12 +188,21 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
         );
         let (ok, stops): (Vec<&CallFinished>, Vec<&CallFinished>) =
             calls.iter().partition(|c| c.status == CallStatus::Ok);
-        assert_eq!(
-            ok.len(),
-            BUDGET,
-            "{h}: the budget's calls all reached the upstream"
-        );
-        assert!(!stops.is_empty(), "{h}: ended by the budget stop");
+        let text_only = TEXT_ONLY.contains(&h);
+        if text_only {
+            assert!(
+                !ok.is_empty() && stops.is_empty(),
+                "{h}: {} calls",
+                calls.len()
+            );
+        } else {
+            assert_eq!(
+                ok.len(),
+                BUDGET,
+                "{h}: the budget's calls all reached the upstream"
+            );
+            assert!(!stops.is_empty(), "{h}: ended by the budget stop");
+        }
         for c in &stops {
             assert_eq!(
                 c.status,
@@ -204,7 +265,7 @@ fn four_real_harnesses_run_through_the_proxy_within_a_call_budget() {
             );
         }
         assert!(
-            tree.tool_calls >= 1,
+            tree.tool_calls >= 1 || text_only,
             "{h}: the agent's tool calls are counted"
         );
         // The harness's own count: the main agent's calls are those on the root

@@ -97,6 +97,17 @@ impl Fixture {
     }
 }
 
+/// The `CallFinished` events among `events`.
+fn finished_calls(events: &[Event]) -> Vec<forgelog_schemas::CallFinished> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn stderr_of(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stderr);
     s[s.len().saturating_sub(4000)..].to_string()
@@ -230,13 +241,7 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
     }
     // Every call reached the fake upstream and is recorded with exactly the
     // token ids and logprobs it answered.
-    let calls: Vec<_> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect();
+    let calls = finished_calls(&events);
     assert_eq!(
         calls.len() as i64,
         finished.values().map(|(_, n)| n).sum::<i64>()
@@ -276,6 +281,53 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
 
     assert_eq!(containers_of(&run), 0, "sandboxes left behind");
     assert_eq!(slots_of(&run), 0, "network namespaces left behind");
+}
+
+/// The kit's four newer harnesses (Gemini CLI, Qwen Code, pi, aider) from
+/// their bundles, each in its sandbox, on two shipped tasks: every rollout
+/// exits 0 and is scored, every call recorded with the ids the upstream gave.
+#[test]
+fn the_newer_kit_harnesses_run_in_sandboxes() {
+    let f = fixture();
+    let run = unique_run_id("run-kit8");
+    let newer = "gemini-cli,qwen-code,pi,aider";
+    let out = f
+        .command(&shipped(), &run, newer, 1)
+        .args(["--task", "hello-file", "--task", "count-lines"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let events = f.events(&run);
+    let verdicts = verdicts(&events);
+    assert_eq!(verdicts.len(), 2 * 4, "one verdict per rollout");
+    for e in &events {
+        if let Event::RolloutFinished(r) = e {
+            // aider answers in one exchange (no tools); the others run the
+            // fake agent's two shell steps and answer.
+            let least = if r.rollout_id.ends_with("-aider-0") {
+                1
+            } else {
+                3
+            };
+            assert_eq!(r.exit_status, Some(0), "{}", r.rollout_id);
+            assert!(
+                r.model_calls >= least,
+                "{}: {} calls",
+                r.rollout_id,
+                r.model_calls
+            );
+            assert_eq!(
+                status_of(&verdicts[&r.rollout_id]),
+                "scored",
+                "{}",
+                r.rollout_id
+            );
+        }
+    }
+    let calls = finished_calls(&events);
+    let answers = f.fake.answers.lock().unwrap().clone();
+    fake_upstream::assert_calls_match(&calls, &answers, fake_upstream::POLICY_VERSION);
+    assert_eq!(containers_of(&run), 0, "sandboxes left behind");
 }
 
 /// Attempt ids of the run's `RolloutStarted` events.

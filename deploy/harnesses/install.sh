@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the four harnesses forgelog is tested with, at pinned versions, into
-# $FORGELOG_HOME/harnesses (outside the clone): node 22 (npm package `node`),
-# Claude Code, Codex and OpenCode (npm --prefix), mini-swe-agent (its own venv).
+# Installs the eight harnesses forgelog is tested with, at pinned versions, into
+# $FORGELOG_HOME/harnesses (outside the clone): node 22 (npm package `node`);
+# Claude Code, Codex, OpenCode, Gemini CLI, Qwen Code and pi (npm --prefix);
+# mini-swe-agent and aider (a venv each).
 # Idempotent: a harness whose pinned version is already there is skipped.
-# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent ...] (default: all)
+# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent|gemini-cli|qwen-code|pi|aider ...] (default: all)
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 H="$FORGELOG_HOME/harnesses"
@@ -30,24 +31,28 @@ node22() {
   "$H/node/bin/node" --version | grep -q "^v${NODE_VERSION}$" || { echo "install: node $NODE_VERSION did not install" >&2; exit 1; }
 }
 
-mini_swe_agent() {
-  local dir="$H/mini-swe-agent"
-  if stamp_ok "$dir" "$MINI_SWE_AGENT_VERSION"; then echo "install: mini-swe-agent present" >&2; return; fi
+pip_venv() { # DIR VERSION PACKAGE==VERSION: a Python harness in a venv of its own
+  local dir=$1 version=$2 spec=$3
+  if stamp_ok "$dir" "$version"; then echo "install: $spec present" >&2; return; fi
   rm -rf "$dir"
   python3 -m venv "$dir"
-  "$dir/bin/pip" install --quiet --disable-pip-version-check "mini-swe-agent==$MINI_SWE_AGENT_VERSION" >&2
-  echo "$MINI_SWE_AGENT_VERSION" >"$dir/.forgelog-version"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check "$spec" >&2
+  echo "$version" >"$dir/.forgelog-version"
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent)
+[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent gemini-cli qwen-code pi aider)
 for w in "${want[@]}"; do
   case $w in
     claude-code) timed "node $NODE_VERSION" node22; timed "claude-code $CLAUDE_CODE_VERSION" npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
     codex) timed "codex $CODEX_VERSION" npm_install "$H/codex" "$CODEX_VERSION" "@openai/codex@$CODEX_VERSION" ;;
     opencode) timed "opencode $OPENCODE_VERSION" npm_install "$H/opencode" "$OPENCODE_VERSION" "opencode-ai@$OPENCODE_VERSION" ;;
-    mini-swe-agent) timed "mini-swe-agent $MINI_SWE_AGENT_VERSION" mini_swe_agent ;;
-    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent)" >&2; exit 2 ;;
+    mini-swe-agent) timed "mini-swe-agent $MINI_SWE_AGENT_VERSION" pip_venv "$H/mini-swe-agent" "$MINI_SWE_AGENT_VERSION" "mini-swe-agent==$MINI_SWE_AGENT_VERSION" ;;
+    qwen-code) timed "node $NODE_VERSION" node22; timed "qwen-code $QWEN_CODE_VERSION" npm_install "$H/qwen-code" "$QWEN_CODE_VERSION" "@qwen-code/qwen-code@$QWEN_CODE_VERSION" ;;
+    gemini-cli) timed "node $NODE_VERSION" node22; timed "gemini-cli $GEMINI_CLI_VERSION" npm_install "$H/gemini-cli" "$GEMINI_CLI_VERSION" "@google/gemini-cli@$GEMINI_CLI_VERSION" ;;
+    pi) timed "node $NODE_VERSION" node22; timed "pi $PI_VERSION" npm_install "$H/pi" "$PI_VERSION" "@mariozechner/pi-coding-agent@$PI_VERSION" ;;
+    aider) timed "aider $AIDER_VERSION" pip_venv "$H/aider" "$AIDER_VERSION" "aider-chat==$AIDER_VERSION" ;;
+    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider)" >&2; exit 2 ;;
   esac
 done
 echo "install: harnesses ready in $H" >&2

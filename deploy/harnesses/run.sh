@@ -6,11 +6,11 @@
 # port to the proxy. Telemetry and update checks are switched off.
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
-#   HARNESS    claude-code | codex | opencode | mini-swe-agent
+#   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
-#              (claude-code: stdout is --output-format json; codex: stdout is
-#              --json events; opencode: --format json events; mini-swe-agent:
+#              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
+#              codex, opencode, pi: JSON events; aider: its text; mini-swe-agent:
 #              trajectory.json)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
@@ -30,7 +30,11 @@ case $HARNESS in
   codex) want=$CODEX_VERSION dir=$H/codex ;;
   opencode) want=$OPENCODE_VERSION dir=$H/opencode ;;
   mini-swe-agent) want=$MINI_SWE_AGENT_VERSION dir=$H/mini-swe-agent ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent)" >&2; exit 2 ;;
+  qwen-code) want=$QWEN_CODE_VERSION dir=$H/qwen-code ;;
+  gemini-cli) want=$GEMINI_CLI_VERSION dir=$H/gemini-cli ;;
+  pi) want=$PI_VERSION dir=$H/pi ;;
+  aider) want=$AIDER_VERSION dir=$H/aider ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2
@@ -83,59 +87,13 @@ mkdir -p "$WORK/home" "$WORK/project"
 env_common=(HOME="$WORK/home" PATH="$H/node/bin:/usr/local/bin:/usr/bin:/bin" TERM=dumb NO_COLOR=1
             XDG_CONFIG_HOME="$WORK/home/.config" XDG_DATA_HOME="$WORK/home/.local/share"
             XDG_CACHE_HOME="$WORK/home/.cache" XDG_STATE_HOME="$WORK/home/.local/state")
-case $HARNESS in
-  claude-code)
-    env_h=(ANTHROPIC_BASE_URL="$URL" ANTHROPIC_API_KEY="$KEY" CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1
-           DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 IS_SANDBOX=1)
-    cmd=("$dir/node_modules/.bin/claude" -p "$TASK" --output-format json --dangerously-skip-permissions)
-    ;;
-  codex)
-    mkdir -p "$WORK/home/codex"
-    cat >"$WORK/home/codex/config.toml" <<TOML
-model = "forgelog"
-model_provider = "forgelog"
-check_for_update_on_startup = false
-[analytics]
-enabled = false
-[model_providers.forgelog]
-name = "forgelog"
-base_url = "$URL/v1"
-env_key = "FORGELOG_API_KEY"
-wire_api = "responses"
-[features]
-plugins = false
-TOML
-    env_h=(CODEX_HOME="$WORK/home/codex" FORGELOG_API_KEY="$KEY")
-    cmd=("$H/node/bin/node" "$dir/node_modules/.bin/codex" exec --skip-git-repo-check
-         --dangerously-bypass-approvals-and-sandbox --json "$TASK")
-    ;;
-  opencode)
-    cat >"$WORK/project/opencode.json" <<JSON
-{
-  "\$schema": "https://opencode.ai/config.json",
-  "autoupdate": false,
-  "share": "disabled",
-  "model": "forgelog/forgelog",
-  "provider": {
-    "forgelog": {
-      "npm": "@ai-sdk/openai-compatible",
-      "name": "forgelog",
-      "options": {"baseURL": "$URL/v1", "apiKey": "$KEY"},
-      "models": {"forgelog": {"name": "forgelog"}}
-    }
-  }
-}
-JSON
-    env_h=(OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1)
-    cmd=("$dir/node_modules/.bin/opencode" run --format json "$TASK")
-    ;;
-  mini-swe-agent)
-    env_h=(MSWEA_CONFIGURED=true MSWEA_COST_TRACKING=ignore_errors LITELLM_LOCAL_MODEL_COST_MAP=True
-           OPENAI_API_KEY="$KEY" OPENAI_API_BASE="$URL/v1")
-    cmd=("$dir/bin/mini" -m openai/forgelog -t "$TASK" -y --exit-immediately -o "$OUT/trajectory.json"
-         -c mini.yaml -c "model.model_kwargs.api_base=$URL/v1" -c "model.model_kwargs.api_key=$KEY")
-    ;;
-esac
+# The harness starts as `forgelog run` starts it in a sandbox: its launch
+# script (agents/HARNESS.sh) with the same environment, the kit's install as
+# the bundles directory.
+printf '%s' "$TASK" >"$WORK/instruction.md"
+env_h=(FORGELOG_BASE_URL="$URL" FORGELOG_API_KEY="$KEY" FORGELOG_INSTRUCTION="$WORK/instruction.md"
+       FORGELOG_BUNDLES="$H" FORGELOG_AGENT_LOGS="$OUT")
+cmd=(bash "$HERE/agents/$HARNESS.sh")
 
 echo "run: $HARNESS $want in $WORK/project, netns $ns, proxy $URL" >&2
 set +e

@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-/// The four harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 4] = [
+/// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
+pub const BUILTIN: [(&str, &str); 8] = [
     (
         "claude-code",
         include_str!("../harnesses/agents/claude-code.sh"),
@@ -23,6 +23,16 @@ pub const BUILTIN: [(&str, &str); 4] = [
         "mini-swe-agent",
         include_str!("../harnesses/agents/mini-swe-agent.sh"),
     ),
+    (
+        "gemini-cli",
+        include_str!("../harnesses/agents/gemini-cli.sh"),
+    ),
+    (
+        "qwen-code",
+        include_str!("../harnesses/agents/qwen-code.sh"),
+    ),
+    ("pi", include_str!("../harnesses/agents/pi.sh")),
+    ("aider", include_str!("../harnesses/agents/aider.sh")),
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -46,7 +56,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, solve, or a path to a launch script (NAME.sh)")]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {
@@ -117,8 +127,10 @@ mod tests {
         let codex = Harness::resolve("codex").unwrap();
         assert!(matches!(&codex.launch, Launch::Script(s) if s.contains("codex exec")));
         assert_eq!(Harness::resolve("solve").unwrap().launch, Launch::Solution);
+        let aider = Harness::resolve("aider").unwrap();
+        assert_eq!(aider.bundle.as_deref(), Some("aider"));
         assert!(matches!(
-            Harness::resolve("aider"),
+            Harness::resolve("cursor"),
             Err(HarnessError::Unknown(_))
         ));
         let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 4] = ["claude-code", "codex", "opencode", "mini-swe-agent"];
+pub const HARNESSES: [&str; 8] = [
+    "claude-code",
+    "codex",
+    "opencode",
+    "mini-swe-agent",
+    "gemini-cli",
+    "qwen-code",
+    "pi",
+    "aider",
+];
+
+/// Harnesses that give the model no tools (aider edits files from the text of
+/// the answer): one exchange per message, never reaching a budget.
+pub const TEXT_ONLY: [&str; 1] = ["aider"];
 pub const ADMIN: &str = "harness-test-admin";
 /// More steps than any budget: every harness is ended by the budget stop.
 /// Where a harness offers a sub-agent tool (Claude Code's `Agent`, OpenCode's
@@ -50,6 +63,10 @@ pub fn require_installed() {
         ("codex", "CODEX_VERSION"),
         ("opencode", "OPENCODE_VERSION"),
         ("mini-swe-agent", "MINI_SWE_AGENT_VERSION"),
+        ("gemini-cli", "GEMINI_CLI_VERSION"),
+        ("qwen-code", "QWEN_CODE_VERSION"),
+        ("pi", "PI_VERSION"),
+        ("aider", "AIDER_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
