@@ -41,6 +41,16 @@ def config(store: str, soak: bool) -> str:
         "[profile.default.junit]",
         'path = "junit.xml"',
     ]
+    serial = BUDGETS.get("serial", [])
+    if serial:
+        lines += ["", "[test-groups]", "serial = { max-threads = 1 }"]
+        for binary in serial:
+            lines += [
+                "",
+                "[[profile.default.overrides]]",
+                f'filter = "binary_id({binary})"',
+                'test-group = "serial"',
+            ]
     for binary in sorted(BUDGETS["binary"]):
         lines += [
             "",
