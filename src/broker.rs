@@ -11,6 +11,7 @@ pub struct BrokerCmd {
     /// Data directory (SQLite database and log)
     #[arg(long, default_value = ".forgelog/broker")]
     data: PathBuf,
+    /// Where the broker listens for Kafka clients
     #[arg(long, default_value = forgelog_stream::DEFAULT_BROKERS)]
     listen: SocketAddr,
 }

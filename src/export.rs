@@ -12,9 +12,12 @@ use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
 pub enum ExportAction {
-    /// JSONL (OpenAI Chat `messages`) and Parquet (`input_ids`, `loss_mask`, `labels`) per harness, plus a manifest
+    /// Per harness a JSONL (`messages` as chat templates read them) and a Parquet (`input_ids`, masks, `labels`, logprobs, provenance), a dataset card and a manifest
+    ///
+    /// Example: forgelog export sft --run run-1 --to ./run-1-sft --only-successful
     Sft {
-        #[arg(long)]
+        /// The run to export
+        #[arg(long, env = "FORGELOG_RUN")]
         run: String,
         /// Destination: a directory path, file:///abs/dir, or s3://bucket/prefix (AWS_* variables configure S3)
         #[arg(long)]
@@ -35,7 +38,7 @@ pub enum ExportAction {
     /// Example: forgelog export rl --run run-1 --to ./run-1-rl
     Rl {
         /// The run to export
-        #[arg(long)]
+        #[arg(long, env = "FORGELOG_RUN")]
         run: String,
         /// Destination: a directory path, file:///abs/dir, or s3://bucket/prefix
         #[arg(long)]
@@ -50,7 +53,7 @@ pub enum ExportAction {
     /// Example: forgelog export model --run run-1 --version 30 --to ./smollm2-grpo-v30
     Model {
         /// The run whose trainer published the version
-        #[arg(long)]
+        #[arg(long, env = "FORGELOG_RUN")]
         run: String,
         /// The policy version (default: the newest the run published)
         #[arg(long)]

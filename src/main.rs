@@ -97,7 +97,11 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    // Colours only for a person at a terminal (not in files, pipes or CI logs).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
@@ -134,4 +138,41 @@ fn spinner(message: String) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new_spinner().with_message(message);
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every option and argument of every subcommand says what it is, and
+    /// one concept has one environment variable in every subcommand.
+    #[test]
+    fn every_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                let builtin = matches!(id, "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}: no help"));
+                }
+                let env = arg.get_env().and_then(|e| e.to_str());
+                let wanted = match id {
+                    "run" | "run_id" => Some("FORGELOG_RUN"),
+                    "brokers" => Some("FORGELOG_BROKERS"),
+                    _ => None,
+                };
+                // Where a concept reads the environment, always by one name.
+                if env.is_some() && wanted.is_some() && env != wanted {
+                    missing.push(format!("{path} {id}: env {env:?}, not {wanted:?}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "forgelog", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
 }

@@ -10,7 +10,8 @@ use forgelog_stream::ReplayReader;
 pub enum ReplayAction {
     /// Re-derive trajectories and batches from calls, rollouts and rewards; compare with the output topics
     Rebuild {
-        #[arg(long)]
+        /// The recorded run
+        #[arg(long, env = "FORGELOG_RUN")]
         run: String,
         /// The reward join ran with --efficiency-bonus
         #[arg(long)]
@@ -22,7 +23,8 @@ pub enum ReplayAction {
     Serve(forgelog_producers::ReplayServeArgs),
     /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
     Show {
-        #[arg(long)]
+        /// The recorded run
+        #[arg(long, env = "FORGELOG_RUN")]
         run: String,
         /// Only this rollout
         #[arg(long)]

@@ -11,7 +11,7 @@ use forgelog_stream::ReplayReader;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
     /// The run
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run: String,
     #[command(flatten)]
     pub broker: BrokerArgs,

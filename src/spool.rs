@@ -10,6 +10,7 @@ use std::time::Duration;
 pub enum SpoolAction {
     /// Send everything in the spool to the broker, then exit
     Drain {
+        /// The spool directory (a proxy's --spool)
         #[arg(long)]
         dir: PathBuf,
         /// Give up after this many seconds (what is left stays in the spool)
@@ -20,6 +21,7 @@ pub enum SpoolAction {
     },
     /// Show how many events wait in the spool
     Status {
+        /// The spool directory (a proxy's --spool)
         #[arg(long)]
         dir: PathBuf,
     },

@@ -15,7 +15,7 @@ pub struct TailArgs {
     #[arg(long)]
     from_beginning: bool,
     /// Only events of this run
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     run: Option<String>,
     /// Stop after this many events
     #[arg(long)]

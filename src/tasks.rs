@@ -19,7 +19,7 @@ pub enum TasksAction {
         #[arg(long = "task")]
         tasks: Vec<String>,
         /// The run id the sandboxes are labelled with (default: check-<pid>)
-        #[arg(long)]
+        #[arg(long, env = "FORGELOG_RUN")]
         run: Option<String>,
     },
 }

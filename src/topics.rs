@@ -9,8 +9,10 @@ use forgelog_stream::admin::{self, TopicLayout};
 pub enum TopicsAction {
     /// Create every forgelog topic that is missing (infinite retention)
     Create {
+        /// Partitions per topic (the most consumers of one group that share a topic)
         #[arg(long, default_value_t = 3)]
         partitions: i32,
+        /// Copies of each partition (1 on a single broker)
         #[arg(long, default_value_t = 1)]
         replication: i32,
         #[command(flatten)]

@@ -29,12 +29,14 @@ pub struct UpArgs {
     /// The model the local engine serves
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+    /// Where the local engine listens (its OpenAI-compatible API)
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub engine_listen: SocketAddr,
+    /// Where the capture proxy listens: harnesses point here
     #[arg(long, default_value = "127.0.0.1:8100")]
     pub proxy_listen: SocketAddr,
     /// Run id of the sessions `up` creates (default: "interactive", or demo-<unix time> with --demo)
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run: Option<String>,
     /// Drive the built-in demo (GRPO groups of tool-using agent rollouts in two
     /// dialects), print a summary, export it as SFT data, then stop

@@ -60,8 +60,10 @@ pub struct EngineArgs {
     /// or a Hugging Face llama/qwen2 directory.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+    /// Where the engine serves its OpenAI-compatible API
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
+    /// Where the model runs: cpu, or cuda (a build with `--features cuda`)
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Follow `PolicyPublished` on `forgelog.policy` at these brokers and load each new policy.

@@ -24,6 +24,7 @@ use std::time::Duration;
 /// and read/write the log, who may create sessions, how large a body may be.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// Where the proxy listens: harnesses point their base URL here
     #[arg(long, default_value = "127.0.0.1:8100")]
     pub listen: SocketAddr,
     /// Kafka bootstrap servers (comma-separated host:port)
@@ -52,7 +53,7 @@ pub struct ProxyArgs {
     #[arg(long, default_value = ".forgelog/proxy-spool")]
     pub spool: PathBuf,
     /// Run id for sessions created without one
-    #[arg(long, env = "FORGELOG_RUN_ID")]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run_id: Option<String>,
     /// Calls one session may have in flight at once, i.e. concurrent, not in
     /// total (more get 429; the total is the session's `max_model_calls`)

@@ -61,7 +61,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub broker: BrokerArgs,
     /// The run id; an existing run resumes (default: run-<unix time>)
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run: Option<String>,
     /// Model calls per rollout, past which the proxy stops the harness
     #[arg(long)]

@@ -59,6 +59,7 @@ pub struct TrainArgs {
     /// initial policy (version 0), the one the engine starts with.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+    /// Where to train: cpu, or cuda (a build with `--features cuda`)
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Where checkpoints go (object_store URL); default `file://$PWD/.forgelog/checkpoints`.
@@ -67,6 +68,7 @@ pub struct TrainArgs {
     /// Batches sampled more than this many versions ago are dropped.
     #[arg(long, default_value_t = 4)]
     pub max_staleness: u64,
+    /// Kafka bootstrap servers (comma-separated host:port)
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     pub brokers: String,
     /// The run whose batches are trained and whose policies are published.
@@ -85,14 +87,19 @@ pub struct TrainArgs {
     /// Publish a policy every this many steps.
     #[arg(long, default_value_t = 1)]
     pub publish_every: u64,
+    /// AdamW's learning rate.
     #[arg(long, default_value_t = 1e-6)]
     pub learning_rate: f64,
+    /// AdamW's decoupled weight decay.
     #[arg(long, default_value_t = 0.0)]
     pub weight_decay: f64,
+    /// Gradients are scaled down to at most this global L2 norm before a step.
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
+    /// PPO clipping below: the ratio is held at 1 - clip_low where the advantage is negative.
     #[arg(long, default_value_t = 0.2)]
     pub clip_low: f64,
+    /// PPO clipping above: the ratio is held at 1 + clip_high where the advantage is positive.
     #[arg(long, default_value_t = 0.2)]
     pub clip_high: f64,
     /// Truncation of the importance ratio (engine/learner mismatch, staleness).
