@@ -543,6 +543,24 @@ fn a_killed_run_resumes_without_losing_or_repeating_a_rollout() {
     assert_eq!(slots_of(&run), 0);
 }
 
+/// `forgelog run --train` of run `run` on the tiny llama in `model`:
+/// mini-swe-agent on two shipped tasks, two rollouts each, on policy (a step
+/// per group, `--max-staleness 0`).
+fn train_command(run: &str, model: &Path, stream: &StreamConfig) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    cmd.arg("run")
+        .arg(shipped())
+        .args(["--harness", "mini-swe-agent", "--run", run])
+        .args(["--task", "count-lines", "--task", "hello-file"])
+        .args(["--group-size", "2", "--concurrency", "4"])
+        .args(["--max-model-calls", "3", "--max-tokens", "12"])
+        .args(["--brokers", &stream.brokers])
+        .arg("--model")
+        .arg(model)
+        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"]);
+    cmd
+}
+
 /// `forgelog run --train`: mini-swe-agent in its sandboxes, sampled by the
 /// embedded engine (a tiny llama), the consumers and the learner in the same
 /// process. On policy (`--max-staleness 0`, a step per group), the second
@@ -557,17 +575,7 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     let model = tempfile::tempdir().unwrap();
     forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .arg("run")
-        .arg(shipped())
-        .args(["--harness", "mini-swe-agent", "--run", &run])
-        .args(["--task", "count-lines", "--task", "hello-file"])
-        .args(["--group-size", "2", "--concurrency", "4"])
-        .args(["--max-model-calls", "3", "--max-tokens", "12"])
-        .args(["--brokers", &stream.brokers])
-        .arg("--model")
-        .arg(model.path())
-        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
+    let out = train_command(&run, model.path(), &stream)
         .args(["--learning-rate", "1e-3"])
         .output()
         .unwrap();
@@ -671,19 +679,7 @@ fn a_training_run_whose_learner_cannot_start_fails_and_says_why() {
     std::fs::create_dir_all(run_dir(&run).join("checkpoints")).unwrap();
     std::fs::write(run_dir(&run).join("checkpoints").join(&run), "in the way").unwrap();
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .arg("run")
-        .arg(shipped())
-        .args(["--harness", "mini-swe-agent", "--run", &run])
-        .args(["--task", "count-lines", "--task", "hello-file"])
-        .args(["--group-size", "2", "--concurrency", "4"])
-        .args(["--max-model-calls", "3", "--max-tokens", "12"])
-        .args(["--brokers", &stream.brokers])
-        .arg("--model")
-        .arg(model.path())
-        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-        .output()
-        .unwrap();
+    let out = train_command(&run, model.path(), &stream).output().unwrap();
     // All of it: with RUST_BACKTRACE set, a backtrace follows the message.
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!(

@@ -99,12 +99,12 @@ impl CheckpointStore {
 
     async fn get(&self, version: u64, file: &str) -> Result<Vec<u8>, CheckpointError> {
         let path = self.path(version, file);
-        let err = |source| CheckpointError::Store {
-            path: path.to_string(),
-            source,
-        };
-        let object = self.store.get(&path).await.map_err(err)?;
-        Ok(object.bytes().await.map_err(err)?.to_vec())
+        read_object(&self.store, &path)
+            .await
+            .map_err(|source| CheckpointError::Store {
+                path: path.to_string(),
+                source,
+            })
     }
 
     /// Writes optimizer state, `trainer.json` and the folder files first, the
@@ -209,10 +209,7 @@ pub async fn export_model_folder(
         .chain(["model.safetensors"])
     {
         let path = location.path(name);
-        let bytes = match location.store.get(&path).await {
-            Ok(object) => object.bytes().await,
-            Err(e) => Err(e),
-        };
+        let bytes = read_object(&location.store, &path).await;
         let bytes = bytes.map_err(|source| match source {
             object_store::Error::NotFound { .. } if name != "model.safetensors" => {
                 CheckpointError::Location {
@@ -232,6 +229,14 @@ pub async fn export_model_folder(
         written.push(file);
     }
     Ok(written)
+}
+
+/// The whole of the object at `path`.
+async fn read_object(
+    store: &Arc<dyn ObjectStore>,
+    path: &StorePath,
+) -> Result<Vec<u8>, object_store::Error> {
+    Ok(store.get(path).await?.bytes().await?.to_vec())
 }
 
 fn safetensors_bytes(tensors: &HashMap<String, Tensor>) -> Result<Vec<u8>, CheckpointError> {

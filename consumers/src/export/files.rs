@@ -260,22 +260,23 @@ pub async fn write(
     for r in rows {
         by_harness.entry(&r.harness).or_default().push(r);
     }
-    let mut written = Vec::new();
-    let mut sha256 = BTreeMap::new();
+    let mut files = Files {
+        location,
+        written: Vec::new(),
+        sha256: BTreeMap::new(),
+    };
     for (harness, rows) in &by_harness {
         let h = harness.to_string();
         manifest.rows.insert(h.clone(), rows.len());
-        let mut files = vec![(tokens_file(manifest.kind), parquet(rows)?)];
         if manifest.kind == ExportKind::Sft {
             let chats = rows.iter().filter(|r| r.messages.is_some()).count();
             manifest.jsonl_rows.insert(h, chats);
-            files.insert(0, ("sft.jsonl", jsonl(rows)));
+            files
+                .put(&format!("{harness}/sft.jsonl"), jsonl(rows))
+                .await?;
         }
-        for (file, bytes) in files {
-            let name = format!("{harness}/{file}");
-            sha256.insert(name.clone(), format!("{:x}", Sha256::digest(&bytes)));
-            written.push(put(&location, &name, bytes).await?);
-        }
+        let tokens = format!("{harness}/{}", tokens_file(manifest.kind));
+        files.put(&tokens, parquet(rows)?).await?;
     }
     if manifest.kind == ExportKind::Rl {
         // A group may span harnesses (one task, several harnesses): its
@@ -284,36 +285,44 @@ pub async fn write(
         let (pairs, kto) = (rl::preference_pairs(&all), rl::kto_examples(&all));
         manifest.dpo_pairs = Some(pairs.len());
         manifest.kto_examples = Some(kto.len());
-        for (name, bytes) in [
-            ("dpo.jsonl", json_lines(&pairs)),
-            ("kto.jsonl", json_lines(&kto)),
-        ] {
-            sha256.insert(name.into(), format!("{:x}", Sha256::digest(&bytes)));
-            written.push(put(&location, name, bytes).await?);
-        }
+        files.put("dpo.jsonl", json_lines(&pairs)).await?;
+        files.put("kto.jsonl", json_lines(&kto)).await?;
     }
-    let card = dataset_card(manifest).into_bytes();
-    sha256.insert("README.md".into(), format!("{:x}", Sha256::digest(&card)));
-    written.push(put(&location, "README.md", card).await?);
-    manifest.sha256 = sha256;
+    files
+        .put("README.md", dataset_card(manifest).into_bytes())
+        .await?;
+    // The manifest lists every other file's checksum, so it cannot hold its own.
+    manifest.sha256 = std::mem::take(&mut files.sha256);
     let manifest_bytes = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
-    written.push(put(&location, "manifest.json", manifest_bytes).await?);
-    Ok(written)
+    files.put("manifest.json", manifest_bytes).await?;
+    Ok(files.written)
 }
 
-/// Writes `name` under `location`; returns its URL.
-async fn put(location: &Location, name: &str, bytes: Vec<u8>) -> Result<String, ExportError> {
-    let path = location.path(name);
-    location
-        .store
-        .put(&path, PutPayload::from(bytes))
-        .await
-        .map_err(|source| ExportError::Store {
-            path: path.to_string(),
-            source,
-        })?;
-    Ok(format!(
-        "{}/{name}",
-        location.url.as_str().trim_end_matches('/')
-    ))
+/// An export's destination and what has been written to it.
+struct Files {
+    location: Location,
+    /// The URLs written, in order.
+    written: Vec<String>,
+    /// Name → SHA-256 (hex) of each file written.
+    sha256: BTreeMap<String, String>,
+}
+
+impl Files {
+    /// Writes `name` under the destination, noting its URL and checksum.
+    async fn put(&mut self, name: &str, bytes: Vec<u8>) -> Result<(), ExportError> {
+        self.sha256
+            .insert(name.into(), format!("{:x}", Sha256::digest(&bytes)));
+        let path = self.location.path(name);
+        self.location
+            .store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|source| ExportError::Store {
+                path: path.to_string(),
+                source,
+            })?;
+        let url = self.location.url.as_str().trim_end_matches('/');
+        self.written.push(format!("{url}/{name}"));
+        Ok(())
+    }
 }
