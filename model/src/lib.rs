@@ -21,8 +21,8 @@ pub use kv_cache::KvCache;
 pub use llama::Llama;
 pub use llama::Logits;
 pub use load::{
-    default_gguf_path, load_gguf, load_hf_dir, load_policy, weights_from_safetensors, LoadError,
-    Policy,
+    default_gguf_path, load_gguf, load_hf_dir, load_policy, load_tokenizer,
+    weights_from_safetensors, LoadError, Policy,
 };
 
 /// Numerically stable `log_softmax` of one row of logits, in f64 for the sums

@@ -159,13 +159,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         &config,
     )?;
 
-    let mut tokenizer =
-        Tokenizer::from_gguf(&content).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-    let pre = content
-        .metadata
-        .get("tokenizer.ggml.pre")
-        .and_then(|v| v.to_string().ok());
-    fix_gpt2_pre_tokenizer(&mut tokenizer, pre.map(String::as_str));
+    let tokenizer = gguf_tokenizer(&content)?;
     let token = |key: &str| -> String {
         meta(key)
             .and_then(|v| Ok(v.to_u32()?))
@@ -189,6 +183,37 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         stop_token_ids,
         weights,
     })
+}
+
+/// The tokenizer a GGUF's metadata describes (no tensor is read).
+fn gguf_tokenizer(content: &gguf_file::Content) -> Result<Tokenizer, LoadError> {
+    let mut tokenizer =
+        Tokenizer::from_gguf(content).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+    let pre = content
+        .metadata
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.to_string().ok());
+    fix_gpt2_pre_tokenizer(&mut tokenizer, pre.map(String::as_str));
+    Ok(tokenizer)
+}
+
+/// Only the tokenizer of what [`load_policy`] would load (`smollm2`, a
+/// `.gguf`, a Hugging Face directory): a GGUF's metadata, not its weights.
+pub fn load_tokenizer(spec: &str, models: &Path) -> Result<Tokenizer, LoadError> {
+    let path = match spec {
+        "smollm2" => default_gguf_path(models),
+        _ => PathBuf::from(spec),
+    };
+    if path.is_dir() {
+        let file = path.join("tokenizer.json");
+        return Tokenizer::from_file(&file)
+            .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", file.display())));
+    }
+    if spec == "smollm2" && !path.is_file() {
+        return Err(LoadError::DefaultModelMissing(path));
+    }
+    let mut file = std::fs::File::open(&path).map_err(io_err(&path))?;
+    gguf_tokenizer(&gguf_file::Content::read(&mut file)?)
 }
 
 /// GGUF tensor names to the Hugging Face names the model uses.

@@ -168,6 +168,12 @@ impl ReplayReader {
         Ok(())
     }
 
+    /// Low and high watermarks of one partition: the first offset still kept,
+    /// and the offset the next message will get.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), ConsumeError> {
+        Ok(self.meta.fetch_watermarks(topic, partition, self.timeout)?)
+    }
+
     /// High watermark (the offset the next message will get) of one partition.
     pub fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
         Ok(self
