@@ -9,7 +9,6 @@ use forgelog_deploy::demo::{self, summary::RunSummary, DemoPlan, ProxyClient};
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::Path;
 use std::time::Duration;
 
 /// The demo once; with `train_steps`, rounds of it until the learner has
@@ -21,16 +20,25 @@ pub async fn run(
     admin_token: &str,
     engine: &str,
     run_id: &str,
-    export_to: &Path,
-    train_steps: Option<u64>,
+    args: &crate::up::UpArgs,
 ) -> Result<()> {
+    let (export_to, json) = (args.export_to.as_path(), args.json);
+    let train_steps = args.train.then_some(args.steps);
+    // With --json, stdout carries only the JSON summary; the words go to stderr.
+    let say = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     let mut plan = DemoPlan::new(run_id);
-    println!(
+    say(format!(
         "\ndemo run {run_id}: {} GRPO groups of {} rollouts (OpenAI Chat and Anthropic Messages), a calculator tool, a verifier{}",
         plan.groups.len(),
         plan.group_size,
         train_steps.map_or(String::new(), |s| format!(", rounds until {s} versions are trained"))
-    );
+    ));
     let proxy = ProxyClient::new(base, Some(admin_token.to_string()));
     let mut failed = 0;
     let mut rollouts = 0;
@@ -96,12 +104,15 @@ pub async fn run(
     };
 
     let summary = RunSummary::of(&events);
-    println!("\n{summary}");
+    say(format!("\n{summary}"));
+    let report = Report::of(&events);
+    let first_and_last = report.first_and_last(5);
     if train_steps.is_some() {
-        let report = Report::of(&events);
-        println!("{report}");
-        if let Some((first, last)) = report.first_and_last(5) {
-            println!("reward first 5 versions: {first:.3}, last 5 versions: {last:.3}");
+        say(format!("{report}"));
+        if let Some((first, last)) = first_and_last {
+            say(format!(
+                "reward first 5 versions: {first:.3}, last 5 versions: {last:.3}"
+            ));
         }
     }
 
@@ -119,15 +130,29 @@ pub async fn run(
     )
     .await
     .map_err(|e| anyhow::anyhow!(e))?;
-    println!(
+    say(format!(
         "SFT export: {} rows in {}",
         manifest.rows.values().sum::<usize>(),
         dir.display()
-    );
-    for path in written {
-        println!("  {path}");
+    ));
+    for path in &written {
+        say(format!("  {path}"));
     }
-    println!("\nnext: forgelog replay show --run {run_id}   |   forgelog report --run {run_id}");
+    say(format!(
+        "\nnext: forgelog view --run {run_id}   |   forgelog report --run {run_id}"
+    ));
+    if json {
+        let out = serde_json::json!({
+            "run": run_id,
+            "rollouts": rollouts,
+            "failed": failed,
+            "by_harness": summary.by_harness,
+            "report": report,
+            "reward_first_and_last_5_versions": first_and_last,
+            "export": {"manifest": manifest, "files": written},
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
     if failed > 0 {
         bail!("{failed} of {rollouts} rollouts failed (see above)");
     }

@@ -3,7 +3,7 @@
 //! `forgelog export model`: a trained version as a Hugging Face model folder.
 
 use crate::BrokerArgs;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use forgelog_consumers::export;
 use forgelog_schemas::Event;
 use forgelog_schemas::Topic;
@@ -95,11 +95,10 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
     // An unknown run is a mistake, not an empty dataset.
     let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, &run)?;
     if rollouts.is_empty() {
-        eprintln!(
-            "forgelog export: run {run} has no rollouts in the log at {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
+        bail!(
+            "export: run {run} has no rollouts in the log at {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
             broker.brokers
         );
-        std::process::exit(2);
     }
     let working = crate::spinner(format!("exporting run {run} to {to}"));
     let (manifest, written) = rt
@@ -157,8 +156,7 @@ fn export_model(
                 versions.join(", ")
             )
         };
-        eprintln!("forgelog export model: run {run} published {why} (version 0 is the model the run started from: --model)");
-        std::process::exit(2);
+        bail!("export model: run {run} published {why} (version 0 is the model the run started from: --model)");
     };
     let written = rt
         .block_on(forgelog_trainer::checkpoint::export_model_folder(

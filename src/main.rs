@@ -34,6 +34,12 @@ mod view;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More log output: -v info, -vv debug, -vvv trace (RUST_LOG, when set, says exactly what)
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors in the log output
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 /// Where the log is: every subcommand that reads or writes it takes these.
@@ -99,22 +105,100 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
+/// What a command found that is not trouble: a difference, a failed check.
+/// It exits 1, like `diff`; trouble (no broker, bad input) exits 2.
+#[derive(Debug)]
+pub struct Found(pub String);
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Found {}
+
+/// An error and its causes on one line, each cause once (a cause whose text
+/// the line already has says nothing new).
+fn describe(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if !line.contains(&cause) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
+/// Logs go to stderr at the level `-v`/`-q` ask for, or as `RUST_LOG` says.
+/// librdkafka repeats a failure once per reconnect attempt (hundreds of lines
+/// while a broker is down): its lines pass at most once per 30 seconds.
+fn init_logs(verbose: u8, quiet: bool) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tracing_subscriber::prelude::*;
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
+    let start = std::time::Instant::now();
+    let last_kafka_line = AtomicU64::new(u64::MAX);
+    let kafka_once = tracing_subscriber::filter::filter_fn(move |meta| {
+        if !meta.target().contains("rdkafka") {
+            return true;
+        }
+        let now = start.elapsed().as_secs();
+        let last = last_kafka_line.load(Ordering::Relaxed);
+        if last != u64::MAX && now < last + 30 {
+            return false;
+        }
+        last_kafka_line.store(now, Ordering::Relaxed);
+        true
+    });
     // Colours only for a person at a terminal (not in files, pipes or CI logs).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
+    let output = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
         .with_writer(std::io::stderr)
+        .with_filter(kafka_once);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
         .init();
+}
+
+fn main() -> std::process::ExitCode {
+    use std::process::ExitCode;
     let cli = Cli::parse();
+    init_logs(cli.verbose, cli.quiet);
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => match e.downcast_ref::<Found>() {
+            Some(found) => {
+                eprintln!("{found}");
+                ExitCode::from(1)
+            }
+            None => {
+                eprintln!("forgelog: {}", describe(&e));
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn dispatch(command: Command) -> Result<()> {
     // A broken properties file is refused before anything connects without it.
     forgelog_stream::env_properties()?;
     let rt = tokio::runtime::Runtime::new()?;
-    let result = match cli.command {
+    let result = match command {
         Command::Up(args) => up::up(&rt, args),
         Command::Broker(cmd) => broker::run(&rt, cmd),
         Command::Topics { action } => topics::run(&rt, action),

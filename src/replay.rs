@@ -16,6 +16,9 @@ pub enum ReplayAction {
         /// The reward join ran with --efficiency-bonus
         #[arg(long)]
         efficiency_bonus: bool,
+        /// One JSON object ({run, identical, trajectories, batches, difference}) instead of the line
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         broker: BrokerArgs,
     },
@@ -39,6 +42,7 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
         ReplayAction::Rebuild {
             run,
             efficiency_bonus,
+            json,
             broker,
         } => {
             let reader = ReplayReader::new(&broker.config())?;
@@ -46,6 +50,33 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
             let rewards = RewardConfig::with_efficiency_bonus(efficiency_bonus);
             let (rebuilt, diff) = rebuild::rebuild_and_compare(&reader, &run, rewards)?;
             working.finish_and_clear();
+            if json {
+                let difference = diff.as_ref().map(|d| {
+                    serde_json::json!({
+                        "topic": d.topic.name(),
+                        "event": d.event,
+                        "event_id": d.event_id,
+                        "field": d.field,
+                        "partition": d.stored_at.map(|(p, _)| p),
+                        "offset": d.stored_at.map(|(_, o)| o),
+                        "detail": d.detail,
+                    })
+                });
+                let out = serde_json::json!({
+                    "run": run,
+                    "identical": diff.is_none(),
+                    "trajectories": rebuilt.trajectories.len(),
+                    "batches": rebuilt.batches.len(),
+                    "difference": difference,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return match diff {
+                    None => Ok(()),
+                    Some(_) => {
+                        Err(crate::Found(format!("run {run} differs from its rebuild")).into())
+                    }
+                };
+            }
             match diff {
                 None => {
                     println!(
@@ -55,7 +86,7 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
                     );
                     Ok(())
                 }
-                Some(d) => bail!("differs: {d}"),
+                Some(d) => Err(crate::Found(format!("differs: {d}")).into()),
             }
         }
         ReplayAction::Serve(args) => Ok(rt.block_on(forgelog_producers::run_replay(args))?),

@@ -24,6 +24,9 @@ pub enum SpoolAction {
         /// The spool directory (a proxy's --spool)
         #[arg(long)]
         dir: PathBuf,
+        /// One JSON object instead of the text
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -45,9 +48,13 @@ pub fn run(rt: &tokio::runtime::Runtime, action: SpoolAction) -> Result<()> {
             }
             Ok(())
         }),
-        SpoolAction::Status { dir } => {
+        SpoolAction::Status { dir, json } => {
             // Read-only: safe beside the proxy that is writing this spool.
             let s = SpoolStatus::read(&dir)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+                return Ok(());
+            }
             println!(
                 "pending events: {}\nacknowledged through seq: {}\nbytes on disk: {}\nin use: {}",
                 s.pending,

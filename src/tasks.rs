@@ -65,7 +65,10 @@ pub fn run(rt: &tokio::runtime::Runtime, action: TasksAction) -> Result<()> {
     let _ = rt.block_on(podman.reap(Some(&run_id)));
     println!("tasks: {} passed, {failed} failed", chosen.len() - failed);
     if failed > 0 {
-        std::process::exit(1);
+        let n = chosen.len();
+        return Err(
+            crate::Found(format!("tasks check: {failed} of {n} tasks did not pass")).into(),
+        );
     }
     Ok(())
 }

@@ -20,6 +20,9 @@ pub enum TopicsAction {
     },
     /// List topics with their partition and message counts
     List {
+        /// One JSON array of {name, partitions, messages} instead of the table
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         broker: BrokerArgs,
     },
@@ -46,9 +49,14 @@ pub fn run(rt: &tokio::runtime::Runtime, action: TopicsAction) -> Result<()> {
                 println!("{:<24} {state}", t.name());
             }
         }
-        TopicsAction::List { broker } => {
+        TopicsAction::List { json, broker } => {
+            let topics = admin::list_topics(&broker.config())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&topics)?);
+                return Ok(());
+            }
             println!("{:<24} {:>10} {:>10}", "topic", "partitions", "messages");
-            for t in admin::list_topics(&broker.config())? {
+            for t in topics {
                 println!("{:<24} {:>10} {:>10}", t.name, t.partitions, t.messages);
             }
         }

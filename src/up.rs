@@ -52,6 +52,10 @@ pub struct UpArgs {
     /// publishes versions the engine reloads (checkpoints under --home)
     #[arg(long)]
     pub train: bool,
+    /// With --demo: the summary as one JSON object on stdout (rows per harness,
+    /// the report per version, the export's manifest); the words go to stderr
+    #[arg(long, requires = "demo")]
+    pub json: bool,
     /// With --demo --train: run demo rounds until this many versions are published
     #[arg(long, default_value_t = 30)]
     pub steps: u64,
@@ -203,10 +207,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
-    let rounds = if args.train { Some(args.steps) } else { None };
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, &args.export_to, rounds) => r,
+            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args) => r,
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {

@@ -57,8 +57,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: ViewArgs) -> Result<()> {
             listener,
             tokens(&args.tokenizer),
         )
-        .await
-        .with_context(|| format!("cannot read the log at {}", args.broker.brokers))?;
+        .await?;
         let url = format!("http://{}", viewer.addr());
         let page = match &args.run {
             Some(run) => format!("{url}/runs/{run}"),

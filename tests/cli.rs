@@ -329,3 +329,111 @@ fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
     );
     assert!(!to.path().join("plain").exists(), "nothing written");
 }
+
+/// With no broker, a command says so in one line (not librdkafka's hundreds,
+/// one per reconnect attempt) and exits 2: trouble, not a difference.
+#[test]
+fn a_command_with_no_broker_says_so_once_and_exits_2() {
+    let dead = free_local_addr().to_string();
+    for args in [
+        &["report", "--run", "r"][..],
+        &["replay", "show", "--run", "r"][..],
+        &["topics", "create"][..],
+    ] {
+        let started = std::time::Instant::now();
+        let out = forgelog()
+            .args(args)
+            .args(["--brokers", &dead])
+            .env_remove("RUST_LOG")
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("the broker at {dead} cannot be reached")),
+            "{args:?}: {err}"
+        );
+        assert!(err.lines().count() <= 3, "{args:?} said too much:\n{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// `-q` keeps only errors; `-v` adds what a command does.
+#[test]
+fn verbosity_flags_choose_the_log_level() {
+    let dead = free_local_addr().to_string();
+    let quiet = forgelog()
+        .args(["-q", "report", "--run", "r", "--brokers", &dead])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&quiet.stderr);
+    assert!(!err.contains(" WARN ") && !err.contains(" INFO "), "{err}");
+    let clash = forgelog()
+        .args(["-q", "-v", "topics", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(clash.status.code(), Some(2));
+}
+
+/// `--json` says what the text says, in a form a script reads.
+#[test]
+fn json_output_says_what_the_text_says() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let list = |json: bool| {
+        let out = forgelog()
+            .args(["topics", "list", "--brokers", &config.brokers])
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let topics: Vec<serde_json::Value> = serde_json::from_str(&list(true)).unwrap();
+    let table = list(false);
+    assert!(topics.iter().any(|t| t["name"] == "forgelog.calls"));
+    for t in &topics {
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == t["name"].as_str())
+            .unwrap_or_else(|| panic!("{t} not in\n{table}"));
+        let partitions: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(t["partitions"].as_u64(), Some(partitions), "{line}");
+    }
+
+    let spool = tempfile::tempdir().unwrap();
+    rt.block_on(async {
+        let p = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
+        p.send(&Event::from(call_finished(
+            &unique_run_id("json"),
+            "s",
+            0,
+            3,
+            2,
+        )))
+        .unwrap();
+        p.close(Duration::from_secs(30)).await.unwrap();
+    });
+    let out = forgelog()
+        .args(["spool", "status", "--json", "--dir"])
+        .arg(spool.path())
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&status["pending"], &status["in_use"], &status["parked"]),
+        (&0.into(), &false.into(), &serde_json::json!([])),
+        "{status}"
+    );
+    assert!(status["acked_through"].as_u64() >= Some(1), "{status}");
+}

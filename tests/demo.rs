@@ -31,7 +31,15 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
     let data = home.path().join("data");
     let run = unique_run_id("demo");
     let out = forgelog()
-        .args(["up", "--demo", "--brokers", &config.brokers, "--run", &run])
+        .args([
+            "up",
+            "--demo",
+            "--json",
+            "--brokers",
+            &config.brokers,
+            "--run",
+            &run,
+        ])
         .args(["--engine-listen", &free_local_addr().to_string()])
         .args(["--proxy-listen", &free_local_addr().to_string()])
         .arg("--home")
@@ -40,9 +48,13 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
         .arg(&data)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let json = String::from_utf8_lossy(&out.stdout).to_string();
+    // With --json the words (the table among them) go to stderr.
+    let stdout = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{json}\n{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(summary["run"], run.as_str());
 
     // 2 dialects × 2 tasks, 4 rollouts a group; every rollout made 1..=4 calls
     // and got a tree and a verifier reward; every group became a GRPO batch.
@@ -56,6 +68,11 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
     assert_eq!(total[7], 4.0, "groups: {stdout}");
     for harness in ["demo-openai-chat", "demo-anthropic"] {
         assert_eq!(row(&stdout, harness)[0], 8.0, "{stdout}");
+        // The JSON says what the table says.
+        let r = &summary["by_harness"][harness];
+        let table = row(&stdout, harness);
+        assert_eq!(r["rollouts"].as_f64(), Some(table[0]), "{json}");
+        assert_eq!(r["model_calls"].as_f64(), Some(table[1]), "{json}");
     }
 
     // The run re-derives identically from its recorded inputs.
@@ -71,6 +88,28 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&rebuilt.stdout);
+    let rebuilt_json = forgelog()
+        .args([
+            "replay",
+            "rebuild",
+            "--json",
+            "--run",
+            &run,
+            "--brokers",
+            &config.brokers,
+        ])
+        .output()
+        .unwrap();
+    let verdict: serde_json::Value = serde_json::from_slice(&rebuilt_json.stdout).unwrap();
+    assert_eq!(
+        (
+            &verdict["identical"],
+            &verdict["trajectories"],
+            &verdict["batches"]
+        ),
+        (&true.into(), &16.into(), &4.into()),
+        "{verdict}"
+    );
     // The table's tool calls are the trees' (read back from the log here).
     let tail = forgelog()
         .args([
@@ -138,5 +177,9 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
     assert!(
         stdout.contains(&format!("SFT export: {rows} rows")),
         "{stdout}"
+    );
+    assert_eq!(
+        summary["export"]["manifest"]["rows"], manifest["rows"],
+        "{json}"
     );
 }

@@ -98,8 +98,9 @@ fn rebuild_names_the_field_of_an_edited_trajectory() {
     produce(&config, &[inputs, outputs].concat());
 
     let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
-    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    // A difference exits 1, like diff (trouble exits 2).
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("differs: TrajectoryBuilt") && err.contains(&edited_id),
         "{err}"

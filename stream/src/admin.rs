@@ -28,11 +28,22 @@ impl Default for TopicLayout {
 pub enum AdminError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Unreachable(#[from] crate::consumer::Unreachable),
     #[error("creating {topic}: {code}")]
     Create {
         topic: String,
         code: RDKafkaErrorCode,
     },
+}
+
+impl AdminError {
+    fn of(config: &StreamConfig, e: rdkafka::error::KafkaError) -> AdminError {
+        match crate::consumer::unreachable(&config.brokers, &e) {
+            Some(u) => u.into(),
+            None => e.into(),
+        }
+    }
 }
 
 /// Creates every forgelog topic that does not exist yet, with infinite retention
@@ -42,6 +53,12 @@ pub async fn create_topics(
     layout: &TopicLayout,
 ) -> Result<Vec<String>, AdminError> {
     let admin: AdminClient<DefaultClientContext> = config.client("forgelog-admin").create()?;
+    // Metadata first: it tells a broker that is down from a slow one (an
+    // admin request only times out).
+    admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| AdminError::of(config, e))?;
     let new: Vec<NewTopic> = Topic::ALL
         .iter()
         .map(|t| {
@@ -54,9 +71,16 @@ pub async fn create_topics(
             .set("retention.bytes", "-1")
         })
         .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    // The request's own limit too: with no broker it would wait for one forever.
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(15)));
+    let results = admin
+        .create_topics(&new, &opts)
+        .await
+        .map_err(|e| AdminError::of(config, e))?;
     let mut created = Vec::new();
-    for result in admin.create_topics(&new, &opts).await? {
+    for result in results {
         match result {
             Ok(name) => created.push(name),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -67,7 +91,7 @@ pub async fn create_topics(
 }
 
 /// A topic as the broker describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TopicInfo {
     pub name: String,
     pub partitions: usize,
@@ -80,12 +104,16 @@ pub fn list_topics(config: &StreamConfig) -> Result<Vec<TopicInfo>, AdminError> 
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let c: BaseConsumer = config.consumer("forgelog-admin").create()?;
     let timeout = Duration::from_secs(10);
-    let md = c.fetch_metadata(None, timeout)?;
+    let md = c
+        .fetch_metadata(None, timeout)
+        .map_err(|e| AdminError::of(config, e))?;
     let mut out = Vec::new();
     for t in md.topics() {
         let mut messages = 0;
         for p in t.partitions() {
-            let (lo, hi) = c.fetch_watermarks(t.name(), p.id(), timeout)?;
+            let (lo, hi) = c
+                .fetch_watermarks(t.name(), p.id(), timeout)
+                .map_err(|e| AdminError::of(config, e))?;
             messages += hi - lo;
         }
         out.push(TopicInfo {

@@ -30,10 +30,30 @@ fn broker_unreachable(e: &rdkafka::error::KafkaError) -> bool {
     )
 }
 
+/// The broker cannot be reached: said once, in words, naming where it was looked for.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the broker at {brokers} cannot be reached ({reason}); is it running? (`forgelog broker`; --brokers or FORGELOG_BROKERS say where)")]
+pub struct Unreachable {
+    pub brokers: String,
+    pub reason: String,
+}
+
+/// `e` as [`Unreachable`] when it says the broker at `brokers` cannot be reached.
+pub(crate) fn unreachable(brokers: &str, e: &rdkafka::error::KafkaError) -> Option<Unreachable> {
+    broker_unreachable(e).then(|| Unreachable {
+        brokers: brokers.to_string(),
+        reason: e
+            .rdkafka_error_code()
+            .map_or_else(|| e.to_string(), |c| c.to_string()),
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumeError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
     #[error("{0}")]
     Broker(String),
 }
@@ -99,9 +119,18 @@ pub struct ReplayReader {
     /// reading one they would queue behind its fetch long-polls.
     meta: BaseConsumer,
     timeout: Duration,
+    brokers: String,
 }
 
 impl ReplayReader {
+    /// A metadata query's error, in words where the broker is unreachable.
+    fn meta_error(&self, e: rdkafka::error::KafkaError) -> ConsumeError {
+        match unreachable(&self.brokers, &e) {
+            Some(u) => u.into(),
+            None => e.into(),
+        }
+    }
+
     pub fn new(config: &StreamConfig) -> Result<ReplayReader, ConsumeError> {
         let mut reading = config.consumer("forgelog-replay");
         // Bounded reads want what is there now, not to wait for more.
@@ -110,12 +139,16 @@ impl ReplayReader {
             consumer: reading.create()?,
             meta: config.consumer("forgelog-replay-meta").create()?,
             timeout: Duration::from_secs(10),
+            brokers: config.brokers.clone(),
         })
     }
 
     /// Partition ids of `topic`, sorted.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
-        let md = self.meta.fetch_metadata(Some(topic), self.timeout)?;
+        let md = self
+            .meta
+            .fetch_metadata(Some(topic), self.timeout)
+            .map_err(|e| self.meta_error(e))?;
         let t = md
             .topics()
             .first()
@@ -139,14 +172,17 @@ impl ReplayReader {
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<(), ConsumeError> {
         for partition in self.partitions(topic)? {
-            let (lo, hi) = self.meta.fetch_watermarks(topic, partition, self.timeout)?;
+            let (lo, hi) = self.watermarks(topic, partition)?;
             let from = match start {
                 StartAt::Beginning => lo,
                 StartAt::Offset(o) => o.clamp(lo, hi),
                 StartAt::Timestamp(ms) => {
                     let mut q = TopicPartitionList::new();
                     q.add_partition_offset(topic, partition, Offset::Offset(ms))?;
-                    let found = self.meta.offsets_for_times(q, self.timeout)?;
+                    let found = self
+                        .meta
+                        .offsets_for_times(q, self.timeout)
+                        .map_err(|e| self.meta_error(e))?;
                     match found.find_partition(topic, partition).map(|e| e.offset()) {
                         Some(Offset::Offset(o)) => o,
                         _ => hi,
@@ -171,15 +207,14 @@ impl ReplayReader {
     /// Low and high watermarks of one partition: the first offset still kept,
     /// and the offset the next message will get.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), ConsumeError> {
-        Ok(self.meta.fetch_watermarks(topic, partition, self.timeout)?)
+        self.meta
+            .fetch_watermarks(topic, partition, self.timeout)
+            .map_err(|e| self.meta_error(e))
     }
 
     /// High watermark (the offset the next message will get) of one partition.
     pub fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
-        Ok(self
-            .meta
-            .fetch_watermarks(topic, partition, self.timeout)?
-            .1)
+        Ok(self.watermarks(topic, partition)?.1)
     }
 
     /// Calls `f` with the messages of one partition in `[from, to)`, in offset

@@ -18,7 +18,7 @@ pub use config::{
     env_properties, parse_properties, PropertiesError, StreamConfig, MAX_EVENT_BYTES,
     MAX_MESSAGE_BYTES, PROPERTIES_ENV,
 };
-pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt};
+pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt, Unreachable};
 pub use forgelog_schemas::Received;
 pub use log::{newest_policy, EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, models_dir, shutdown_signal, DEFAULT_BROKERS};

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// One (version, harness) row.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct VersionRow {
     /// `None`: the engine reported no version.
     pub version: Option<i64>,
@@ -32,14 +32,14 @@ impl VersionRow {
 }
 
 /// A published version and the training step that made it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Published {
     pub version: i64,
     pub step: i64,
     pub metrics: BTreeMap<String, f64>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Report {
     pub rows: Vec<VersionRow>,
     pub published: Vec<Published>,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// One row of the table: one harness, or the total.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Row {
     pub rollouts: usize,
     pub model_calls: usize,
@@ -34,7 +34,7 @@ impl Row {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct RunSummary {
     pub by_harness: BTreeMap<String, Row>,
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 const DIR: &str = "parked";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ParkedRecord {
     pub seq: u64,
     pub topic: String,

@@ -6,7 +6,7 @@ use super::{Checkpoint, ParkedRecord, SpoolError, LOCK_FILE};
 use std::fs::{self, File};
 use std::path::Path;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SpoolStatus {
     /// Records written and not yet acknowledged by the broker.
     pub pending: u64,
