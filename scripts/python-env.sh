@@ -21,4 +21,11 @@ for pin in "${PINS[@]}"; do
     break
   fi
 done
-echo "setup: python venv ready at $VENV (${PINS[*]})" >&2
+# harbor: its ATIF models (harbor.models.trajectories, pydantic only) check `export atif`.
+# The package asks for Python 3.12 and a server's worth of dependencies those models
+# do not import, so it goes in alone.
+HARBOR=harbor==0.26.0
+if ! grep -qixF "$HARBOR" <<<"$installed"; then
+  "$VENV/bin/python3" -m pip install --quiet --disable-pip-version-check --no-deps --ignore-requires-python "$HARBOR"
+fi
+echo "setup: python venv ready at $VENV (${PINS[*]} $HARBOR)" >&2

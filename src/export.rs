@@ -1,5 +1,6 @@
 //! `forgelog export sft`: a run as a supervised fine-tuning dataset;
 //! `forgelog export rl`: its groups for offline RL and preference tuning;
+//! `forgelog export atif`: its rollouts as ATIF trajectories (Harbor's format);
 //! `forgelog export model`: a trained version as a Hugging Face model folder.
 
 use crate::BrokerArgs;
@@ -46,6 +47,24 @@ pub enum ExportAction {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Each rollout as an ATIF trajectory (Harbor's Agent Trajectory Interchange
+    /// Format): steps with their messages, tool calls and results, and per sampled
+    /// turn the exact token ids and logprobs; sub-agents embedded
+    ///
+    /// Example: forgelog export atif --run run-1 --to ./run-1-atif
+    Atif {
+        /// The run to export
+        #[arg(long, env = "FORGELOG_RUN")]
+        run: String,
+        /// Destination: a directory path, file:///abs/dir, or s3://bucket/prefix
+        #[arg(long)]
+        to: String,
+        /// Only rollouts whose verifier ran and gave a reward above 0
+        #[arg(long)]
+        only_successful: bool,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
     /// A policy version a run's trainer published, as a Hugging Face model folder
     /// (config, tokenizer with its chat template, generation config, weights) that
     /// `transformers` and vLLM load
@@ -84,6 +103,18 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
         ExportAction::Rl { run, to, broker } => {
             (export::ExportKind::Rl, run, to, Default::default(), broker)
         }
+        ExportAction::Atif {
+            run,
+            to,
+            only_successful,
+            broker,
+        } => {
+            let filter = export::ExportFilter {
+                only_successful,
+                min_reward: None,
+            };
+            (export::ExportKind::Atif, run, to, filter, broker)
+        }
         ExportAction::Model {
             run,
             version,
@@ -108,12 +139,16 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
     for path in written {
         println!("{path}");
     }
+    let unit = match kind {
+        export::ExportKind::Atif => "trajectories",
+        _ => "rows",
+    };
     eprintln!(
-        "exported {} rows ({} filtered out){}",
+        "exported {} {unit} ({} filtered out){}",
         manifest.rows.values().sum::<usize>(),
         manifest.filtered_out,
         match kind {
-            export::ExportKind::Sft => String::new(),
+            export::ExportKind::Sft | export::ExportKind::Atif => String::new(),
             export::ExportKind::Rl => format!(
                 ", {} DPO pairs, {} KTO examples",
                 manifest.dpo_pairs.unwrap_or_default(),

@@ -368,3 +368,81 @@ fn the_engine_reloads_a_checkpoint_from_s3() {
         assert_eq!(models["data"][0]["policy_version"], 3);
     });
 }
+
+/// `forgelog export atif`: every rollout of the recorded SmolLM2 run is one
+/// trajectory that Harbor's own ATIF models load, and every sampled turn in it
+/// carries the exact token ids and logprobs the log recorded.
+#[test]
+fn atif_export_loads_with_harbors_models_and_keeps_every_sampled_token() {
+    use forgelog_schemas::Event;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(testing::shared_broker());
+    let run_id = testing::unique_run_id("atif");
+    let events = support::recorded(&run_id);
+    rt.block_on(testing::produce(&config, &events));
+    let out_dir = tempfile::tempdir().unwrap();
+    let to = out_dir.path().join("atif");
+    run(Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "export",
+            "atif",
+            "--run",
+            &run_id,
+            "--brokers",
+            &config.brokers,
+            "--to",
+        ])
+        .arg(&to));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/atif_check.py");
+    let checked = rt.block_on(testing::python_json(&script, &[to.to_str().unwrap()]));
+    let docs = checked.as_object().unwrap();
+
+    let mut rollouts = BTreeMap::new();
+    let mut rewards = BTreeMap::new();
+    for e in &events {
+        match e {
+            Event::RolloutStarted(s) => {
+                rollouts.insert(s.rollout_id.clone(), s.harness.clone());
+            }
+            Event::TrainingBatch(b) => {
+                for m in &b.members {
+                    rewards.insert(m.rollout_id.clone(), m.reward);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        docs.len(),
+        rollouts.len(),
+        "one trajectory per rollout: {checked}"
+    );
+    for e in &events {
+        let Event::CallFinished(c) = e else { continue };
+        let doc = &docs[&format!("{}/{}", rollouts[&c.rollout_id], c.rollout_id)];
+        assert_eq!(doc["schema_version"], "ATIF-v1.7");
+        assert_eq!(doc["sources"][0], "system", "{doc}");
+        let turn = doc["sampled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["call_index"] == c.call_index)
+            .unwrap_or_else(|| panic!("call {} of {} not in {doc}", c.call_index, c.rollout_id));
+        let ids: Vec<u32> = serde_json::from_value(turn["completion_token_ids"].clone()).unwrap();
+        assert_eq!(ids, c.completion_token_ids);
+        let logprobs: Vec<f32> = serde_json::from_value(turn["logprobs"].clone()).unwrap();
+        assert_eq!(logprobs, c.completion_logprobs);
+        assert_eq!(turn["prompt_tokens"], c.prompt_token_ids.len());
+        assert_eq!(doc["reward"], serde_json::json!(rewards[&c.rollout_id]));
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(to.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["kind"], "atif");
+    let listed: u64 = manifest["rows"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(listed as usize, rollouts.len());
+}

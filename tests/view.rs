@@ -2,26 +2,15 @@
 //! a real browser (headless Chromium): what the pages show is checked against
 //! the log, the pages follow the log live, and a screenshot is kept.
 
-use forgelog_consumers::{rebuild::rebuild, RewardConfig};
-use forgelog_replay_tests::{by_topic, fixture};
+mod support;
+
 use forgelog_schemas::{CallFinished, Event, RolloutStarted};
 use forgelog_stream::testing::{self, free_local_addr, shared_broker, unique_run_id};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The recorded run under a run id of this test's own.
-fn recorded(run: &str) -> Vec<Event> {
-    let relabel = |e: &Event| {
-        let mut v = serde_json::to_value(e).unwrap();
-        v["run_id"] = run.into();
-        serde_json::from_value::<Event>(v).unwrap()
-    };
-    let inputs: Vec<Event> = fixture().unwrap().iter().map(relabel).collect();
-    let derived = rebuild(&by_topic(&inputs), RewardConfig::default());
-    [inputs, derived.trajectories, derived.batches].concat()
-}
+use support::recorded;
 
 struct Viewer(Child, String);
 

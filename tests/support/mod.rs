@@ -29,6 +29,28 @@ fn load_sft(args: &[&str]) -> serde_json::Value {
         .block_on(python_json(&script, &args))
 }
 
+/// The recorded SmolLM2 run (replay-tests' fixture) under run id `run`, with
+/// the trajectories and batches the consumers derive from it, in log order.
+pub fn recorded(run: &str) -> Vec<forgelog_schemas::Event> {
+    use forgelog_consumers::{rebuild::rebuild, RewardConfig};
+    use forgelog_schemas::Event;
+    let relabel = |e: &Event| {
+        let mut v = serde_json::to_value(e).unwrap();
+        v["run_id"] = run.into();
+        serde_json::from_value::<Event>(v).unwrap()
+    };
+    let inputs: Vec<Event> = forgelog_replay_tests::fixture()
+        .unwrap()
+        .iter()
+        .map(relabel)
+        .collect();
+    let derived = rebuild(
+        &forgelog_replay_tests::by_topic(&inputs),
+        RewardConfig::default(),
+    );
+    [inputs, derived.trajectories, derived.batches].concat()
+}
+
 /// The shipped task set.
 pub fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tasks")

@@ -212,7 +212,7 @@ pub fn dataset_card(manifest: &Manifest) -> String {
          string, tool-call arguments a mapping); the Parquet keeps them as `messages_json`.\n\n\
          {rl}`manifest.json` lists the filter, the log offsets read and each file's SHA-256.\n",
         rl = match manifest.kind {
-            ExportKind::Sft => "",
+            ExportKind::Sft | ExportKind::Atif => "",
             ExportKind::Rl => "An RL export keeps every path, scored or not; `dpo.jsonl` holds a DPO pair \
                 per group whose rewards differ (its best rollout `chosen`, its worst `rejected`, after the \
                 `prompt` messages both share) and `kto.jsonl` every scored rollout of such groups \
@@ -228,7 +228,7 @@ pub fn dataset_card(manifest: &Manifest) -> String {
 fn tokens_file(kind: ExportKind) -> &'static str {
     match kind {
         ExportKind::Sft => "sft.parquet",
-        ExportKind::Rl => "paths.parquet",
+        ExportKind::Rl | ExportKind::Atif => "paths.parquet",
     }
 }
 
@@ -252,19 +252,11 @@ pub async fn write(
     rows: &[SftRow],
     manifest: &mut Manifest,
 ) -> Result<Vec<String>, ExportError> {
-    let location = forgelog_stream::store::create(to).map_err(|e| ExportError::Destination {
-        url: to.to_string(),
-        why: e.why,
-    })?;
     let mut by_harness: BTreeMap<&str, Vec<&SftRow>> = BTreeMap::new();
     for r in rows {
         by_harness.entry(&r.harness).or_default().push(r);
     }
-    let mut files = Files {
-        location,
-        written: Vec::new(),
-        sha256: BTreeMap::new(),
-    };
+    let mut files = Files::create(to)?;
     for (harness, rows) in &by_harness {
         let h = harness.to_string();
         manifest.rows.insert(h.clone(), rows.len());
@@ -291,11 +283,24 @@ pub async fn write(
     files
         .put("README.md", dataset_card(manifest).into_bytes())
         .await?;
-    // The manifest lists every other file's checksum, so it cannot hold its own.
-    manifest.sha256 = std::mem::take(&mut files.sha256);
-    let manifest_bytes = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
-    files.put("manifest.json", manifest_bytes).await?;
-    Ok(files.written)
+    files.finish(manifest).await
+}
+
+/// `export atif`: one JSON document per rollout (named `harness/rollout.json`),
+/// then the manifest.
+pub async fn write_documents(
+    to: &str,
+    documents: &[(String, serde_json::Value)],
+    manifest: &mut Manifest,
+) -> Result<Vec<String>, ExportError> {
+    let mut files = Files::create(to)?;
+    for (name, document) in documents {
+        let harness = name.split('/').next().unwrap_or_default();
+        *manifest.rows.entry(harness.to_string()).or_default() += 1;
+        let bytes = serde_json::to_vec_pretty(document).expect("a JSON value serializes");
+        files.put(name, bytes).await?;
+    }
+    files.finish(manifest).await
 }
 
 /// An export's destination and what has been written to it.
@@ -308,6 +313,28 @@ struct Files {
 }
 
 impl Files {
+    fn create(to: &str) -> Result<Files, ExportError> {
+        let location =
+            forgelog_stream::store::create(to).map_err(|e| ExportError::Destination {
+                url: to.to_string(),
+                why: e.why,
+            })?;
+        Ok(Files {
+            location,
+            written: Vec::new(),
+            sha256: BTreeMap::new(),
+        })
+    }
+
+    /// Writes the manifest last: it lists every other file's checksum, so it
+    /// cannot hold its own. Returns every URL written.
+    async fn finish(mut self, manifest: &mut Manifest) -> Result<Vec<String>, ExportError> {
+        manifest.sha256 = std::mem::take(&mut self.sha256);
+        let bytes = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
+        self.put("manifest.json", bytes).await?;
+        Ok(self.written)
+    }
+
     /// Writes `name` under the destination, noting its URL and checksum.
     async fn put(&mut self, name: &str, bytes: Vec<u8>) -> Result<(), ExportError> {
         self.sha256

@@ -12,10 +12,13 @@
 //! a dataset card whose `configs:` make each harness a `load_dataset` config,
 //! and a manifest with counts, checksums and the source offsets.
 
+pub mod atif;
 mod files;
 pub mod rl;
 
-pub use files::{dataset_card, jsonl, parquet, write, ExportError, ROW_GROUP_ROWS};
+pub use files::{
+    dataset_card, jsonl, parquet, write, write_documents, ExportError, ROW_GROUP_ROWS,
+};
 
 use forgelog_dialects::hf::hf_message;
 use forgelog_schemas::{CallFinished, TrajectoryBuilt, UNKNOWN_POLICY_VERSION};
@@ -33,6 +36,8 @@ pub enum ExportKind {
     /// `paths.parquet` (every path, tokens, logprobs, rewards, advantages)
     /// per harness; `dpo.jsonl` and `kto.jsonl` ([`rl`]) for the run.
     Rl,
+    /// One ATIF trajectory per rollout ([`atif`]): `harness/rollout.json`.
+    Atif,
 }
 
 /// Which rows to keep.
@@ -264,6 +269,15 @@ pub async fn export_run(
                 scores.insert(m.rollout_id, score);
             }
         }
+    }
+    if kind == ExportKind::Atif {
+        let (kept, left): (Vec<TrajectoryBuilt>, Vec<TrajectoryBuilt>) = trajectories
+            .into_iter()
+            .partition(|t| filter.keeps(scores.get(&t.rollout_id).and_then(|s| s.reward)));
+        manifest.filtered_out = left.len();
+        let documents = atif::trajectories(&kept, &calls, &scores);
+        let written = write_documents(to, &documents, &mut manifest).await?;
+        return Ok((manifest, written));
     }
     let (rows, filtered_out) = rows(&trajectories, &calls, &scores, &filter);
     manifest.filtered_out = filtered_out;
