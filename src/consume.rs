@@ -22,6 +22,9 @@ pub struct ConsumeArgs {
     /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
     #[arg(long)]
     efficiency_bonus: bool,
+    /// Serve Prometheus metrics (`/metrics`) on this address
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     broker: BrokerArgs,
 }
@@ -45,12 +48,17 @@ pub fn run(rt: &tokio::runtime::Runtime, args: ConsumeArgs) -> Result<()> {
         ..ShellOptions::new(args.state)
     };
     let rewards = RewardConfig::with_efficiency_bonus(args.efficiency_bonus);
-    let stats = rt.block_on(run_consumers(
-        &args.broker.config(),
-        which,
-        &options,
-        rewards,
-    ))?;
+    let stats = rt.block_on(async {
+        let metrics = match args.metrics_listen {
+            Some(addr) => Some(forgelog_http::telemetry::serve(addr).await?),
+            None => None,
+        };
+        let stats = run_consumers(&args.broker.config(), which, &options, rewards).await;
+        if let Some(server) = metrics {
+            server.shutdown(std::time::Duration::from_secs(1)).await;
+        }
+        anyhow::Ok(stats?)
+    })?;
     for (name, stats) in stats {
         eprintln!("{name}: {stats:?}");
     }

@@ -11,6 +11,7 @@ use forgelog_stream::StreamConfig;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod broker;
+mod config;
 mod consume;
 mod demo;
 mod export;
@@ -40,6 +41,9 @@ struct Cli {
     /// Only errors in the log output
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Defaults for train, run and up from this TOML file (default: ./forgelog.toml when present); flags and their environment variables win
+    #[arg(long, global = true, env = "FORGELOG_CONFIG")]
+    config: Option<std::path::PathBuf>,
 }
 
 /// Where the log is: every subcommand that reads or writes it takes these.
@@ -98,6 +102,11 @@ enum Command {
     },
     /// Browse runs in a web page: groups, rollouts, trajectory trees, messages, and sampled tokens coloured by logprob; pages update live
     View(view::ViewArgs),
+    /// Print a shell completion script: `forgelog completions bash > /etc/bash_completion.d/forgelog`
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
     /// Inspect or drain a local spool (events a producer could not hand to the broker yet)
     Spool {
         #[command(subcommand)]
@@ -175,9 +184,27 @@ fn init_logs(verbose: u8, quiet: bool) {
         .init();
 }
 
+/// The command line, with `forgelog.toml`'s defaults where there is one.
+fn parse() -> Result<Cli, config::ConfigError> {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<String> = std::env::args().collect();
+    let mut command = Cli::command();
+    if let Some((path, _)) = config::locate(&args) {
+        command = config::apply(command, &path)?;
+    }
+    let matches = command.get_matches_from(&args);
+    Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+}
+
 fn main() -> std::process::ExitCode {
     use std::process::ExitCode;
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("forgelog: {e}");
+            return ExitCode::from(2);
+        }
+    };
     init_logs(cli.verbose, cli.quiet);
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -214,6 +241,12 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Run(args) => run::run(&rt, *args),
         Command::Report(args) => report::run(args),
         Command::View(args) => view::run(&rt, args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "forgelog", &mut std::io::stdout());
+            Ok(())
+        }
     };
     // A task that ignores its stop signal must not keep a finished command
     // alive (the runtime's drop would wait for it forever).

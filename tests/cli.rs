@@ -437,3 +437,94 @@ fn json_output_says_what_the_text_says() {
     );
     assert!(status["acked_through"].as_u64() >= Some(1), "{status}");
 }
+
+/// `forgelog.toml` in the working directory sets option defaults (shown by
+/// `--help`); a mistake in it is named; completions print for a shell.
+#[test]
+fn a_config_file_sets_defaults_and_completions_print() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("forgelog.toml"),
+        "[train]\nlearning-rate = 3e-6\n",
+    )
+    .unwrap();
+    let help = forgelog()
+        .args(["train", "--help"])
+        .current_dir(dir.path())
+        .env_remove("FORGELOG_CONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("[default: 0.000003]"), "{text}");
+
+    std::fs::write(
+        dir.path().join("forgelog.toml"),
+        "[train]\nlearning-rat = 1\n",
+    )
+    .unwrap();
+    let bad = forgelog()
+        .args(["train", "--help"])
+        .current_dir(dir.path())
+        .env_remove("FORGELOG_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("forgelog.toml: [train] has no option `learning-rat`"),
+        "{err}"
+    );
+
+    let missing = forgelog()
+        .args(["--config", "/no/such/forgelog.toml", "topics", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+
+    let bash = forgelog().args(["completions", "bash"]).output().unwrap();
+    let script = String::from_utf8_lossy(&bash.stdout);
+    assert!(
+        bash.status.success() && script.contains("_forgelog()"),
+        "{script}"
+    );
+    assert!(script.contains("--learning-rate"), "completes options too");
+}
+
+/// `forgelog consume --metrics-listen` serves Prometheus text while it runs.
+#[test]
+fn the_consumers_serve_metrics_when_asked() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let state = tempfile::tempdir().unwrap();
+    let addr = free_local_addr();
+    let mut child = forgelog()
+        .args(["consume", "all", "--metrics-listen", &addr.to_string()])
+        .args(["--brokers", &config.brokers, "--state"])
+        .arg(state.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no /metrics on {addr}"
+        );
+        let got = rt.block_on(async {
+            reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()
+        });
+        match got {
+            Some(text) => break text,
+            None => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(text.contains("# HELP forgelog_build_info "), "{text}");
+    assert!(text.contains("forgelog_build_info{version="), "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

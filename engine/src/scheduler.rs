@@ -175,6 +175,7 @@ impl Loop {
             Command::Swap(model, version, done) => {
                 self.model = *model;
                 self.version.store(version, Ordering::SeqCst);
+                metrics::gauge!("forgelog_engine_policy_version").set(version as f64);
                 let _ = done.send(());
             }
             Command::Generate(request, submitted, reply) => {
@@ -251,6 +252,7 @@ impl Loop {
             match finish(&sequence, &self.stop_token_ids, &self.tokenizer, context) {
                 None => still_active.push(sequence),
                 Some((finish_reason, text)) => {
+                    record_finished(&sequence, &finish_reason);
                     let generation = Generation {
                         tokens: sequence.tokens,
                         logprobs: sequence.logprobs,
@@ -264,7 +266,23 @@ impl Loop {
             }
         }
         self.active = still_active;
+        metrics::gauge!("forgelog_engine_running").set(self.active.len() as f64);
     }
+}
+
+/// A finished generation in the engine's metrics (vLLM's set: tokens,
+/// time to first token, request time, by finish reason).
+fn record_finished(sequence: &Sequence, reason: &FinishReason) {
+    metrics::counter!("forgelog_engine_requests_total", "finish_reason" => reason.openai())
+        .increment(1);
+    metrics::counter!("forgelog_engine_prompt_tokens_total")
+        .increment(sequence.request.prompt.len() as u64);
+    metrics::counter!("forgelog_engine_generation_tokens_total")
+        .increment(sequence.tokens.len() as u64);
+    metrics::histogram!("forgelog_engine_time_to_first_token_seconds")
+        .record(sequence.time_to_first_token.as_secs_f64());
+    metrics::histogram!("forgelog_engine_request_seconds")
+        .record(sequence.submitted.elapsed().as_secs_f64());
 }
 
 /// Prompt tokens fed per step: bounds the attention scores of a long prompt

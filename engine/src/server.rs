@@ -23,8 +23,11 @@ impl IntoResponse for ApiError {
 
 pub fn router(engine: Engine, access: ReloadAccess) -> Router {
     let access = Arc::new(access);
-    Router::new()
+    forgelog_http::telemetry::recorder();
+    forgelog_http::telemetry::routes()
         .route("/healthz", get(|| async { "ok" }))
+        // vLLM's health check: 200 with an empty body once the model serves.
+        .route("/health", get(|| async { "" }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))

@@ -214,4 +214,42 @@ async fn completions_take_token_ids_and_bad_requests_get_openai_errors() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+    // vLLM's health check: 200, empty.
+    let health = reqwest::get(format!("{}/health", server.base))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "");
+
+    // Prometheus: what this test's generations cost, described, as histograms.
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for wanted in [
+        "# HELP forgelog_engine_time_to_first_token_seconds ",
+        "# TYPE forgelog_engine_time_to_first_token_seconds histogram",
+        "forgelog_engine_request_seconds_bucket",
+        "forgelog_engine_requests_total{finish_reason=\"",
+        "forgelog_build_info{version=",
+    ] {
+        assert!(metrics.contains(wanted), "no {wanted} in\n{metrics}");
+    }
+    let counted = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        counted("forgelog_engine_generation_tokens_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        counted("forgelog_engine_prompt_tokens_total") >= 1.0,
+        "{metrics}"
+    );
 }

@@ -4,6 +4,8 @@
 //! (slowloris), and shutting down waits for the requests in flight for a
 //! bounded grace, then closes what is left instead of waiting on it.
 
+pub mod telemetry;
+
 use axum::http::HeaderMap;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};

@@ -13,11 +13,11 @@ pub mod sessions;
 pub mod upstream;
 
 use forgelog_stream::{EventProducer, SpoolOptions, StreamConfig};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use server::{ProxyConfig, ProxyState};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What `forgelog proxy` and `forgelog replay serve` both take: where to listen
@@ -196,16 +196,7 @@ pub enum ProxyError {
 
 /// The process-wide Prometheus recorder (installed once; tests start many proxies).
 pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may be installed already (an embedding program's): then ours only renders.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
+    forgelog_http::telemetry::recorder()
 }
 
 /// Binds with a deep accept backlog: thousands of harnesses may connect at once.

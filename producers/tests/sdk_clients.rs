@@ -94,7 +94,46 @@ async fn openai_responses_sdk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_sdk() {
-    run_client("anthropic_messages.py", "r-anthropic").await;
+    let rig = Rig::start(
+        forgelog_stream::testing::shared_broker().await,
+        Default::default(),
+        "proxy-sdk",
+    )
+    .await;
+    let done = run_client_on(&rig, "anthropic_messages.py", "r-anthropic").await;
+    // What /metrics says of those calls: by dialect and status in the events'
+    // snake_case, with their tokens, every metric described.
+    let metrics = reqwest::get(format!("{}/metrics", rig.proxy.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    let ok = done.iter().filter(|c| c.status == CallStatus::Ok).count();
+    assert_eq!(
+        value("forgelog_proxy_calls_total{dialect=\"anthropic_messages\",status=\"ok\"}"),
+        ok as f64
+    );
+    let sampled: i64 = done.iter().map(|c| c.usage.completion_tokens).sum();
+    assert_eq!(
+        value("forgelog_proxy_completion_tokens_total{dialect=\"anthropic_messages\"}"),
+        sampled as f64
+    );
+    assert!(metrics.contains("# TYPE forgelog_proxy_upstream_seconds histogram"));
+    for line in metrics.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split_whitespace().nth(2).unwrap();
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "no help for {name}"
+        );
+    }
 }
 
 /// Gemini over raw HTTP: generateContent with a function call, the function's

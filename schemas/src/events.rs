@@ -18,6 +18,19 @@ pub enum Dialect {
     Unknown,
 }
 
+impl Dialect {
+    /// The snake_case name the events use (and metrics label with).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::OpenaiChat => "openai_chat",
+            Dialect::OpenaiResponses => "openai_responses",
+            Dialect::AnthropicMessages => "anthropic_messages",
+            Dialect::Gemini => "gemini",
+            Dialect::Unknown => "unknown",
+        }
+    }
+}
+
 /// How a call ended, from the harness's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,6 +43,19 @@ pub enum CallStatus {
     /// The session's call budget was spent; the proxy answered with a final message.
     BudgetStop,
     Unknown,
+}
+
+impl CallStatus {
+    /// The snake_case name the events use (and metrics label with).
+    pub fn name(self) -> &'static str {
+        match self {
+            CallStatus::Ok => "ok",
+            CallStatus::ClientError => "client_error",
+            CallStatus::UpstreamError => "upstream_error",
+            CallStatus::BudgetStop => "budget_stop",
+            CallStatus::Unknown => "unknown",
+        }
+    }
 }
 
 /// Sampling parameters, as the harness asked for them or as the proxy sent them upstream.
@@ -290,4 +316,32 @@ pub struct DeadLetter {
     #[serde(with = "crate::packed")]
     pub value: Vec<u8>,
     pub reason: String,
+}
+
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    /// Metric labels and the events spell dialects and statuses alike.
+    #[test]
+    fn names_are_the_serialized_ones() {
+        for d in [
+            Dialect::OpenaiChat,
+            Dialect::OpenaiResponses,
+            Dialect::AnthropicMessages,
+            Dialect::Gemini,
+            Dialect::Unknown,
+        ] {
+            assert_eq!(serde_json::to_value(d).unwrap(), d.name());
+        }
+        for s in [
+            CallStatus::Ok,
+            CallStatus::ClientError,
+            CallStatus::UpstreamError,
+            CallStatus::BudgetStop,
+            CallStatus::Unknown,
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+        }
+    }
 }

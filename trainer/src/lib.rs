@@ -126,6 +126,9 @@ pub struct TrainArgs {
     /// The producer spool; default `.forgelog/trainer-spool/RUN`.
     #[arg(long)]
     pub spool: Option<PathBuf>,
+    /// Serve Prometheus metrics (`/metrics`) on this address
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// `--normalisation`: one of [`Normalisation::NAMES`], listed in `--help`.
@@ -192,8 +195,19 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
         .unwrap_or_else(|| PathBuf::from(".forgelog/trainer-spool").join(&args.run));
     let producer = EventProducer::start(&stream, spool, Default::default())?;
     let reader = ReplayReader::new(&stream)?;
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(
+            forgelog_http::telemetry::serve(addr)
+                .await
+                .map_err(|e| TrainError::Invalid(format!("--metrics-listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     let trained = train(&args, &reader, &producer).await;
     producer.close(Duration::from_secs(600)).await?;
+    if let Some(server) = metrics {
+        server.shutdown(Duration::from_secs(1)).await;
+    }
     trained
 }
 
@@ -331,6 +345,7 @@ pub async fn train(
             continue;
         }
         let batches = assembler.take();
+        let started = std::time::Instant::now();
         let (mut moved, metrics) = tokio::task::spawn_blocking(move || {
             let metrics = learner.train_step(&batches);
             (learner, metrics)
@@ -339,6 +354,11 @@ pub async fn train(
         .map_err(|e| TrainError::Invalid(e.to_string()))?;
         let metrics = metrics?;
         steps_here += 1;
+        ::metrics::counter!("forgelog_trainer_steps_total").increment(1);
+        ::metrics::histogram!("forgelog_trainer_step_seconds")
+            .record(started.elapsed().as_secs_f64());
+        ::metrics::gauge!("forgelog_trainer_loss").set(metrics.loss);
+        ::metrics::counter!("forgelog_trainer_tokens_total").increment(metrics.tokens as u64);
         tracing::info!(
             step = moved.step,
             loss = metrics.loss,
@@ -366,6 +386,7 @@ pub async fn train(
                 metrics: values,
             }))?;
             sink.flush(Duration::from_secs(600)).await?;
+            ::metrics::gauge!("forgelog_trainer_policy_version").set(moved.version as f64);
         }
         learner = moved;
     }

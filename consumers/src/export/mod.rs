@@ -191,6 +191,26 @@ pub fn rows(
     (out, filtered_out)
 }
 
+/// One tree per rollout, in log order: a rollout's tree may be in the log
+/// more than once (a consumer that stopped between its output and its
+/// commit, a second consumer group over the same topics), and the last one
+/// read stands.
+pub fn latest_per_rollout(trajectories: Vec<TrajectoryBuilt>) -> Vec<TrajectoryBuilt> {
+    let last: BTreeMap<&str, usize> = trajectories
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.rollout_id.as_str(), i))
+        .collect();
+    let keep: Vec<bool> = (0..trajectories.len())
+        .map(|i| last[trajectories[i].rollout_id.as_str()] == i)
+        .collect();
+    trajectories
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(t, keep)| keep.then_some(t))
+        .collect()
+}
+
 /// The call's request messages followed by its answer, as Hugging Face
 /// templates read them; its tools, if any.
 fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
@@ -251,13 +271,15 @@ pub async fn export_run(
         .collect();
     // Each call's chat form whole again (stored relative to earlier calls, v5).
     forgelog_schemas::compact::expand_finished(&mut calls);
-    let trajectories: Vec<TrajectoryBuilt> = read(Topic::Trajectories)?
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::TrajectoryBuilt(t) => Some(t),
-            _ => None,
-        })
-        .collect();
+    let trajectories = latest_per_rollout(
+        read(Topic::Trajectories)?
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::TrajectoryBuilt(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+    );
     let mut scores = BTreeMap::new();
     for e in read(Topic::Batches)? {
         if let Event::TrainingBatch(b) = e {

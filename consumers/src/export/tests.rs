@@ -229,3 +229,27 @@ fn the_dataset_card_makes_each_harness_a_config() {
         "no JSONL rows, no config"
     );
 }
+
+/// A tree that is in the log twice (a second consumer group, a restart
+/// between output and commit) is exported once: the last one read.
+#[test]
+fn a_rollout_in_the_log_twice_is_exported_once() {
+    let (trajectories, _) = run();
+    let n = trajectories.len();
+    let mut again = trajectories[0].clone();
+    again.calls += 100; // tell the copies apart
+    let doubled: Vec<TrajectoryBuilt> = trajectories
+        .iter()
+        .cloned()
+        .chain([again.clone()])
+        .chain(trajectories.iter().skip(1).cloned())
+        .collect();
+    let kept = latest_per_rollout(doubled);
+    assert_eq!(kept.len(), n);
+    let ids: Vec<&str> = kept.iter().map(|t| t.rollout_id.as_str()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), n, "{ids:?}");
+    assert_eq!(kept[0], again, "the last copy stands, where it was read");
+}

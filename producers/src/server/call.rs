@@ -146,9 +146,13 @@ impl Call {
         if !self.st.calls_in_flight.end(&self.session.id, self.index) {
             return; // recorded as interrupted by the shutdown
         }
-        let status = format!("{:?}", event.status);
-        metrics::counter!("forgelog_proxy_calls_total", "dialect" => format!("{:?}", self.dialect), "status" => status)
+        let dialect = self.dialect.name();
+        metrics::counter!("forgelog_proxy_calls_total", "dialect" => dialect, "status" => event.status.name())
             .increment(1);
+        metrics::counter!("forgelog_proxy_prompt_tokens_total", "dialect" => dialect)
+            .increment(event.usage.prompt_tokens.max(0) as u64);
+        metrics::counter!("forgelog_proxy_completion_tokens_total", "dialect" => dialect)
+            .increment(event.usage.completion_tokens.max(0) as u64);
         let sampled = event.completion_token_ids.len();
         if self.st.send_call(&self.session, event.into()) {
             self.session.call_finished(sampled);
