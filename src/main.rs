@@ -63,8 +63,14 @@ impl BrokerArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Start forgelog on the embedded default: local broker, engine (SmolLM2), capture proxy and consumers, with a session key per dialect and a status line until Ctrl-C
+    #[command(
+        after_help = "Examples:\n  forgelog up                              # serve the embedded default until Ctrl-C\n  forgelog up --demo                       # the built-in demo: rollouts, trees, groups, an SFT export\n  forgelog up --demo --train --steps 30    # the closed loop, learning, on CPU"
+    )]
     Up(up::UpArgs),
     /// Run the local Kafka-protocol broker (tansu) in the foreground, installing it if missing
+    #[command(
+        after_help = "Example:\n  forgelog broker --data .forgelog/broker --listen 127.0.0.1:9092"
+    )]
     Broker(broker::BrokerCmd),
     /// Create or list the log's topics
     Topics {
@@ -72,14 +78,27 @@ enum Command {
         action: topics::TopicsAction,
     },
     /// Print a topic's events as JSON lines
+    #[command(
+        after_help = "Example:\n  forgelog tail forgelog.calls --from-beginning --run demo-1"
+    )]
     Tail(tail::TailArgs),
     /// Run the stream consumers: trajectory trees, and the reward join into GRPO groups
+    #[command(
+        after_help = "Example:\n  forgelog consume all --state .forgelog/consumers --metrics-listen 127.0.0.1:9464"
+    )]
     Consume(consume::ConsumeArgs),
     /// The candle inference server: sampled token ids and logprobs the way vLLM returns them
+    #[command(after_help = "Example:\n  forgelog engine --model smollm2 --listen 127.0.0.1:8000")]
     Engine(forgelog_engine::EngineArgs),
     /// The capture proxy: harness dialects in, engine out, every call recorded
+    #[command(
+        after_help = "Example:\n  forgelog proxy --upstream http://127.0.0.1:8000 --run-id my-run"
+    )]
     Proxy(forgelog_producers::ProxyArgs),
     /// The GRPO learner: trains on forgelog.batches, publishes policies the engine reloads
+    #[command(
+        after_help = "Example:\n  forgelog train --run my-run --model smollm2 --learning-rate 1e-6 --metrics-listen 127.0.0.1:9465"
+    )]
     Train(forgelog_trainer::TrainArgs),
     /// Re-derive a run from the log and compare, or show its trajectory trees
     Replay {
@@ -92,8 +111,12 @@ enum Command {
         action: export::ExportAction,
     },
     /// Run every task with every harness in GRPO groups, one sandbox per rollout, through the capture proxy; resumes an existing --run
+    #[command(
+        after_help = "Examples:\n  forgelog run deploy/tasks --harness mini-swe-agent --group-size 8\n  forgelog run deploy/tasks --harness claude-code,codex --train"
+    )]
     Run(Box<run::RunArgs>),
     /// What happened in a run, per policy version and harness, and each published version's training step
+    #[command(after_help = "Example:\n  forgelog report --run demo-1")]
     Report(report::ReportArgs),
     /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
     Tasks {
@@ -102,7 +125,10 @@ enum Command {
     },
     /// Browse runs in a web page: groups, rollouts, trajectory trees, messages, and sampled tokens coloured by logprob; pages update live
     View(view::ViewArgs),
-    /// Print a shell completion script: `forgelog completions bash > /etc/bash_completion.d/forgelog`
+    /// Print a shell completion script
+    #[command(
+        after_help = "Example:\n  forgelog completions bash > ~/.local/share/bash-completion/completions/forgelog"
+    )]
     Completions {
         /// The shell
         shell: clap_complete::Shell,
@@ -145,7 +171,7 @@ fn describe(e: &anyhow::Error) -> String {
 /// Logs go to stderr at the level `-v`/`-q` ask for, or as `RUST_LOG` says.
 /// librdkafka repeats a failure once per reconnect attempt (hundreds of lines
 /// while a broker is down): its lines pass at most once per 30 seconds.
-fn init_logs(verbose: u8, quiet: bool) {
+fn init_logs(verbose: u8, quiet: bool, command: &Command) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use tracing_subscriber::prelude::*;
     let level = match (quiet, verbose) {
@@ -154,6 +180,11 @@ fn init_logs(verbose: u8, quiet: bool) {
         (false, 1) => "info",
         (false, 2) => "debug",
         _ => "trace",
+    };
+    // `train` says each step by default: a run of it is hours of nothing otherwise.
+    let level = match (level, command) {
+        ("warn", Command::Train(_)) => "warn,forgelog_trainer=info",
+        (level, _) => level,
     };
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
@@ -205,7 +236,7 @@ fn main() -> std::process::ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logs(cli.verbose, cli.quiet);
+    init_logs(cli.verbose, cli.quiet, &cli.command);
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<Found>() {
@@ -295,5 +326,29 @@ mod tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "forgelog", &mut missing);
         assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    /// Every subcommand a user runs shows an example in its `--help`.
+    #[test]
+    fn every_subcommand_has_an_example() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let subs: Vec<&clap::Command> = cmd
+                .get_subcommands()
+                .filter(|s| s.get_name() != "help")
+                .collect();
+            if subs.is_empty() {
+                let mut cmd = cmd.clone();
+                let help = cmd.render_long_help().to_string();
+                if !help.contains("Example") {
+                    missing.push(path.to_string());
+                }
+            }
+            for sub in subs {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "forgelog", &mut missing);
+        assert!(missing.is_empty(), "no example in: {}", missing.join(", "));
     }
 }

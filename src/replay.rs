@@ -9,6 +9,7 @@ use forgelog_stream::ReplayReader;
 #[derive(clap::Subcommand)]
 pub enum ReplayAction {
     /// Re-derive trajectories and batches from calls, rollouts and rewards; compare with the output topics
+    #[command(after_help = "Example:\n  forgelog replay rebuild --run demo-1 --json")]
     Rebuild {
         /// The recorded run
         #[arg(long, env = "FORGELOG_RUN")]
@@ -23,8 +24,12 @@ pub enum ReplayAction {
         broker: BrokerArgs,
     },
     /// A proxy answering from a recorded run instead of the engine: a re-running harness gets the recorded responses call by call
+    #[command(
+        after_help = "Example:\n  forgelog replay serve --run demo-1 --listen 127.0.0.1:8100"
+    )]
     Serve(forgelog_producers::ReplayServeArgs),
     /// Print a run's trajectory trees: branches, discarded retries, sub-agent roots, mask spans, rewards
+    #[command(after_help = "Example:\n  forgelog replay show --run demo-1 --rollout demo-1-g0-r0")]
     Show {
         /// The recorded run
         #[arg(long, env = "FORGELOG_RUN")]

@@ -9,6 +9,7 @@ use std::time::Duration;
 #[derive(clap::Subcommand)]
 pub enum SpoolAction {
     /// Send everything in the spool to the broker, then exit
+    #[command(after_help = "Example:\n  forgelog spool drain --dir .forgelog/proxy-spool")]
     Drain {
         /// The spool directory (a proxy's --spool)
         #[arg(long)]
@@ -20,6 +21,7 @@ pub enum SpoolAction {
         broker: BrokerArgs,
     },
     /// Show how many events wait in the spool
+    #[command(after_help = "Example:\n  forgelog spool status --dir .forgelog/proxy-spool --json")]
     Status {
         /// The spool directory (a proxy's --spool)
         #[arg(long)]

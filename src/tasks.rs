@@ -12,6 +12,7 @@ use std::time::Instant;
 pub enum TasksAction {
     /// Run each task's solution/solve.sh in the task's image, then its tests/test.sh;
     /// exits 1 unless every solution scores 1
+    #[command(after_help = "Example:\n  forgelog tasks check deploy/tasks --task count-lines")]
     Check {
         /// A directory of Harbor-style task directories (e.g. deploy/tasks)
         dir: PathBuf,

@@ -8,6 +8,9 @@ use forgelog_stream::admin::{self, TopicLayout};
 #[derive(clap::Subcommand)]
 pub enum TopicsAction {
     /// Create every forgelog topic that is missing (infinite retention)
+    #[command(
+        after_help = "Example:\n  forgelog topics create --partitions 6 --brokers kafka:9092"
+    )]
     Create {
         /// Partitions per topic (the most consumers of one group that share a topic)
         #[arg(long, default_value_t = 3)]
@@ -19,6 +22,7 @@ pub enum TopicsAction {
         broker: BrokerArgs,
     },
     /// List topics with their partition and message counts
+    #[command(after_help = "Example:\n  forgelog topics list --json")]
     List {
         /// One JSON array of {name, partitions, messages} instead of the table
         #[arg(long)]
