@@ -102,6 +102,17 @@ pub struct ReplayServeArgs {
     /// The recorded run to answer from
     #[arg(long)]
     pub run: String,
+    /// Answer every call from the recording, even one that differs, and report
+    /// how it differed: explained where only volatile fields did (dates, UUIDs,
+    /// temporary paths, versions, hashes, --volatile)
+    #[arg(long)]
+    pub lenient: bool,
+    /// A regular expression for more volatile text (with --lenient; repeatable)
+    #[arg(long, requires = "lenient")]
+    pub volatile: Vec<String>,
+    /// Write the replay report (every call that differed) here as JSON on exit
+    #[arg(long)]
+    pub report: Option<PathBuf>,
     #[command(flatten)]
     pub serve: ServeArgs,
 }
@@ -162,7 +173,16 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
             .sum::<usize>(),
     );
     let config = args.config();
-    let proxy = RunningProxy::replay(config.clone(), recording, args.serve.listen).await?;
+    let matching = if args.lenient {
+        let normaliser = replay::Normaliser::with_volatile(&args.volatile)
+            .map_err(|e| ProxyError::Volatile(e.to_string()))?;
+        replay::Matching::Lenient(normaliser)
+    } else {
+        replay::Matching::Strict
+    };
+    let recorded = Arc::new(upstream::RecordedUpstream::new(recording, matching));
+    let proxy =
+        RunningProxy::replay_from(config.clone(), recorded.clone(), args.serve.listen).await?;
     print_admin_token(&args.serve, &config);
     eprintln!(
         "forgelog replay serve on {}: run {} ({sessions} sessions, {calls} calls), nothing recorded\n\
@@ -172,11 +192,29 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
         args.run
     );
     stop.await;
-    proxy.shutdown(Duration::from_secs(1)).await
+    let stopped = proxy.shutdown(Duration::from_secs(1)).await;
+    let report = recorded.report();
+    let explained = report.iter().filter(|e| e.explained).count();
+    eprintln!(
+        "replay report: {} calls differed from the recording ({explained} only in volatile fields, {} not)",
+        report.len(),
+        report.len() - explained
+    );
+    for e in &report {
+        let why = if e.explained { "volatile" } else { "DIFFERS" };
+        eprintln!("  [{why}] {}", e.divergence);
+    }
+    if let Some(path) = &args.report {
+        let json = serde_json::to_vec_pretty(&report).expect("the report serializes");
+        std::fs::write(path, json).map_err(ProxyError::Serve)?;
+    }
+    stopped
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("--volatile: {0}")]
+    Volatile(String),
     #[error("reading the recording: {0}")]
     Log(#[from] forgelog_stream::ConsumeError),
     #[error("run {0} has no recorded sessions in forgelog.rollouts")]
@@ -281,11 +319,21 @@ impl RunningProxy {
         recording: replay::Recording,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
+        let recorded = upstream::RecordedUpstream::new(recording, Default::default());
+        RunningProxy::replay_from(config, Arc::new(recorded), listen).await
+    }
+
+    /// [`RunningProxy::replay`] with the matching and report of `recorded`.
+    pub async fn replay_from(
+        config: ProxyConfig,
+        recorded: Arc<upstream::RecordedUpstream>,
+        listen: SocketAddr,
+    ) -> Result<RunningProxy, ProxyError> {
         let probe = upstream::Probe {
-            model: recording.model.clone(),
+            model: recorded.recording.model.clone(),
             ..Default::default()
         };
-        let upstream = upstream::Upstream::Recorded(Arc::new(recording));
+        let upstream = upstream::Upstream::Recorded(recorded);
         let state = Arc::new(ProxyState::with_upstream(config, upstream, None, probe));
         RunningProxy::serve(state, listen).await
     }

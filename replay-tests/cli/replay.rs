@@ -210,3 +210,106 @@ fn serve_answers_recorded_requests_with_the_recorded_bodies() {
     unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
     assert!(serve.wait().unwrap().success());
 }
+
+/// `replay serve --lenient`: a re-run whose requests differ is answered from
+/// the recording call by call, and the report says how each call differed:
+/// only in what the user marked volatile, or for real.
+#[test]
+fn a_lenient_replay_answers_changed_calls_and_reports_them() {
+    use forgelog_replay_tests::{decode, fixture_dir, RUN as FIXTURE_RUN};
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    let events = decode(&std::fs::read(fixture_dir().join("events.bin")).unwrap()).unwrap();
+    produce(&config, &events);
+    let addr = testing::free_local_addr();
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "replay",
+            "serve",
+            "--run",
+            FIXTURE_RUN,
+            "--brokers",
+            &config.brokers,
+        ])
+        .args(["--lenient", "--volatile", "weather|climate", "--report"])
+        .arg(report.path())
+        .args(["--listen", &addr.to_string(), "--admin-token", "fl-test"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://{addr}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sessions = SessionClient::new(&url, Some("fl-test".into()));
+    // The OpenAI Chat rollout's first two calls, each changed.
+    let openai = events
+        .iter()
+        .find_map(|e| match e {
+            Event::CallStarted(c) if c.path == "/v1/chat/completions" => Some(c.session_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let rollout = events
+        .iter()
+        .find_map(|e| match e {
+            Event::RolloutStarted(r) if r.session_id == openai => Some(r.rollout_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let session = rt.block_on(async {
+        for _ in 0..100 {
+            if let Ok(s) = sessions.replay_of(&rollout).await {
+                return s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("replay serve never answered");
+    });
+    let calls: Vec<&forgelog_schemas::CallStarted> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallStarted(c) if c.session_id == openai => Some(c),
+            _ => None,
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    for (i, change) in [("weather", "climate"), ("Rome", "Oslo")]
+        .iter()
+        .enumerate()
+    {
+        let c = calls.iter().find(|c| c.call_index == i as i64).unwrap();
+        let sent = String::from_utf8(c.raw_request.clone())
+            .unwrap()
+            .replace(change.0, change.1);
+        assert_ne!(sent.as_bytes(), &c.raw_request[..], "call {i} changed");
+        let status = rt.block_on(async {
+            http.post(format!("{url}{}", c.path))
+                .bearer_auth(&session.api_key)
+                .header("content-type", "application/json")
+                .body(sent)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        });
+        assert_eq!(status, 200, "call {i} answered from the recording");
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    assert!(serve.wait().unwrap().success());
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(report.path()).unwrap()).unwrap();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(
+        (&entries[0]["call_index"], &entries[0]["explained"]),
+        (&0.into(), &true.into())
+    );
+    assert_eq!(
+        (&entries[1]["call_index"], &entries[1]["explained"]),
+        (&1.into(), &false.into())
+    );
+    assert!(
+        entries[1]["detail"].as_str().unwrap().contains("Oslo"),
+        "{entries:?}"
+    );
+}

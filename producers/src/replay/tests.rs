@@ -225,3 +225,88 @@ fn a_replay_session_keeps_the_recorded_budget() {
     let request: ReplaySession = serde_json::from_value(json!({"replay_of": "r2"})).unwrap();
     assert_eq!(rec.new_session(&request).unwrap().max_model_calls, Some(6));
 }
+
+#[test]
+fn the_normaliser_masks_what_cannot_be_the_same_and_nothing_else() {
+    let n = Normaliser::known();
+    let masked = n.normalise(&json!({
+        "a": "Today's date is 2026-11-30. Now 05:29:49.",
+        "b": ["session 0f8fad5b-d9cb-469f-a165-70867728950e in /tmp/tmp.Xy12ab/work"],
+        "c": "x-anthropic-billing-header: cc_version=2.0.14.3a1; commit 3f2a9c1d0e4b5a6c",
+        "d": "Tuesday, December 1, 2026",
+        "e": "grep -n main src/lib.rs and 42 files",
+        "f": 7,
+    }));
+    assert_eq!(masked["a"], "Today's date is <date>. Now <time>.");
+    assert_eq!(masked["b"][0], "session <uuid> in <tmp>");
+    assert_eq!(
+        masked["c"],
+        "x-anthropic-billing-header: cc_version=<version>; commit <hash>"
+    );
+    assert_eq!(masked["d"], "<date>");
+    assert_eq!(masked["e"], "grep -n main src/lib.rs and 42 files");
+    assert_eq!(masked["f"], 7);
+    let mine = Normaliser::with_volatile(&["seed=\\d+".into()]).unwrap();
+    assert_eq!(mine.normalise(&json!("seed=42 ok")), "<volatile> ok");
+    assert!(Normaliser::with_volatile(&["(".into()]).is_err());
+}
+
+/// Claude Code's system prompt changes between runs (dates, paths, version
+/// stamps): a lenient replay answers it from the recording and reports it as
+/// explained; a changed task is answered too, and reported as a difference;
+/// a strict replay refuses both.
+#[test]
+fn a_lenient_replay_answers_and_reports_how_each_call_differed() {
+    let recorded_messages = json!([
+        {"role": "system", "content": "Today is 2026-11-30. cwd: /tmp/run-a1/work. cc_version=2.0.14"},
+        {"role": "user", "content": "Fix the bug"},
+    ]);
+    let events: Vec<Event> = vec![
+        rollout("run", "s1", "r1"),
+        finished("run", "s1", 0, recorded_messages).into(),
+    ];
+    let rec = Recording::from_events("run", &events);
+    let lenient = Matching::Lenient(Normaliser::known());
+    let again = body(json!([
+        {"role": "system", "content": "Today is 2026-12-01. cwd: /tmp/run-b2/work. cc_version=2.0.15"},
+        {"role": "user", "content": "Fix the bug"},
+    ]));
+    assert!(matches!(
+        rec.answer("s1", 0, &again),
+        Err(ReplayError::Diverged(_))
+    ));
+    let answered = rec.answer_with("s1", 0, &again, &lenient).unwrap();
+    assert_eq!(answered.answer["choices"][0]["message"]["content"], "hi");
+    let entry = answered.report.expect("reported");
+    assert!(entry.explained, "{entry:?}");
+    assert_eq!(entry.divergence.message, Some(0));
+    assert_eq!(entry.divergence.field, "messages[0].content");
+
+    let changed = body(json!([
+        {"role": "system", "content": "Today is 2026-12-01. cwd: /tmp/run-b2/work. cc_version=2.0.15"},
+        {"role": "user", "content": "Fix the other bug"},
+    ]));
+    let answered = rec.answer_with("s1", 0, &changed, &lenient).unwrap();
+    let entry = answered.report.expect("reported");
+    assert!(
+        !entry.explained,
+        "a changed task is not volatile: {entry:?}"
+    );
+    // The first difference is still named where it is (the system prompt).
+    assert_eq!(entry.divergence.message, Some(0));
+    assert!(answered.answer["choices"][0]["message"].is_object());
+
+    // The same request as recorded: nothing to report.
+    let same = rec
+        .answer_with("s1", 0, &body(json!([
+            {"role": "system", "content": "Today is 2026-11-30. cwd: /tmp/run-a1/work. cc_version=2.0.14"},
+            {"role": "user", "content": "Fix the bug"},
+        ])), &lenient)
+        .unwrap();
+    assert_eq!(same.report, None);
+    // Calls that are not in the recording are still refused.
+    assert!(matches!(
+        rec.answer_with("s1", 5, &again, &lenient),
+        Err(ReplayError::NotRecorded { .. })
+    ));
+}

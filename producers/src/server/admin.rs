@@ -32,7 +32,7 @@ pub(super) async fn create_replay_session(
     };
     let new = serde_json::from_slice::<ReplaySession>(&body)
         .map_err(|e| crate::replay::ReplayError::BadSessionRequest(e.to_string()))
-        .and_then(|b| recording.new_session(&b));
+        .and_then(|b| recording.recording.new_session(&b));
     match new {
         Ok(new) => open_session(&st, new),
         Err(e) => admin_error(StatusCode::NOT_FOUND, e.to_string()),
