@@ -116,7 +116,9 @@ enum Command {
     )]
     Run(Box<run::RunArgs>),
     /// What happened in a run, per policy version and harness, and each published version's training step
-    #[command(after_help = "Example:\n  forgelog report --run demo-1")]
+    #[command(
+        after_help = "Examples:\n  forgelog report --run demo-1\n  forgelog report --run demo-1 --html demo-1.html"
+    )]
     Report(report::ReportArgs),
     /// Check Harbor-style tasks: each reference solution through its verifier, in a sandbox
     Tasks {

@@ -2,7 +2,7 @@
 //! each published version's training step, from the log alone.
 
 use crate::BrokerArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use forgelog_consumers::core::report::Report;
 use forgelog_consumers::rebuild::read_run;
 use forgelog_schemas::{Event, Topic};
@@ -13,6 +13,9 @@ pub struct ReportArgs {
     /// The run
     #[arg(long, env = "FORGELOG_RUN")]
     pub run: String,
+    /// Also write the report with its plots (reward and pass rate per version per harness, IS ratio, staleness, loss) as one self-contained HTML page here
+    #[arg(long)]
+    pub html: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub broker: BrokerArgs,
 }
@@ -50,6 +53,11 @@ pub fn run(args: ReportArgs) -> Result<()> {
     println!("run {}\n{report}", args.run);
     if let Some((first, last)) = report.first_and_last(5) {
         println!("reward first 5 versions: {first:.3}, last 5 versions: {last:.3}");
+    }
+    if let Some(path) = &args.html {
+        let page = forgelog_view::Pages::new().report(&args.run, &events)?;
+        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report: {}", path.display());
     }
     Ok(())
 }

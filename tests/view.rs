@@ -406,3 +406,73 @@ fn the_viewer_says_so_when_the_broker_is_unreachable() {
         "{stderr}"
     );
 }
+
+/// `forgelog report --html`: one self-contained page with the tables and a
+/// plot per measure, that a browser shows from the file alone.
+#[test]
+fn the_html_report_opens_in_a_browser_with_its_plots() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let run = unique_run_id("report");
+    let mut events = recorded(&run);
+    for version in 1..=3i64 {
+        let metrics = [
+            ("loss", 0.4 / version as f64),
+            ("is_ratio_mean", 1.0),
+            ("is_ratio_min", 0.9),
+            ("is_ratio_max", 1.1),
+            ("staleness_mean", 0.0),
+            ("staleness_max", 1.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        events.push(
+            forgelog_schemas::PolicyPublished {
+                run_id: run.clone(),
+                event_id: format!("{run}-published-{version}"),
+                version,
+                step: version,
+                checkpoint_uri: format!("file:///nowhere/v{version}"),
+                metrics,
+            }
+            .into(),
+        );
+    }
+    rt.block_on(testing::produce(&config, &events));
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("report.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "report",
+            "--run",
+            &run,
+            "--brokers",
+            &config.brokers,
+            "--html",
+        ])
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let url = format!("file://{}", html.display());
+    let page = dom(&url);
+    let rollouts = events
+        .iter()
+        .filter(|e| matches!(e, Event::RolloutStarted(_)))
+        .count();
+    assert_eq!(
+        text_after(&page, "id=\"rollout-count\""),
+        rollouts.to_string()
+    );
+    assert_eq!(text_after(&page, "id=\"published-count\""), "3");
+    assert_eq!(page.matches("<svg").count(), 5, "a plot per measure");
+    assert!(page.contains("Staleness per published version"));
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report.png");
+    screenshot(&url, &shot);
+    eprintln!("screenshot: {}", shot.display());
+}

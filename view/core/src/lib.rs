@@ -7,6 +7,7 @@
 mod index;
 pub mod model;
 mod pages;
+mod report;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

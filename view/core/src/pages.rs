@@ -15,6 +15,12 @@ pub struct PageError {
     source: minijinja::Error,
 }
 
+impl PageError {
+    pub(crate) fn new(page: &'static str, source: minijinja::Error) -> PageError {
+        PageError { page, source }
+    }
+}
+
 /// The pages; `Ok(None)` where the log has no such rollout or path.
 pub struct Pages {
     env: Environment<'static>,
@@ -41,10 +47,15 @@ impl Pages {
             ("compare.html", include_str!("templates/compare.html")),
             ("path.html", include_str!("templates/path.html")),
             ("missing.html", include_str!("templates/missing.html")),
+            ("report.html", include_str!("templates/report.html")),
         ] {
             env.add_template(name, source)
                 .unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
+        env.add_global(
+            "style",
+            minijinja::Value::from_safe_string(STYLE.to_string()),
+        );
         Pages { env }
     }
 
@@ -124,6 +135,15 @@ impl Pages {
             return Ok(None);
         };
         self.render("path.html", context! { page }).map(Some)
+    }
+
+    /// `forgelog report --html`: the run's report with plots, one self-contained page.
+    pub fn report(
+        &self,
+        run: &str,
+        events: &[forgelog_schemas::Event],
+    ) -> Result<String, PageError> {
+        crate::report::report_page(&self.env, run, events)
     }
 
     /// What a link to something the log does not have shows.

@@ -236,3 +236,63 @@ fn the_index_keeps_runs_apart_and_drops_the_bytes_no_page_shows() {
         index.run_events("a") + index.run_events("b")
     );
 }
+
+/// A published version's step as the trainer writes it.
+fn published(run: &str, version: i64) -> Event {
+    let metrics = [
+        ("loss", 0.5 / version as f64),
+        ("is_ratio_mean", 1.0),
+        ("is_ratio_min", 0.8),
+        ("is_ratio_max", 1.0 + 0.1 * version as f64),
+        ("staleness_mean", 0.5),
+        ("staleness_max", 1.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    forgelog_schemas::PolicyPublished {
+        run_id: run.into(),
+        event_id: format!("p{version}"),
+        version,
+        step: version,
+        checkpoint_uri: format!("file:///c/v{version}"),
+        metrics,
+    }
+    .into()
+}
+
+#[test]
+fn the_report_page_has_its_tables_and_a_plot_per_measure() {
+    let mut events = run_events("r");
+    let pages = Pages::new();
+    // Before training: reward and pass rate per version, nothing of the trainer.
+    let before = pages.report("r", &events).unwrap();
+    assert_eq!(before.matches("<svg").count(), 2, "{before}");
+    assert!(before.contains("Mean reward per policy version"));
+    assert!(!before.contains("Importance ratio"));
+    events.extend((1..=3).map(|v| published("r", v)));
+    let after = pages.report("r", &events).unwrap();
+    for title in [
+        "Mean reward per policy version",
+        "Pass rate per policy version",
+        "Importance ratio per published version",
+        "Staleness per published version",
+        "Loss per published version",
+    ] {
+        assert!(
+            after.contains(&format!("data-title=\"{title}\"")),
+            "no {title}"
+        );
+    }
+    assert_eq!(after.matches("<svg").count(), 5);
+    // Self-contained: the stylesheet inline, nothing fetched.
+    assert!(
+        !after.contains("/static/") && !after.contains("<script"),
+        "{after}"
+    );
+    assert!(after.contains("<td>v3</td>"), "the published table");
+    // A line per series: three IS ratio lines.
+    let is_plot = after.split("data-title=\"Importance ratio").nth(1).unwrap();
+    let is_plot = &is_plot[..is_plot.find("</figure>").unwrap()];
+    assert!(is_plot.contains("is_ratio_max") && is_plot.contains("is_ratio_min"));
+}
