@@ -40,8 +40,8 @@ if ! [ -x /usr/bin/chromium ]; then
     echo "setup: installing chromium (apt)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
   else
-    echo "setup: the viewer's browser test needs Chromium: sudo apt-get install chromium" >&2
-    exit 1
+    # Only tests/view.rs needs it: `up --demo` and the rest run without.
+    echo "setup: note: the viewer's browser test needs Chromium (sudo apt-get install chromium)" >&2
   fi
 fi
 "$(dirname "$0")/base-image.sh"

@@ -144,16 +144,9 @@ enum Command {
 
 /// What a command found that is not trouble: a difference, a failed check.
 /// It exits 1, like `diff`; trouble (no broker, bad input) exits 2.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct Found(pub String);
-
-impl std::fmt::Display for Found {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Found {}
 
 /// An error and its causes on one line, each cause once (a cause whose text
 /// the line already has says nothing new).

@@ -335,10 +335,12 @@ fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
 #[test]
 fn a_command_with_no_broker_says_so_once_and_exits_2() {
     let dead = free_local_addr().to_string();
+    let listen = free_local_addr().to_string();
     for args in [
         &["report", "--run", "r"][..],
         &["replay", "show", "--run", "r"][..],
         &["topics", "create"][..],
+        &["view", "--listen", &listen][..],
     ] {
         let started = std::time::Instant::now();
         let out = forgelog()

@@ -386,27 +386,6 @@ fn the_viewer_shows_a_recorded_run_as_the_log_has_it_in_a_real_browser() {
     assert!(page.contains(&format!("data-rollout=\"{run}-late\"")));
 }
 
-#[test]
-fn the_viewer_says_so_when_the_broker_is_unreachable() {
-    let dead = free_local_addr().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args([
-            "view",
-            "--listen",
-            &free_local_addr().to_string(),
-            "--brokers",
-            &dead,
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains(&format!("the broker at {dead} cannot be reached")),
-        "{stderr}"
-    );
-}
-
 /// `forgelog report --html`: one self-contained page with the tables and a
 /// plot per measure, that a browser shows from the file alone.
 #[test]

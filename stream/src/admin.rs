@@ -39,10 +39,7 @@ pub enum AdminError {
 
 impl AdminError {
     fn of(config: &StreamConfig, e: rdkafka::error::KafkaError) -> AdminError {
-        match crate::consumer::unreachable(&config.brokers, &e) {
-            Some(u) => u.into(),
-            None => e.into(),
-        }
+        crate::consumer::classify(&config.brokers, e)
     }
 }
 

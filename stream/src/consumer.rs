@@ -38,14 +38,22 @@ pub struct Unreachable {
     pub reason: String,
 }
 
-/// `e` as [`Unreachable`] when it says the broker at `brokers` cannot be reached.
-pub(crate) fn unreachable(brokers: &str, e: &rdkafka::error::KafkaError) -> Option<Unreachable> {
-    broker_unreachable(e).then(|| Unreachable {
+/// `e` as [`Unreachable`] when it says the broker at `brokers` cannot be
+/// reached, else as it is: in the error type of the caller.
+pub(crate) fn classify<E>(brokers: &str, e: rdkafka::error::KafkaError) -> E
+where
+    E: From<Unreachable> + From<rdkafka::error::KafkaError>,
+{
+    if !broker_unreachable(&e) {
+        return e.into();
+    }
+    Unreachable {
         brokers: brokers.to_string(),
         reason: e
             .rdkafka_error_code()
             .map_or_else(|| e.to_string(), |c| c.to_string()),
-    })
+    }
+    .into()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,10 +133,7 @@ pub struct ReplayReader {
 impl ReplayReader {
     /// A metadata query's error, in words where the broker is unreachable.
     fn meta_error(&self, e: rdkafka::error::KafkaError) -> ConsumeError {
-        match unreachable(&self.brokers, &e) {
-            Some(u) => u.into(),
-            None => e.into(),
-        }
+        classify(&self.brokers, e)
     }
 
     pub fn new(config: &StreamConfig) -> Result<ReplayReader, ConsumeError> {

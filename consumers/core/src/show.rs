@@ -20,12 +20,17 @@ pub fn sampled_spans(mask: &[u8]) -> Vec<std::ops::Range<usize>> {
     spans
 }
 
-fn sequence_line(out: &mut String, i: usize, s: &Sequence) {
-    let calls: Vec<String> = s.call_indices.iter().map(|c| c.to_string()).collect();
-    let spans: Vec<String> = sampled_spans(&s.loss_mask)
+/// The sampled spans as `146..178, 190..193`.
+pub fn spans_text(mask: &[u8]) -> String {
+    sampled_spans(mask)
         .iter()
         .map(|r| format!("{}..{}", r.start, r.end))
-        .collect();
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn sequence_line(out: &mut String, i: usize, s: &Sequence) {
+    let calls: Vec<String> = s.call_indices.iter().map(|c| c.to_string()).collect();
     let sampled: usize = s.loss_mask.iter().map(|&m| m as usize).sum();
     let _ = writeln!(
         out,
@@ -33,7 +38,7 @@ fn sequence_line(out: &mut String, i: usize, s: &Sequence) {
         if s.discarded { "✗" } else { "•" },
         calls.join(" → "),
         s.token_ids.len(),
-        spans.join(", "),
+        spans_text(&s.loss_mask),
         if s.discarded {
             " (discarded retry)"
         } else {

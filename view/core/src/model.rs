@@ -4,7 +4,7 @@
 
 use crate::TokenText;
 use forgelog_consumers_core::report::Report;
-use forgelog_consumers_core::show::sampled_spans;
+use forgelog_consumers_core::show::spans_text;
 use forgelog_dialects::hf::hf_message;
 use forgelog_schemas::compact::expand_finished;
 use forgelog_schemas::{
@@ -414,9 +414,9 @@ pub fn logprob_colour(logprob: f32) -> String {
     format!("hsl({:.0},75%,82%)", 120.0 * p)
 }
 
-fn token(id: u32, logprob: Option<f32>, version: Option<i64>, text: &dyn TokenText) -> TokenView {
+fn token(id: u32, sampled: Option<f32>, version: Option<i64>, text: &dyn TokenText) -> TokenView {
     let known = text.token_text(id);
-    let logprob = logprob.map_or(String::new(), |l| format!("{l:.4}"));
+    let logprob = sampled.map_or(String::new(), |l| format!("{l:.4}"));
     let version = version_text(version);
     let title = match &known {
         Some(t) if logprob.is_empty() => format!("id {id} · {t:?}"),
@@ -427,8 +427,8 @@ fn token(id: u32, logprob: Option<f32>, version: Option<i64>, text: &dyn TokenTe
     TokenView {
         id,
         text: known.unwrap_or_else(|| format!("⟨{id}⟩")),
-        sampled: !logprob.is_empty(),
-        colour: logprob.parse().map_or(String::new(), logprob_colour),
+        sampled: sampled.is_some(),
+        colour: sampled.map_or(String::new(), logprob_colour),
         logprob,
         version,
         title,
@@ -490,11 +490,7 @@ fn path_line(index: usize, s: &Sequence) -> PathLine {
         discarded: s.discarded,
         tokens: s.token_ids.len(),
         sampled: s.loss_mask.iter().filter(|&&m| m == 1).count(),
-        spans: sampled_spans(&s.loss_mask)
-            .iter()
-            .map(|r| format!("{}..{}", r.start, r.end))
-            .collect::<Vec<_>>()
-            .join(", "),
+        spans: spans_text(&s.loss_mask),
     }
 }
 
