@@ -112,7 +112,7 @@ enum Command {
     },
     /// Run every task with every harness in GRPO groups, one sandbox per rollout, through the capture proxy; resumes an existing --run
     #[command(
-        after_help = "Examples:\n  forgelog run deploy/tasks --harness mini-swe-agent --group-size 8\n  forgelog run deploy/tasks --harness claude-code,codex --train"
+        after_help = "Examples:\n  forgelog run deploy/tasks --harness mini-swe-agent --group-size 8\n  forgelog run deploy/tasks --harness claude-code,codex --train\n  forgelog run deploy/tasks --replay run-1 --report replay.json   # re-run run-1 against its recording"
     )]
     Run(Box<run::RunArgs>),
     /// What happened in a run, per policy version and harness, and each published version's training step

@@ -8,110 +8,18 @@
 mod support;
 
 use forgelog_consumers::{Processor, RewardJoin, TrajectoryBuilder};
-use forgelog_producers::fake_upstream::{self, FakeOptions};
+use forgelog_producers::fake_upstream;
 use forgelog_schemas::{Event, Topic, TrainingBatch, VerifierResult};
 use forgelog_stream::testing::{shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::sandboxes::{finished_calls, fixture, run_dir, slots_of, stderr_of};
 use support::{containers_of, shipped, variant};
 
 const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
-
-struct Fixture {
-    /// Serves the fake upstream while the fixture lives.
-    _rt: tokio::runtime::Runtime,
-    stream: StreamConfig,
-    upstream: String,
-    fake: std::sync::Arc<fake_upstream::FakeUpstream>,
-}
-
-fn fixture() -> Fixture {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stream = rt.block_on(shared_broker());
-    let (addr, fake) = rt
-        .block_on(fake_upstream::spawn(
-            "127.0.0.1:0".parse().unwrap(),
-            FakeOptions {
-                agent_steps: Some(2),
-                keep_answers: true,
-                ..Default::default()
-            },
-        ))
-        .unwrap();
-    Fixture {
-        _rt: rt,
-        stream,
-        upstream: format!("http://{addr}"),
-        fake,
-    }
-}
-
-impl Fixture {
-    fn command(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
-        cmd.arg("run")
-            .arg(tasks)
-            .args(["--harness", harnesses, "--run", run])
-            .args(["--group-size", &group.to_string(), "--concurrency", "4"])
-            .args([
-                "--upstream",
-                &self.upstream,
-                "--brokers",
-                &self.stream.brokers,
-            ])
-            .args(["--max-model-calls", "8"]);
-        cmd
-    }
-
-    fn run(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Output {
-        let started = Instant::now();
-        let out = self.command(tasks, run, harnesses, group).output().unwrap();
-        eprintln!(
-            "forgelog run {run}: {} in {:.1} s\n{}",
-            out.status,
-            started.elapsed().as_secs_f64(),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        out
-    }
-
-    /// The run's events: calls (made whole), rollouts, rewards.
-    fn events(&self, run: &str) -> Vec<Event> {
-        let reader = ReplayReader::new(&self.stream).unwrap();
-        let mut out = Vec::new();
-        for topic in [Topic::Calls, Topic::Rollouts, Topic::Rewards] {
-            for r in reader
-                .read(topic.name(), StartAt::Beginning, Some(run))
-                .unwrap()
-            {
-                out.push(r.event.expect("decodable"));
-            }
-        }
-        // Calls whole again, as every reader of the log sees them (schema v5).
-        let errors = forgelog_schemas::compact::expand_events(&mut out);
-        assert!(errors.is_empty(), "{errors:?}");
-        out
-    }
-}
-
-/// The `CallFinished` events among `events`.
-fn finished_calls(events: &[Event]) -> Vec<forgelog_schemas::CallFinished> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn stderr_of(out: &Output) -> String {
-    let s = String::from_utf8_lossy(&out.stderr);
-    s[s.len().saturating_sub(4000)..].to_string()
-}
 
 /// Trees, then GRPO groups, from the run's events, as the consumers build them.
 fn derive(events: &[Event]) -> (Vec<Event>, Vec<TrainingBatch>) {
@@ -151,17 +59,6 @@ fn verdicts(events: &[Event]) -> BTreeMap<String, VerifierResult> {
 fn status_of(v: &VerifierResult) -> String {
     let details: serde_json::Value = serde_json::from_str(&v.details).unwrap();
     details["status"].as_str().unwrap_or("?").to_string()
-}
-
-fn run_dir(run: &str) -> PathBuf {
-    forgelog_stream::forgelog_home().join("runs").join(run)
-}
-
-/// Network slots the run still holds.
-fn slots_of(run: &str) -> usize {
-    std::fs::read_dir(run_dir(run).join("slots"))
-        .map(|d| d.count())
-        .unwrap_or(0)
 }
 
 /// A harness of our own (a launch script): from inside the sandbox it

@@ -46,6 +46,9 @@ pub struct RunOptions {
     pub max_model_calls: Option<u32>,
     /// Completion tokens per call.
     pub max_tokens: Option<i64>,
+    /// Whether an attempt that never reached the model is tried again under
+    /// a new id (not in a replay: only the recorded attempts have answers).
+    pub retry: bool,
 }
 
 /// One attempt as a backend runs it.
@@ -247,6 +250,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
             harness: rollout.harness.clone(),
             attempt,
             status: None,
+            exit_status: None,
             reward,
             model_calls: 0,
             sampled_tokens: 0,
@@ -333,13 +337,14 @@ impl<B: SandboxBackend> Orchestrator<B> {
             }
         };
         let (status, verdict) = judge(&agent, &verifier);
+        let exit_status = match agent {
+            AgentEnd::Exited(code) => Some(code as i64),
+            _ => None,
+        };
         let finish = Finish {
-            exit_status: match agent {
-                AgentEnd::Exited(code) => Some(code as i64),
-                _ => None,
-            },
+            exit_status,
             verifier: Some(verdict.clone()),
-            abandon_if_unused: may_retry(status, tries),
+            abandon_if_unused: self.options.retry && may_retry(status, tries),
         };
         let finished = self.sessions.finish(&session.session_id, &finish).await?;
         Ok(Ended {
@@ -349,6 +354,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
                 harness: rollout.harness.clone(),
                 attempt: id,
                 status: Some(status),
+                exit_status,
                 reward: verdict.reward,
                 model_calls: finished.model_calls,
                 sampled_tokens: finished.sampled_tokens,

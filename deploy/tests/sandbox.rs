@@ -2,7 +2,7 @@
 //! (podman kills it at its lifetime), and a sandbox network's only route is
 //! its veth to the host, where the relay reaches the proxy.
 
-use forgelog_deploy::local::{Podman, SandboxNetwork, SandboxSpec};
+use forgelog_deploy::local::{PinnedClocks, Podman, SandboxNetwork, SandboxSpec};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -27,6 +27,68 @@ async fn a_sandbox_is_gone_at_its_lifetime_whatever_its_orchestrator_does() {
         assert!(Instant::now() < deadline, "still there after 30 s");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// `run --replay`'s pinned clock as the harnesses see it: the C library's
+/// callers (`date`, Python) and Node (most harnesses) read the recorded
+/// start, not today, and it runs on from there in every process.
+#[tokio::test]
+async fn a_pinned_clock_is_what_the_sandbox_and_node_read() {
+    let libfaketime = PinnedClocks::find_libfaketime()
+        .expect("libfaketime is installed (scripts/setup.sh: apt-get install libfaketime)");
+    let home = std::env::var_os("FORGELOG_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(&std::env::var_os("HOME").unwrap()).join(".cache/forgelog")
+        });
+    let bundles = home.join("harnesses");
+    let node = bundles.join("node/bin/node");
+    assert!(
+        node.exists(),
+        "the kit's node (deploy/harnesses/install.sh): {node:?}"
+    );
+    let clocks = PinnedClocks {
+        libfaketime,
+        // 2001-09-09 01:46:40 UTC
+        starts: [("a-0".to_string(), 1_000_000_000_000)].into(),
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (mount, env) = clocks.for_attempt("a-0", now_ms).unwrap();
+    let run = format!("clock-{}", std::process::id());
+    let spec = SandboxSpec {
+        name: format!("forgelog-{run}"),
+        run_id: run,
+        mounts: vec![mount, forgelog_deploy::local::Mount::same_path(&bundles)],
+        lifetime: Some(Duration::from_secs(120)),
+        ..Default::default()
+    };
+    let sandbox = Podman::default().start(BASE, &spec).await.unwrap();
+    // Then two processes started two seconds apart: the clock runs on
+    // across processes, it does not start again in each.
+    let script = format!(
+        "date -u +%F; python3 -c 'import datetime; print(datetime.datetime.now(datetime.timezone.utc).year)'; {} -e 'console.log(new Date().toISOString().slice(0, 10))'; date +%s; sleep 2; date +%s",
+        node.display()
+    );
+    let out = sandbox
+        .exec(&script, "/", &env, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[..3],
+        ["2001-09-09", "2001", "2001-09-09"],
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (a, b): (i64, i64) = (lines[3].parse().unwrap(), lines[4].parse().unwrap());
+    // The offset is whole seconds: up to one early.
+    assert!((999_999_999..1_000_000_060).contains(&a), "{stdout}");
+    assert!((2..5).contains(&(b - a)), "{stdout}");
+    sandbox.remove().await.unwrap();
 }
 
 // Two workers: the relay and the stand-in proxy serve while the test blocks on `ip`.

@@ -180,30 +180,21 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
     } else {
         replay::Matching::Strict
     };
-    let recorded = Arc::new(upstream::RecordedUpstream::new(recording, matching));
+    let recorded = Arc::new(replay::RecordedUpstream::new(recording, matching));
     let proxy =
         RunningProxy::replay_from(config.clone(), recorded.clone(), args.serve.listen).await?;
     print_admin_token(&args.serve, &config);
     eprintln!(
         "forgelog replay serve on {}: run {} ({sessions} sessions, {calls} calls), nothing recorded\n\
          start a replay session with POST /sessions {{\"replay_of\": \"<session or rollout id>\"}} \
-         (or the original session request); its calls are matched in order by call index",
+         (or the original session request); each call is answered by the recorded call it asks the same as",
         proxy.url(),
         args.run
     );
     stop.await;
     let stopped = proxy.shutdown(Duration::from_secs(1)).await;
     let report = recorded.report();
-    let explained = report.iter().filter(|e| e.explained).count();
-    eprintln!(
-        "replay report: {} calls differed from the recording ({explained} only in volatile fields, {} not)",
-        report.len(),
-        report.len() - explained
-    );
-    for e in &report {
-        let why = if e.explained { "volatile" } else { "DIFFERS" };
-        eprintln!("  [{why}] {}", e.divergence);
-    }
+    eprint!("{}", replay::report_text(&report));
     if let Some(path) = &args.report {
         let json = serde_json::to_vec_pretty(&report).expect("the report serializes");
         std::fs::write(path, json).map_err(ProxyError::Serve)?;
@@ -319,14 +310,14 @@ impl RunningProxy {
         recording: replay::Recording,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
-        let recorded = upstream::RecordedUpstream::new(recording, Default::default());
+        let recorded = replay::RecordedUpstream::new(recording, Default::default());
         RunningProxy::replay_from(config, Arc::new(recorded), listen).await
     }
 
     /// [`RunningProxy::replay`] with the matching and report of `recorded`.
     pub async fn replay_from(
         config: ProxyConfig,
-        recorded: Arc<upstream::RecordedUpstream>,
+        recorded: Arc<replay::RecordedUpstream>,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
         let probe = upstream::Probe {

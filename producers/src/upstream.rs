@@ -248,36 +248,7 @@ impl UpstreamError {
 #[derive(Clone)]
 pub enum Upstream {
     Live(UpstreamClient),
-    Recorded(Arc<RecordedUpstream>),
-}
-
-/// A recorded run as the upstream: how re-sent calls are matched against it,
-/// and the report of what a lenient replay answered although it differed.
-pub struct RecordedUpstream {
-    pub recording: crate::replay::Recording,
-    pub matching: crate::replay::Matching,
-    report: std::sync::Mutex<Vec<crate::replay::ReportEntry>>,
-}
-
-impl RecordedUpstream {
-    pub fn new(
-        recording: crate::replay::Recording,
-        matching: crate::replay::Matching,
-    ) -> RecordedUpstream {
-        RecordedUpstream {
-            recording,
-            matching,
-            report: Default::default(),
-        }
-    }
-
-    /// Every call answered although it differed, in the order they came.
-    pub fn report(&self) -> Vec<crate::replay::ReportEntry> {
-        self.report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
+    Recorded(Arc<crate::replay::RecordedUpstream>),
 }
 
 impl Upstream {
@@ -290,32 +261,7 @@ impl Upstream {
     ) -> Result<UpstreamAnswer, UpstreamError> {
         match (self, call) {
             (Upstream::Live(client), _) => client.chat(body).await,
-            (Upstream::Recorded(rec), Some((session, index))) => {
-                match rec
-                    .recording
-                    .answer_with(session, index, body, &rec.matching)
-                {
-                    Ok(answered) => {
-                        if let Some(entry) = answered.report {
-                            tracing::warn!(
-                                explained = entry.explained,
-                                "replay: answered from the recording although {}",
-                                entry.divergence
-                            );
-                            rec.report
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(entry);
-                        }
-                        Ok(answered.answer.into())
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "replay: no recorded answer");
-                        metrics::counter!("forgelog_replay_refused_total").increment(1);
-                        Err(e.into())
-                    }
-                }
-            }
+            (Upstream::Recorded(rec), Some((session, index))) => rec.answer(session, index, body),
             (Upstream::Recorded(_), None) => {
                 Err(crate::replay::ReplayError::NotACall("token counting").into())
             }

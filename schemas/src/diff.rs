@@ -50,14 +50,37 @@ fn walk(a: &Value, b: &Value, path: String, names: (&str, &str)) -> Option<(Stri
                 )
             })
         }
+        (Value::String(x), Value::String(y)) if x != y && x.len().max(y.len()) > CLIP => {
+            // A long text (a system prompt) differs somewhere inside: show
+            // both around the first differing character, not their starts.
+            let at = x.chars().zip(y.chars()).take_while(|(p, q)| p == q).count();
+            let around = |t: &str| {
+                let from = at.saturating_sub(CONTEXT);
+                let excerpt: String = t.chars().skip(from).take(CLIP).collect();
+                format!(
+                    "{}{}",
+                    if from > 0 { "…" } else { "" },
+                    Value::String(excerpt)
+                )
+            };
+            Some((
+                path,
+                format!("at character {at}: {na} {}, {nb} {}", around(x), around(y)),
+            ))
+        }
         _ => (a != b).then(|| (path, format!("{na} {}, {nb} {}", clip(a), clip(b)))),
     }
 }
 
+/// Characters of a value an error shows.
+const CLIP: usize = 200;
+/// Characters shown before the first difference in a long text.
+const CONTEXT: usize = 60;
+
 /// A value as JSON text, cut to 200 characters (a whole prompt is no help in an error).
 pub fn clip(v: &Value) -> String {
     let s = v.to_string();
-    match s.char_indices().nth(200) {
+    match s.char_indices().nth(CLIP) {
         Some((i, _)) => format!("{}… ({} chars)", &s[..i], s.chars().count()),
         None => s,
     }
@@ -67,6 +90,31 @@ pub fn clip(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_long_text_is_shown_where_it_differs() {
+        let a = format!(
+            "{}the date is 2026-11-30{}",
+            "x".repeat(500),
+            "y".repeat(500)
+        );
+        let b = format!(
+            "{}the date is 2026-12-01{}",
+            "x".repeat(500),
+            "y".repeat(500)
+        );
+        let (path, detail) =
+            first_difference(&json!({"c": a}), &json!({"c": b}), ("recording", "request")).unwrap();
+        assert_eq!(path, "c");
+        assert!(
+            detail.starts_with("at character 518: recording …\""),
+            "{detail}"
+        );
+        assert!(detail.contains("the date is 2026-11-30yyy"), "{detail}");
+        assert!(detail.contains("request …\"xxx"), "{detail}");
+        assert!(detail.contains("the date is 2026-12-01"), "{detail}");
+        assert!(detail.len() < 600, "{detail}");
+    }
 
     #[test]
     fn names_the_first_differing_path() {

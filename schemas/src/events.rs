@@ -345,3 +345,36 @@ mod names {
         }
     }
 }
+
+/// A call's conversation in OpenAI Chat form, parsed from `chat_request` and
+/// `chat_response`: what every reader of the chat view (exports, the viewer)
+/// starts from.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChatView {
+    pub messages: Vec<serde_json::Value>,
+    /// Empty when the call offered none.
+    pub tools: Vec<serde_json::Value>,
+    /// The assistant message; `None` when unknown.
+    pub answer: Option<serde_json::Value>,
+}
+
+impl CallFinished {
+    /// The call's chat view; `None` when it has none (an unparsable or
+    /// empty `chat_request`: a call recorded without its bodies).
+    pub fn chat_view(&self) -> Option<ChatView> {
+        let request: serde_json::Value = serde_json::from_str(&self.chat_request).ok()?;
+        let list = |key: &str| {
+            request
+                .get(key)
+                .and_then(serde_json::Value::as_array)
+                .cloned()
+        };
+        Some(ChatView {
+            messages: list("messages")?,
+            tools: list("tools").unwrap_or_default(),
+            answer: serde_json::from_str::<serde_json::Value>(&self.chat_response)
+                .ok()
+                .filter(serde_json::Value::is_object),
+        })
+    }
+}

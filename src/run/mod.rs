@@ -6,6 +6,7 @@
 mod clock;
 mod cluster;
 mod progress;
+mod replay;
 
 use crate::up::LocalEngine;
 use crate::BrokerArgs;
@@ -95,6 +96,30 @@ pub struct RunArgs {
     /// With --train: the learner's rate
     #[arg(long, default_value_t = 1e-5)]
     pub learning_rate: f64,
+    /// Re-run the recorded rollouts of this run in the same environment (task
+    /// image, harness bundle, paths and home), answered from the recording,
+    /// and compare how each ended
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size"])]
+    pub replay: Option<String>,
+    /// With --replay: only this rollout or attempt (repeatable)
+    #[arg(long = "rollout", requires = "replay")]
+    pub rollouts: Vec<String>,
+    /// With --replay: refuse a call that differs from the recording instead
+    /// of answering it and reporting the difference
+    #[arg(long, requires = "replay")]
+    pub strict: bool,
+    /// With --replay: a regular expression for more volatile text (repeatable)
+    #[arg(long, requires = "replay", conflicts_with = "strict")]
+    pub volatile: Vec<String>,
+    /// With --replay: pin each re-run's clock at its recorded start
+    /// (libfaketime), so dates a harness writes come out as recorded; some
+    /// harnesses misbehave under it (timed waits fail, output is lost), so by
+    /// default the clock is the real one and the report explains the dates
+    #[arg(long, requires = "replay")]
+    pub pin_clock: bool,
+    /// With --replay: write the comparison and the replay report here as JSON
+    #[arg(long, requires = "replay")]
+    pub report: Option<PathBuf>,
 }
 
 /// The run's rollout events already in the log.
@@ -112,6 +137,9 @@ fn history(config: &StreamConfig, run: &str) -> Result<RunHistory> {
 }
 
 pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
+    if let Some(recorded) = &args.replay {
+        return replay::replay(rt, &args, recorded);
+    }
     let all = Task::load_all(&args.tasks_dir)?;
     let tasks: BTreeMap<String, Task> = all
         .into_iter()
@@ -283,6 +311,7 @@ async fn orchestrate(
         concurrency: args.concurrency,
         max_model_calls: args.max_model_calls,
         max_tokens: args.max_tokens,
+        retry: true,
     };
     // Whatever ends the rollouts, the learner and the consumers are stopped
     // below: their blocking tasks would otherwise keep the process alive.
@@ -356,7 +385,7 @@ async fn orchestrate(
 
 /// Runs the plan with a progress bar until it ends or a signal stops it;
 /// whatever ended it, the backend removes what is left of the run.
-async fn drive<B: SandboxBackend>(
+pub(crate) async fn drive<B: SandboxBackend>(
     orchestrator: Orchestrator<B>,
     history: &RunHistory,
     total: usize,

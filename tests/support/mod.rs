@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod kit;
+pub mod sandboxes;
 
 use forgelog_stream::testing::python_json;
 use std::path::{Path, PathBuf};

@@ -98,10 +98,7 @@ fn text_of(message: &Value) -> String {
 }
 
 fn request_messages(c: &CallFinished) -> Vec<Value> {
-    serde_json::from_str::<Value>(&c.chat_request)
-        .ok()
-        .and_then(|r| r.get("messages").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
+    c.chat_view().map(|v| v.messages).unwrap_or_default()
 }
 
 /// ATIF's tool call: arguments must be an object (a string that is not one
@@ -238,8 +235,8 @@ fn path_document(
         agent.insert("model_name".into(), json!(c.model));
     }
     if let Some(tools) = last
-        .and_then(|c| serde_json::from_str::<Value>(&c.chat_request).ok())
-        .and_then(|r| r.get("tools").and_then(Value::as_array).cloned())
+        .and_then(|c| c.chat_view())
+        .map(|v| v.tools)
         .filter(|t| !t.is_empty())
     {
         agent.insert("tool_definitions".into(), Value::Array(tools));
@@ -286,25 +283,9 @@ fn sampled_by(step: &mut Value, c: &CallFinished) {
 
 /// Milliseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 fn iso8601(ms: i64) -> String {
-    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Howard Hinnant's days-to-civil, for the proleptic Gregorian calendar.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let s = ms_of_day / 1000;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60,
-        ms_of_day % 1000
-    )
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[cfg(test)]

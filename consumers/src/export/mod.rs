@@ -214,19 +214,15 @@ pub fn latest_per_rollout(trajectories: Vec<TrajectoryBuilt>) -> Vec<TrajectoryB
 /// The call's request messages followed by its answer, as Hugging Face
 /// templates read them; its tools, if any.
 fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
-    let request: Value = serde_json::from_str(&call.chat_request).ok()?;
-    let answer: Value = serde_json::from_str(&call.chat_response).ok()?;
-    let messages = request
-        .get("messages")?
-        .as_array()?
+    let view = call.chat_view()?;
+    let answer = view.answer?;
+    let messages = view
+        .messages
         .iter()
         .chain([&answer])
         .map(hf_message)
         .collect();
-    let tools = request
-        .get("tools")
-        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-        .cloned();
+    let tools = (!view.tools.is_empty()).then_some(Value::Array(view.tools));
     Some((Value::Array(messages), tools))
 }
 

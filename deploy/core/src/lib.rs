@@ -11,12 +11,15 @@
 //!   failures are retried;
 //! - [`history`]: what the log holds of a run, so a restarted run resumes;
 //! - [`summary`]: the per-harness table a run ends with;
-//! - [`admission`]: the staleness bound a training run starts groups under.
+//! - [`admission`]: the staleness bound a training run starts groups under;
+//! - [`replay`]: the recorded attempts `run --replay` re-runs, and how each
+//!   re-run ended against its recording.
 
 pub mod admission;
 pub mod history;
 pub mod outcome;
 pub mod plan;
+pub mod replay;
 pub mod reward;
 pub mod summary;
 pub mod task;
@@ -25,6 +28,7 @@ pub use admission::StalenessBound;
 pub use history::{Resume, RunHistory};
 pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
 pub use plan::{Group, Rollout, RunPlan};
+pub use replay::{RecordedRun, ReplayPlanError, ReplayTable, ReplayedAttempt};
 pub use reward::{Reward, RewardError};
 pub use summary::{Outcome, RunSummary};
 pub use task::{Task, TaskConfig, TaskError};

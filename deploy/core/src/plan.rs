@@ -63,6 +63,9 @@ pub fn attempt_of(id: &str) -> (&str, u32) {
 pub struct RunPlan {
     pub run_id: String,
     pub groups: Vec<Group>,
+    /// Every rollout, group by group: all of each group's members for a
+    /// new run, the recorded attempts chosen for a replay.
+    pub rollouts: Vec<Rollout>,
 }
 
 impl RunPlan {
@@ -81,23 +84,28 @@ impl RunPlan {
                 });
             }
         }
+        let rollouts = groups
+            .iter()
+            .flat_map(|g| {
+                (0..g.size).map(move |member| Rollout {
+                    id: format!("{}-{member}", g.id),
+                    group: g.id.clone(),
+                    task: g.task.clone(),
+                    harness: g.harness.clone(),
+                    member,
+                })
+            })
+            .collect();
         RunPlan {
             run_id: run_id.to_string(),
             groups,
+            rollouts,
         }
     }
 
     /// Every rollout, group by group.
     pub fn rollouts(&self) -> impl Iterator<Item = Rollout> + '_ {
-        self.groups.iter().flat_map(|g| {
-            (0..g.size).map(move |member| Rollout {
-                id: format!("{}-{member}", g.id),
-                group: g.id.clone(),
-                task: g.task.clone(),
-                harness: g.harness.clone(),
-                member,
-            })
-        })
+        self.rollouts.iter().cloned()
     }
 }
 

@@ -13,6 +13,8 @@ pub struct Outcome {
     pub attempt: String,
     /// `None`: it had finished in the log before this run started.
     pub status: Option<RolloutStatus>,
+    /// The harness's exit status, when it exited in this run.
+    pub exit_status: Option<i64>,
     pub reward: Option<f64>,
     pub model_calls: i64,
     pub sampled_tokens: i64,
@@ -143,6 +145,7 @@ mod tests {
             harness: harness.into(),
             attempt: "r".into(),
             status,
+            exit_status: None,
             reward,
             model_calls: 2,
             sampled_tokens: 10,

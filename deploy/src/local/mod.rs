@@ -2,9 +2,11 @@
 //! in a container of its own, the verifier in a clean step after the agent
 //! (it runs even after an agent timeout; `tests/` is copied in only then).
 
+mod clock;
 mod network;
 mod podman;
 
+pub use clock::PinnedClocks;
 pub use network::{remove_slot, NetworkError, SandboxNetwork};
 pub use podman::{Exec, ExecEnd, Mount, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
 
@@ -168,7 +170,10 @@ async fn run_agent(sandbox: &Sandbox, spec: &AttemptSpec<'_>) -> AgentEnd {
         ("FORGELOG_AGENT_LOGS".into(), "/logs/agent".into()),
     ];
     env.extend(spec.env.iter().cloned());
-    let prepare = "mkdir -p \"$HOME\" /logs/agent /app && ";
+    // With a pinned clock (`run --replay`) each program keeps libfaketime's
+    // state to itself: one a shell hands down breaks some programs (Claude
+    // Code's binary cannot open it and exits).
+    let prepare = "unset FAKETIME_SHARED; mkdir -p \"$HOME\" /logs/agent /app && ";
     let timeout = Duration::from_secs_f64(task.config.agent.timeout_sec);
     let exec = sandbox
         .exec(&format!("{prepare}{script}"), "/app", &env, timeout)
@@ -199,6 +204,8 @@ pub struct LocalBackend {
     pub dir: crate::run_dir::RunDir,
     /// Where the next network slot search starts.
     next_slot: std::sync::atomic::AtomicU32,
+    /// Attempts whose clock starts at a recorded time (`run --replay`).
+    pub clocks: Option<PinnedClocks>,
 }
 
 /// A podman container name for attempt `id`.
@@ -231,6 +238,15 @@ impl LocalBackend {
             proxy,
             dir,
             next_slot: hint.into(),
+            clocks: None,
+        }
+    }
+
+    /// Starts the listed attempts' clocks at their recorded starts.
+    pub fn with_clocks(self, clocks: PinnedClocks) -> LocalBackend {
+        LocalBackend {
+            clocks: Some(clocks),
+            ..self
         }
     }
 
@@ -267,6 +283,23 @@ impl crate::orchestrator::SandboxBackend for LocalBackend {
         self.dir.slot_taken(network.slot);
         let task = a.task;
         let timeouts = task.config.agent.timeout_sec + task.config.verifier.timeout_sec;
+        let mut mounts = vec![Mount::same_path(&self.bundles)];
+        let mut env = harness_env(
+            &format!("http://{}:{}", network.host_ip, network.port),
+            a.api_key,
+            &self.bundles,
+        );
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let pinned = self
+            .clocks
+            .as_ref()
+            .and_then(|c| c.for_attempt(a.id, now_ms));
+        if let Some((mount, pinned)) = pinned {
+            mounts.push(mount);
+            env.extend(pinned);
+        }
         let spec = AttemptSpec {
             task,
             harness: a.harness,
@@ -278,20 +311,18 @@ impl crate::orchestrator::SandboxBackend for LocalBackend {
                     ("forgelog.task".into(), a.rollout.task.clone()),
                     ("forgelog.harness".into(), a.rollout.harness.clone()),
                 ],
-                run_id: a.run_id.to_string(),
+                // The run whose directory's lock guards this sandbox (a
+                // replay's own, not the recorded run's).
+                run_id: self.dir.run.clone(),
                 cpus: task.config.environment.cpus,
                 memory_mb: task.config.environment.memory_mb,
                 netns: Some(network.namespace.clone()),
-                mounts: vec![Mount::same_path(&self.bundles)],
+                mounts,
                 hosts: Vec::new(),
                 // Setup and copies are seconds; a margin of two minutes.
                 lifetime: Some(Duration::from_secs_f64(timeouts + 120.0)),
             },
-            env: harness_env(
-                &format!("http://{}:{}", network.host_ip, network.port),
-                a.api_key,
-                &self.bundles,
-            ),
+            env,
             logs: Some(self.dir.attempt_logs(a.id)),
         };
         let ends = run_attempt(&self.podman, a.image, &spec).await;

@@ -120,8 +120,13 @@ fn a_changed_message_names_session_call_message_and_field() {
         d.detail.contains("recording \"user\", request \"system\""),
         "{d}"
     );
+    // Call 0's request again as call 1, once call 0 has answered.
     let shorter = body(json!([{"role": "user", "content": "Hi"}]));
-    let ReplayError::Diverged(d) = rec.answer("s1", 1, &shorter).unwrap_err() else {
+    let answered = BTreeSet::from([0]);
+    let ReplayError::Diverged(d) = rec
+        .answer_with("s1", 1, &shorter, &Matching::Strict, &answered)
+        .unwrap_err()
+    else {
         panic!()
     };
     assert_eq!(d.message, Some(1));
@@ -236,6 +241,8 @@ fn the_normaliser_masks_what_cannot_be_the_same_and_nothing_else() {
         "d": "Tuesday, December 1, 2026",
         "e": "grep -n main src/lib.rs and 42 files",
         "f": 7,
+        "g": "Chunk ID: 1e7e31\nWall time: 0.0012 seconds\nOutput:\nok",
+        "h": "Output: step 1\nProcess Group PGID: 35",
     }));
     assert_eq!(masked["a"], "Today's date is <date>. Now <time>.");
     assert_eq!(masked["b"][0], "session <uuid> in <tmp>");
@@ -246,6 +253,11 @@ fn the_normaliser_masks_what_cannot_be_the_same_and_nothing_else() {
     assert_eq!(masked["d"], "<date>");
     assert_eq!(masked["e"], "grep -n main src/lib.rs and 42 files");
     assert_eq!(masked["f"], 7);
+    assert_eq!(
+        masked["g"],
+        "Chunk ID: <id>\nWall time: <duration>\nOutput:\nok"
+    );
+    assert_eq!(masked["h"], "Output: step 1\nProcess Group PGID: <pid>");
     let mine = Normaliser::with_volatile(&["seed=\\d+".into()]).unwrap();
     assert_eq!(mine.normalise(&json!("seed=42 ok")), "<volatile> ok");
     assert!(Normaliser::with_volatile(&["(".into()]).is_err());
@@ -275,7 +287,9 @@ fn a_lenient_replay_answers_and_reports_how_each_call_differed() {
         rec.answer("s1", 0, &again),
         Err(ReplayError::Diverged(_))
     ));
-    let answered = rec.answer_with("s1", 0, &again, &lenient).unwrap();
+    let answered = rec
+        .answer_with("s1", 0, &again, &lenient, &BTreeSet::new())
+        .unwrap();
     assert_eq!(answered.answer["choices"][0]["message"]["content"], "hi");
     let entry = answered.report.expect("reported");
     assert!(entry.explained, "{entry:?}");
@@ -286,7 +300,9 @@ fn a_lenient_replay_answers_and_reports_how_each_call_differed() {
         {"role": "system", "content": "Today is 2026-12-01. cwd: /tmp/run-b2/work. cc_version=2.0.15"},
         {"role": "user", "content": "Fix the other bug"},
     ]));
-    let answered = rec.answer_with("s1", 0, &changed, &lenient).unwrap();
+    let answered = rec
+        .answer_with("s1", 0, &changed, &lenient, &BTreeSet::new())
+        .unwrap();
     let entry = answered.report.expect("reported");
     assert!(
         !entry.explained,
@@ -301,12 +317,56 @@ fn a_lenient_replay_answers_and_reports_how_each_call_differed() {
         .answer_with("s1", 0, &body(json!([
             {"role": "system", "content": "Today is 2026-11-30. cwd: /tmp/run-a1/work. cc_version=2.0.14"},
             {"role": "user", "content": "Fix the bug"},
-        ])), &lenient)
+        ])), &lenient, &BTreeSet::new())
         .unwrap();
     assert_eq!(same.report, None);
-    // Calls that are not in the recording are still refused.
+    // Calls that are not in the recording are still refused, once the
+    // recorded one they resemble has answered.
     assert!(matches!(
-        rec.answer_with("s1", 5, &again, &lenient),
+        rec.answer_with("s1", 5, &again, &lenient, &BTreeSet::from([0])),
         Err(ReplayError::NotRecorded { .. })
     ));
+}
+
+/// Two sub-agents ran in parallel: recorded as calls 1 and 2, re-sent in the
+/// other order. Each is answered by the recorded call it asks the same as
+/// (its place in the tree), not by its arrival index; a recorded call answers
+/// once; a strict replay accepts it too, since nothing differs.
+#[test]
+fn calls_made_in_parallel_are_matched_by_what_they_ask_not_by_arrival() {
+    let main = json!([{"role": "user", "content": "Split the work"}]);
+    let a = json!([{"role": "user", "content": "Sub-task A"}]);
+    let b = json!([{"role": "user", "content": "Sub-task B"}]);
+    let mut call_a = finished("run", "s1", 1, a.clone());
+    call_a.chat_response = json!({"role": "assistant", "content": "A done"}).to_string();
+    let mut call_b = finished("run", "s1", 2, b.clone());
+    call_b.chat_response = json!({"role": "assistant", "content": "B done"}).to_string();
+    let events: Vec<Event> = vec![
+        rollout("run", "s1", "r1"),
+        finished("run", "s1", 0, main.clone()).into(),
+        call_a.into(),
+        call_b.into(),
+    ];
+    let rec = RecordedUpstream::new(Recording::from_events("run", &events), Matching::Strict);
+    let text = |answer: crate::upstream::UpstreamAnswer| {
+        let (resp, _) = read_response(&answer, "p_").unwrap();
+        resp.text()
+    };
+    assert_eq!(text(rec.answer("s1", 0, &body(main)).unwrap()), "hi");
+    // B arrives first, as call 1.
+    assert_eq!(
+        text(rec.answer("s1", 1, &body(b.clone())).unwrap()),
+        "B done"
+    );
+    assert_eq!(
+        text(rec.answer("s1", 2, &body(a.clone())).unwrap()),
+        "A done"
+    );
+    // Each recorded call answers once: a third identical request has none.
+    assert!(rec.answer("s1", 3, &body(b.clone())).is_err());
+    assert_eq!(rec.refused().len(), 1, "{:?}", rec.refused());
+    assert!(rec.report().is_empty());
+    // A new replay of the session starts over.
+    rec.session_opened("s1");
+    assert_eq!(text(rec.answer("s1", 1, &body(b)).unwrap()), "B done");
 }

@@ -34,7 +34,11 @@ pub(super) async fn create_replay_session(
         .map_err(|e| crate::replay::ReplayError::BadSessionRequest(e.to_string()))
         .and_then(|b| recording.recording.new_session(&b));
     match new {
-        Ok(new) => open_session(&st, new),
+        Ok(new) => {
+            let run = new.run_id.as_deref().unwrap_or(&recording.recording.run_id);
+            recording.session_opened(&crate::sessions::session_id(run, &new.rollout_id));
+            open_session(&st, new)
+        }
         Err(e) => admin_error(StatusCode::NOT_FOUND, e.to_string()),
     }
 }

@@ -470,17 +470,9 @@ fn message(m: &Value) -> MessageView {
 
 /// A call's request messages and answer, from its chat view (empty when unknown).
 fn conversation(c: &CallFinished) -> (Vec<MessageView>, Option<MessageView>) {
-    let request: Value = serde_json::from_str(&c.chat_request).unwrap_or(Value::Null);
-    let messages = request
-        .get("messages")
-        .and_then(Value::as_array)
-        .map(|ms| ms.iter().map(message).collect())
-        .unwrap_or_default();
-    let answer = serde_json::from_str::<Value>(&c.chat_response)
-        .ok()
-        .filter(Value::is_object)
-        .map(|a| message(&a));
-    (messages, answer)
+    let view = c.chat_view().unwrap_or_default();
+    let answer = view.answer.as_ref().map(message);
+    (view.messages.iter().map(message).collect(), answer)
 }
 
 fn path_line(index: usize, s: &Sequence) -> PathLine {

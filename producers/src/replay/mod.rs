@@ -5,11 +5,17 @@
 //! that differs. The proxy around it is the live one with this as its upstream,
 //! so dialects, ids and stream shapes come out of the same code as recorded.
 
+mod lenient;
+mod recorded;
+
+pub use lenient::{report_text, Matching, Normaliser, ReportEntry};
+pub use recorded::RecordedUpstream;
+
 use forgelog_api::{NewSession, ReplaySession};
 use forgelog_schemas::diff::{clip, first_difference};
 use forgelog_schemas::{CallFinished, CallStatus, Event, RolloutStarted};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One recorded call: what the proxy asked upstream (in OpenAI Chat form) and what came back.
 #[derive(Debug, Clone, PartialEq)]
@@ -364,18 +370,30 @@ impl Recording {
         call_index: i64,
         upstream_body: &Value,
     ) -> Result<Value, ReplayError> {
-        self.answer_with(session_id, call_index, upstream_body, &Matching::Strict)
-            .map(|a| a.answer)
+        self.answer_with(
+            session_id,
+            call_index,
+            upstream_body,
+            &Matching::Strict,
+            &BTreeSet::new(),
+        )
+        .map(|a| a.answer)
     }
 
-    /// [`Recording::answer`] under `matching`: a lenient replay answers a
-    /// call that differs from the recording too, and says how it differed.
+    /// [`Recording::answer`] under `matching`, with the session's recorded
+    /// calls in `answered` already taken. The call is answered by the
+    /// recorded call it asks the same as: the one at its index, else another
+    /// not yet answered (calls made in parallel, sub-agents, come in any
+    /// order; what a call sends is its place in the tree); a lenient replay
+    /// then looks again with volatile text masked, and at last answers the
+    /// call at its index anyway and says how it differed.
     pub fn answer_with(
         &self,
         session_id: &str,
         call_index: i64,
         upstream_body: &Value,
         matching: &Matching,
+        answered: &BTreeSet<i64>,
     ) -> Result<Answered, ReplayError> {
         let s = self
             .sessions
@@ -384,7 +402,26 @@ impl Recording {
                 session_id: session_id.to_string(),
                 run_id: self.run_id.clone(),
             })?;
-        let Some(call) = s.calls.get(&call_index) else {
+        let got = chat_form(upstream_body);
+        let free =
+            |c: &&RecordedCall| !answered.contains(&c.call_index) && !c.chat_request.is_null();
+        // The call at this index first, then the others in call order.
+        let candidates = || {
+            s.calls
+                .get(&call_index)
+                .into_iter()
+                .chain(s.calls.values().filter(move |c| c.call_index != call_index))
+                .filter(free)
+        };
+        let same = candidates().find(|c| divergence(&c.chat_request, &got).is_none());
+        let similar = || match matching {
+            Matching::Lenient(n) => {
+                let masked = n.normalise(&got);
+                candidates().find(|c| divergence(&n.normalise(&c.chat_request), &masked).is_none())
+            }
+            Matching::Strict => None,
+        };
+        let Some(call) = same.or_else(similar).or_else(|| s.calls.get(&call_index)) else {
             let mut recorded: Vec<String> = s.calls.keys().map(i64::to_string).collect();
             if recorded.is_empty() {
                 recorded.push("none".into());
@@ -403,13 +440,13 @@ impl Recording {
         // A call recorded without its request (a failure before the upstream,
         // a budget stop) is answered as it was: nothing to compare.
         let compared = (!call.chat_request.is_null())
-            .then(|| divergence(&call.chat_request, &chat_form(upstream_body)))
+            .then(|| divergence(&call.chat_request, &got))
             .flatten();
         let mut report = None;
         if let Some((message, field, detail)) = compared {
             let found = Divergence {
                 session_id: session_id.to_string(),
-                call_index,
+                call_index: call.call_index,
                 message,
                 field,
                 detail,
@@ -420,7 +457,7 @@ impl Recording {
             // Explained: the two differ only where the normaliser masks.
             let explained = divergence(
                 &normaliser.normalise(&call.chat_request),
-                &normaliser.normalise(&chat_form(upstream_body)),
+                &normaliser.normalise(&got),
             )
             .is_none();
             report = Some(ReportEntry {
@@ -433,11 +470,15 @@ impl Recording {
             .clone()
             .map_err(|f| ReplayError::RecordedFailure {
                 session_id: session_id.to_string(),
-                call_index,
+                call_index: call.call_index,
                 status: f.status,
                 error: f.error,
             })?;
-        Ok(Answered { answer, report })
+        Ok(Answered {
+            answer,
+            call_index: call.call_index,
+            report,
+        })
     }
 }
 
@@ -446,119 +487,9 @@ impl Recording {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answered {
     pub answer: Value,
+    /// The recorded call that answered.
+    pub call_index: i64,
     pub report: Option<ReportEntry>,
-}
-
-/// How replay compares a re-sent call with its recording.
-#[derive(Debug, Clone, Default)]
-pub enum Matching {
-    /// Byte-for-byte equal chat forms, else the call is refused (SDK sessions, tests).
-    #[default]
-    Strict,
-    /// Every call is answered from the recording; differences are reported,
-    /// as explained where only [`Normaliser`]'s volatile fields differ.
-    Lenient(Normaliser),
-}
-
-/// One call of a replay report: where it differed, and whether only volatile fields did.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ReportEntry {
-    #[serde(flatten)]
-    pub divergence: Divergence,
-    pub explained: bool,
-}
-
-/// What cannot be the same in a re-run, in one place: dates and times, UUIDs,
-/// temporary paths, version stamps and hashes, and what the user marks
-/// volatile. Each is replaced by a placeholder in every string of a request
-/// before a lenient replay compares it again.
-#[derive(Debug, Clone)]
-pub struct Normaliser {
-    patterns: Vec<(regex::Regex, String)>,
-}
-
-/// The known volatile fields: (pattern, placeholder).
-const VOLATILE: &[(&str, &str)] = &[
-    // 2026-12-01, 2026-12-01T05:29:49.315Z, 2026-12-01 05:29:49+00:00
-    (
-        r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?",
-        "<date>",
-    ),
-    // Tue Dec 1 2026, Tuesday, December 1, 2026, 12/1/2026
-    (
-        r"(?i)\b(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*,? (?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]* \d{1,2},? \d{4}\b",
-        "<date>",
-    ),
-    (r"\b\d{1,2}/\d{1,2}/\d{4}\b", "<date>"),
-    (r"\b\d{2}:\d{2}:\d{2}\b", "<time>"),
-    (
-        r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
-        "<uuid>",
-    ),
-    (
-        r"(?:/tmp|/var/tmp|/var/folders|/private/var/folders)/[^\s\x22'`)]+",
-        "<tmp>",
-    ),
-    // Claude Code's billing header and the like: `cc_version=2.0.14.3a1`
-    (
-        r"(?i)\b(version|cc_version|build)=[0-9A-Za-z._-]+",
-        "$1=<version>",
-    ),
-    (r"(?i)\b[0-9a-f]{12,64}\b", "<hash>"),
-];
-
-impl Default for Normaliser {
-    fn default() -> Normaliser {
-        Normaliser::known()
-    }
-}
-
-impl Normaliser {
-    /// The known volatile fields.
-    pub fn known() -> Normaliser {
-        Normaliser {
-            patterns: VOLATILE
-                .iter()
-                .map(|(p, to)| {
-                    (
-                        regex::Regex::new(p).expect("a valid pattern"),
-                        to.to_string(),
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    /// The known ones and `extra` patterns (regular expressions) the user marks volatile.
-    pub fn with_volatile(extra: &[String]) -> Result<Normaliser, regex::Error> {
-        let mut n = Normaliser::known();
-        for p in extra {
-            n.patterns
-                .push((regex::Regex::new(p)?, "<volatile>".into()));
-        }
-        Ok(n)
-    }
-
-    /// `value` with every string's volatile parts replaced by placeholders.
-    pub fn normalise(&self, value: &Value) -> Value {
-        match value {
-            Value::String(s) => {
-                let mut s = s.clone();
-                for (re, to) in &self.patterns {
-                    s = re.replace_all(&s, to.as_str()).into_owned();
-                }
-                Value::String(s)
-            }
-            Value::Array(items) => Value::Array(items.iter().map(|v| self.normalise(v)).collect()),
-            Value::Object(fields) => Value::Object(
-                fields
-                    .iter()
-                    .map(|(k, v)| (k.clone(), self.normalise(v)))
-                    .collect(),
-            ),
-            other => other.clone(),
-        }
-    }
 }
 
 #[cfg(test)]

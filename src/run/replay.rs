@@ -1,0 +1,189 @@
+//! `forgelog run TASKS_DIR --replay R`: re-runs the recorded rollouts of run
+//! R through the orchestrator, each in the same task image with the same
+//! harness bundle, paths and home (and, with `--pin-clock`, its clock at the
+//! recorded start); the proxy answers every call from the recording. Ends with how each
+//! re-run ended against its recording and the replay report of every call
+//! that differed. Exit 1 when anything differs unexplained.
+
+use super::{drive, RunArgs};
+use crate::Found;
+use anyhow::{bail, Context, Result};
+use forgelog_api::SessionClient;
+use forgelog_deploy::harness::Harness;
+use forgelog_deploy::local::{LocalBackend, PinnedClocks, Podman};
+use forgelog_deploy::orchestrator::{Orchestrator, RunOptions};
+use forgelog_deploy::run_dir::RunDir;
+use forgelog_deploy_core::{RecordedRun, ReplayTable, RunHistory, Task};
+use forgelog_producers::replay::{report_text, Matching, Normaliser, RecordedUpstream};
+use forgelog_producers::server::ProxyConfig;
+use forgelog_producers::RunningProxy;
+use forgelog_schemas::Topic;
+use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The recorded run's rollouts, their ends and their verdicts.
+fn recorded_run(config: &StreamConfig, run: &str, only: &[String]) -> Result<RecordedRun> {
+    let reader = ReplayReader::new(config)?;
+    let mut events = Vec::new();
+    for topic in [Topic::Rollouts, Topic::Rewards] {
+        let read = reader.read(topic.name(), StartAt::Beginning, Some(run))?;
+        events.extend(read.into_iter().filter_map(|r| r.event.ok()));
+    }
+    Ok(RecordedRun::from_events(run, &events, only)?)
+}
+
+pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result<()> {
+    if args.backend != "local" {
+        bail!("--replay re-runs rollouts in local sandboxes (--backend local)");
+    }
+    let config = args.broker.config();
+    let recorded = recorded_run(&config, run, &args.rollouts)?;
+    let mut tasks = BTreeMap::new();
+    let mut harnesses = BTreeMap::new();
+    let all: BTreeMap<String, Task> = Task::load_all(&args.tasks_dir)?
+        .into_iter()
+        .map(|t| (t.id.clone(), t))
+        .collect();
+    let home = forgelog_stream::forgelog_home();
+    let bundles = home.join("harnesses");
+    for g in &recorded.plan.groups {
+        let Some(task) = all.get(&g.task) else {
+            bail!(
+                "run {run} ran task {}, which is not in {}",
+                g.task,
+                args.tasks_dir.display()
+            );
+        };
+        tasks.insert(g.task.clone(), task.clone());
+        let harness = Harness::resolve(&g.harness).with_context(|| {
+            format!(
+                "run {run} ran harness {}, which is not a built-in one",
+                g.harness
+            )
+        })?;
+        harness.check_bundle(&bundles)?;
+        harnesses.insert(g.harness.clone(), harness);
+    }
+    let matching = if args.strict {
+        Matching::Strict
+    } else {
+        Matching::Lenient(Normaliser::with_volatile(&args.volatile).context("--volatile")?)
+    };
+    let clocks = if args.pin_clock {
+        let Some(libfaketime) = PinnedClocks::find_libfaketime() else {
+            bail!("--pin-clock needs libfaketime (apt-get install libfaketime, or FORGELOG_LIBFAKETIME=FILE)");
+        };
+        Some(PinnedClocks {
+            libfaketime,
+            starts: recorded
+                .attempts
+                .iter()
+                .map(|a| (a.rollout.id.clone(), a.started_at_ms))
+                .collect(),
+        })
+    } else {
+        None
+    };
+    // The replay's own directory: its sandboxes, network slots and harness
+    // output, beside (not over) the recorded run's.
+    let dir = RunDir::acquire(&home, &format!("{run}.replay"))?;
+    rt.block_on(async {
+        let calls = forgelog_producers::load_recording(&config, run).await?;
+        let upstream = Arc::new(RecordedUpstream::new(calls, matching));
+        let token = forgelog_http::random_token();
+        let proxy_config = ProxyConfig {
+            run_id: Some(run.to_string()),
+            admin_token: Some(token.clone()),
+            upstream_timeout: Duration::from_secs(60),
+            ..ProxyConfig::new(format!("recorded run {run}"))
+        };
+        let proxy =
+            RunningProxy::replay_from(proxy_config, upstream.clone(), args.proxy_listen).await?;
+        let total = recorded.plan.rollouts.len();
+        eprintln!(
+            "replaying run {run}: {total} rollouts, {} at a time, from the recording at {}{}",
+            args.concurrency,
+            proxy.url(),
+            if clocks.is_some() { ", clocks pinned at each recorded start" } else { "" }
+        );
+        let mut backend =
+            LocalBackend::new(Podman::default(), bundles, proxy.addr, dir);
+        if let Some(clocks) = clocks {
+            backend = backend.with_clocks(clocks);
+        }
+        backend
+            .check()
+            .await
+            .context("sandbox networks (forgelog run needs root for network namespaces)")?;
+        let options = RunOptions {
+            concurrency: args.concurrency,
+            max_model_calls: None,
+            max_tokens: None,
+            retry: false,
+        };
+        let orchestrator = Orchestrator::new(
+            backend,
+            SessionClient::new(proxy.url(), Some(token)),
+            recorded.plan.clone(),
+            tasks,
+            harnesses,
+            options,
+        );
+        let outcomes = drive(orchestrator, &RunHistory::default(), total).await;
+        proxy.shutdown(Duration::from_secs(1)).await?;
+        let rows = recorded.compare(&outcomes?);
+        let (report, refused) = (upstream.report(), upstream.refused());
+        println!("\nreplay of run {run}\n{}", ReplayTable(&rows));
+        print!("{}", report_text(&report));
+        println!("{} calls had no recorded answer", refused.len());
+        for r in &refused {
+            println!("  {r}");
+        }
+        if let Some(path) = &args.report {
+            let attempts: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "attempt": r.attempt,
+                        "harness": r.harness,
+                        "recorded": end_json(Some(&r.recorded)),
+                        "replayed": end_json(r.replayed.as_ref()),
+                        "differences": r.differences(),
+                    })
+                })
+                .collect();
+            let json = serde_json::json!({
+                "run": run,
+                "attempts": attempts,
+                "divergences": report,
+                "refused": refused,
+            });
+            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        let differing = rows.iter().filter(|r| !r.differences().is_empty()).count();
+        let unexplained = report.iter().filter(|e| !e.explained).count();
+        if differing + unexplained + refused.len() > 0 {
+            return Err(Found(format!(
+                "the replay of run {run} differs: {differing} rollouts ended differently, {unexplained} calls differed unexplained, {} had no recorded answer",
+                refused.len()
+            ))
+            .into());
+        }
+        println!("the replay of run {run} did what the recording did: {total} rollouts");
+        Ok(())
+    })
+}
+
+fn end_json(end: Option<&forgelog_deploy_core::replay::AttemptEnd>) -> serde_json::Value {
+    match end {
+        None => serde_json::Value::Null,
+        Some(e) => serde_json::json!({
+            "exit_status": e.exit_status,
+            "model_calls": e.model_calls,
+            "reward": e.reward,
+        }),
+    }
+}

@@ -1,0 +1,156 @@
+//! `forgelog run --replay`: each of the kit's eight harnesses runs a shipped
+//! task in its sandbox through `forgelog run` (the fake upstream playing a
+//! two-step agent), then re-runs it with `--replay` in the same image, bundle,
+//! paths and home, every call answered from the recording (and once more
+//! with its clock pinned at the recorded start). Each re-run must end as recorded (exit
+//! status, model calls, reward) with no call refused and no difference left
+//! unexplained; and a task changed since the recording must show up in the
+//! report at the first call it reaches.
+
+mod support;
+
+use forgelog_schemas::Event;
+use forgelog_stream::testing::unique_run_id;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::process::{Command, Output};
+use support::sandboxes::{fixture, stderr_of};
+use support::{containers_of, shipped, variant};
+
+const KIT: &str = "claude-code,codex,opencode,mini-swe-agent,gemini-cli,qwen-code,pi,aider";
+
+fn replay(brokers: &str, tasks: &std::path::Path, run: &str, extra: &[&str]) -> (Output, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("run")
+        .arg(tasks)
+        .args(["--replay", run, "--brokers", brokers, "--concurrency", "4"])
+        .arg("--report")
+        .arg(&report)
+        .args(extra)
+        .output()
+        .unwrap();
+    eprintln!(
+        "forgelog run --replay {run}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report = std::fs::read(&report)
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", stderr_of(&out)));
+    (out, report)
+}
+
+#[test]
+fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diverges() {
+    let f = fixture();
+    let run = unique_run_id("replay-kit");
+    let out = f
+        .command(&shipped(), &run, KIT, 1)
+        .args(["--task", "hello-file"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let recorded = f.events(&run);
+
+    let (out, report) = replay(&f.stream.brokers, &shipped(), &run, &[]);
+    let attempts = report["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 8, "{report:#}");
+    for a in attempts {
+        assert_eq!(a["differences"], serde_json::json!([]), "{a:#}");
+        assert_eq!(a["replayed"], a["recorded"], "{a:#}");
+        // Every harness reached the model and exited 0.
+        assert!(a["recorded"]["model_calls"].as_i64().unwrap() >= 1, "{a:#}");
+        assert_eq!(a["recorded"]["exit_status"], 0, "{a:#}");
+    }
+    assert_eq!(report["refused"], serde_json::json!([]), "{report:#}");
+    // Every difference is explained (volatile text), but one: Qwen Code
+    // sometimes loses a quick command's output (`Output: (empty)`), when
+    // recording and when replaying alike. That is the harness doing
+    // something else, and the report must say so.
+    let harness_of: BTreeMap<String, String> = recorded
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(r) => Some((r.session_id.clone(), r.harness.clone())),
+            _ => None,
+        })
+        .collect();
+    let unexplained: Vec<&Value> = report["divergences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["explained"] == false)
+        .collect();
+    for d in &unexplained {
+        let harness = &harness_of[d["session_id"].as_str().unwrap()];
+        assert!(
+            harness == "qwen-code" && d["detail"].as_str().unwrap().contains("Output: (empty)"),
+            "an unexplained difference ({harness}): {d:#}"
+        );
+    }
+    let expected = if unexplained.is_empty() { 0 } else { 1 };
+    assert_eq!(
+        out.status.code(),
+        Some(expected),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    // The replay recorded nothing in the recorded run.
+    assert_eq!(f.events(&run).len(), recorded.len());
+    assert_eq!(
+        containers_of(&format!("{run}.replay")),
+        0,
+        "sandboxes left behind"
+    );
+
+    // Claude Code again, its clock pinned at the recorded start (libfaketime
+    // in its sandbox; Claude Code writes today's date into its prompt).
+    let claude = format!("{run}-hello-file-claude-code-0");
+    let (out, report) = replay(
+        &f.stream.brokers,
+        &shipped(),
+        &run,
+        &["--rollout", &claude, "--pin-clock"],
+    );
+    assert!(out.status.success(), "{report:#}{}", stderr_of(&out));
+    assert_eq!(report["attempts"][0]["differences"], serde_json::json!([]));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("clocks pinned"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    // The task changed since the recording: the re-run is still answered from
+    // the recording, and the report names the first call that differs and
+    // what differs in it.
+    let changed = tempfile::tempdir().unwrap();
+    variant(
+        changed.path(),
+        "hello-file",
+        "instruction.md",
+        "Create a file hello.txt containing the word goodbye, then say done.\n",
+    );
+    let rollout = format!("{run}-hello-file-mini-swe-agent-0");
+    let (out, report) = replay(
+        &f.stream.brokers,
+        changed.path(),
+        &run,
+        &["--rollout", &rollout],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert_eq!(report["attempts"].as_array().unwrap().len(), 1);
+    let first = &report["divergences"][0];
+    assert_eq!(first["call_index"], 0, "{report:#}");
+    assert_eq!(first["explained"], false, "{report:#}");
+    assert!(
+        first["detail"].as_str().unwrap().contains("goodbye"),
+        "{first:#}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("calls differed unexplained"),
+        "{}",
+        stderr_of(&out)
+    );
+}

@@ -1,0 +1,115 @@
+//! `forgelog run` against the fake upstream (a two-step agent) and the
+//! shared broker: the fixture of the sandboxed end-to-end tests.
+
+use forgelog_producers::fake_upstream::{self, FakeOptions};
+use forgelog_schemas::{Event, Topic};
+use forgelog_stream::testing::shared_broker;
+use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+/// Serves the fake upstream while it lives; runs `forgelog run` against it.
+pub struct Fixture {
+    /// Serves the fake upstream while the fixture lives.
+    _rt: tokio::runtime::Runtime,
+    pub stream: StreamConfig,
+    pub upstream: String,
+    pub fake: std::sync::Arc<fake_upstream::FakeUpstream>,
+}
+
+pub fn fixture() -> Fixture {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let (addr, fake) = rt
+        .block_on(fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            FakeOptions {
+                agent_steps: Some(2),
+                keep_answers: true,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    Fixture {
+        _rt: rt,
+        stream,
+        upstream: format!("http://{addr}"),
+        fake,
+    }
+}
+
+impl Fixture {
+    pub fn command(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+        cmd.arg("run")
+            .arg(tasks)
+            .args(["--harness", harnesses, "--run", run])
+            .args(["--group-size", &group.to_string(), "--concurrency", "4"])
+            .args([
+                "--upstream",
+                &self.upstream,
+                "--brokers",
+                &self.stream.brokers,
+            ])
+            .args(["--max-model-calls", "8"]);
+        cmd
+    }
+
+    pub fn run(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Output {
+        let started = Instant::now();
+        let out = self.command(tasks, run, harnesses, group).output().unwrap();
+        eprintln!(
+            "forgelog run {run}: {} in {:.1} s\n{}",
+            out.status,
+            started.elapsed().as_secs_f64(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        out
+    }
+
+    /// The run's events: calls (made whole), rollouts, rewards.
+    pub fn events(&self, run: &str) -> Vec<Event> {
+        let reader = ReplayReader::new(&self.stream).unwrap();
+        let mut out = Vec::new();
+        for topic in [Topic::Calls, Topic::Rollouts, Topic::Rewards] {
+            for r in reader
+                .read(topic.name(), StartAt::Beginning, Some(run))
+                .unwrap()
+            {
+                out.push(r.event.expect("decodable"));
+            }
+        }
+        // Calls whole again, as every reader of the log sees them (schema v5).
+        let errors = forgelog_schemas::compact::expand_events(&mut out);
+        assert!(errors.is_empty(), "{errors:?}");
+        out
+    }
+}
+
+/// The `CallFinished` events among `events`.
+pub fn finished_calls(events: &[Event]) -> Vec<forgelog_schemas::CallFinished> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn stderr_of(out: &Output) -> String {
+    let s = String::from_utf8_lossy(&out.stderr);
+    s[s.len().saturating_sub(4000)..].to_string()
+}
+
+pub fn run_dir(run: &str) -> PathBuf {
+    forgelog_stream::forgelog_home().join("runs").join(run)
+}
+
+/// Network slots the run still holds.
+pub fn slots_of(run: &str) -> usize {
+    std::fs::read_dir(run_dir(run).join("slots"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
