@@ -3,8 +3,8 @@
 //! two-step agent), then re-runs it with `--replay` in the same image, bundle,
 //! paths and home, every call answered from the recording (and once more
 //! with its clock pinned at the recorded start). Each re-run must end as recorded (exit
-//! status, model calls, reward) with no call refused and no difference left
-//! unexplained; and a task changed since the recording must show up in the
+//! status, model calls, reward, the model turns in the harness's own
+//! output) with no call refused and no difference left unexplained; and a task changed since the recording must show up in the
 //! report at the first call it reaches.
 
 mod support;
@@ -14,7 +14,7 @@ use forgelog_stream::testing::unique_run_id;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
-use support::sandboxes::{fixture, stderr_of};
+use support::sandboxes::{fixture, run_dir, stderr_of};
 use support::{containers_of, shipped, variant};
 
 const KIT: &str = "claude-code,codex,opencode,mini-swe-agent,gemini-cli,qwen-code,pi,aider";
@@ -40,6 +40,25 @@ fn replay(brokers: &str, tasks: &std::path::Path, run: &str, extra: &[&str]) -> 
         .map(|b| serde_json::from_slice(&b).unwrap())
         .unwrap_or_else(|e| panic!("no report ({e}): {}", stderr_of(&out)));
     (out, report)
+}
+
+/// The fake agent's turns in a harness's output, in order: "Running step N",
+/// "Done after N".
+fn model_turns(text: &str) -> Vec<String> {
+    let mut turns: Vec<(usize, String)> = ["Running step ", "Done after "]
+        .iter()
+        .flat_map(|p| {
+            text.match_indices(p).map(move |(i, _)| {
+                let n: String = text[i + p.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                (i, format!("{p}{n}"))
+            })
+        })
+        .collect();
+    turns.sort();
+    turns.into_iter().map(|(_, t)| t).collect()
 }
 
 #[test]
@@ -97,6 +116,31 @@ fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diver
         String::from_utf8_lossy(&out.stdout),
         stderr_of(&out)
     );
+    // The harnesses' own output holds their model turns (the fake agent's
+    // "Running step N." and "Done after N steps."): the same, in the same
+    // order, as when recorded.
+    let turns = |dir: &str, harness: &str| {
+        let out = std::fs::read_to_string(
+            run_dir(dir)
+                .join("attempts")
+                .join(format!("{run}-hello-file-{harness}-0"))
+                .join("stdout"),
+        )
+        .unwrap();
+        model_turns(&out)
+    };
+    for harness in KIT.split(',') {
+        let recorded_turns = turns(&run, harness);
+        assert!(
+            !recorded_turns.is_empty(),
+            "{harness}: no model turn in its output"
+        );
+        assert_eq!(
+            turns(&format!("{run}.replay"), harness),
+            recorded_turns,
+            "{harness}'s model turns"
+        );
+    }
     // The replay recorded nothing in the recorded run.
     assert_eq!(f.events(&run).len(), recorded.len());
     assert_eq!(

@@ -57,11 +57,14 @@ fn walk(a: &Value, b: &Value, path: String, names: (&str, &str)) -> Option<(Stri
             let around = |t: &str| {
                 let from = at.saturating_sub(CONTEXT);
                 let excerpt: String = t.chars().skip(from).take(CLIP).collect();
-                format!(
-                    "{}{}",
-                    if from > 0 { "…" } else { "" },
-                    Value::String(excerpt)
-                )
+                let total = t.chars().count();
+                let more = if from + CLIP < total {
+                    format!("… ({total} chars)")
+                } else {
+                    String::new()
+                };
+                let before = if from > 0 { "…" } else { "" };
+                format!("{before}{}{more}", Value::String(excerpt))
             };
             Some((
                 path,
@@ -139,7 +142,9 @@ mod tests {
         let long = json!("a".repeat(500));
         let (_, detail) = first_difference(&long, &json!("b"), n).unwrap();
         assert!(
-            detail.len() < 300 && detail.contains("(502 chars)"),
+            detail.len() < 300
+                && detail.starts_with("at character 0: stored \"aaa")
+                && detail.contains("\"… (500 chars), rebuilt \"b\""),
             "{detail}"
         );
     }
