@@ -23,7 +23,7 @@ use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
 use forgelog_deploy_core::{Outcome, RunHistory, RunPlan, RunSummary, StalenessBound, Task};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
-use forgelog_schemas::Topic;
+use forgelog_schemas::{Event, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
 use progress::Bar;
@@ -122,16 +122,22 @@ pub struct RunArgs {
     pub report: Option<PathBuf>,
 }
 
+/// Run `run`'s events on `topics`, as far as the log holds them.
+fn run_events(config: &StreamConfig, run: &str, topics: &[Topic]) -> Result<Vec<Event>> {
+    let reader = ReplayReader::new(config)?;
+    let mut events = Vec::new();
+    for &topic in topics {
+        let read = reader.read(topic.name(), StartAt::Beginning, Some(run))?;
+        events.extend(read.into_iter().filter_map(|r| r.event.ok()));
+    }
+    Ok(events)
+}
+
 /// The run's rollout events already in the log.
 fn history(config: &StreamConfig, run: &str) -> Result<RunHistory> {
-    let reader = ReplayReader::new(config)?;
     let mut history = RunHistory::default();
-    for topic in [Topic::Rollouts, Topic::Rewards] {
-        for rec in reader.read(topic.name(), StartAt::Beginning, Some(run))? {
-            if let Ok(e) = &rec.event {
-                history.observe(e);
-            }
-        }
+    for e in run_events(config, run, &[Topic::Rollouts, Topic::Rewards])? {
+        history.observe(&e);
     }
     Ok(history)
 }

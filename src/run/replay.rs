@@ -14,32 +14,28 @@ use forgelog_deploy::local::{LocalBackend, PinnedClocks, Podman};
 use forgelog_deploy::orchestrator::{Orchestrator, RunOptions};
 use forgelog_deploy::run_dir::RunDir;
 use forgelog_deploy_core::{RecordedRun, ReplayTable, RunHistory, Task};
-use forgelog_producers::replay::{report_text, Matching, Normaliser, RecordedUpstream};
+use forgelog_producers::replay::{report_text, Matching, Normaliser, RecordedUpstream, Recording};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
-use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The recorded run's rollouts, their ends and their verdicts.
-fn recorded_run(config: &StreamConfig, run: &str, only: &[String]) -> Result<RecordedRun> {
-    let reader = ReplayReader::new(config)?;
-    let mut events = Vec::new();
-    for topic in [Topic::Rollouts, Topic::Rewards] {
-        let read = reader.read(topic.name(), StartAt::Beginning, Some(run))?;
-        events.extend(read.into_iter().filter_map(|r| r.event.ok()));
-    }
-    Ok(RecordedRun::from_events(run, &events, only)?)
-}
 
 pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result<()> {
     if args.backend != "local" {
         bail!("--replay re-runs rollouts in local sandboxes (--backend local)");
     }
     let config = args.broker.config();
-    let recorded = recorded_run(&config, run, &args.rollouts)?;
+    // One read of the log: the rollouts, their verdicts and their calls.
+    let events = super::run_events(
+        &config,
+        run,
+        &[Topic::Rollouts, Topic::Rewards, Topic::Calls],
+    )?;
+    let recorded = RecordedRun::from_events(run, &events, &args.rollouts)?;
+    let calls = Recording::from_events(run, &events);
+    drop(events);
     let mut tasks = BTreeMap::new();
     let mut harnesses = BTreeMap::new();
     let all: BTreeMap<String, Task> = Task::load_all(&args.tasks_dir)?
@@ -90,7 +86,6 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
     // output, beside (not over) the recorded run's.
     let dir = RunDir::acquire(&home, &format!("{run}.replay"))?;
     rt.block_on(async {
-        let calls = forgelog_producers::load_recording(&config, run).await?;
         let upstream = Arc::new(RecordedUpstream::new(calls, matching));
         let token = forgelog_http::random_token();
         let proxy_config = ProxyConfig {
@@ -148,8 +143,8 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
                     serde_json::json!({
                         "attempt": r.attempt,
                         "harness": r.harness,
-                        "recorded": end_json(Some(&r.recorded)),
-                        "replayed": end_json(r.replayed.as_ref()),
+                        "recorded": r.recorded,
+                        "replayed": r.replayed,
                         "differences": r.differences(),
                     })
                 })
@@ -175,15 +170,4 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
         println!("the replay of run {run} did what the recording did: {total} rollouts");
         Ok(())
     })
-}
-
-fn end_json(end: Option<&forgelog_deploy_core::replay::AttemptEnd>) -> serde_json::Value {
-    match end {
-        None => serde_json::Value::Null,
-        Some(e) => serde_json::json!({
-            "exit_status": e.exit_status,
-            "model_calls": e.model_calls,
-            "reward": e.reward,
-        }),
-    }
 }

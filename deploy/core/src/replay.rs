@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// How an attempt ended: as the log recorded it, or as its re-run did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AttemptEnd {
     /// The harness's exit status (`None`: it did not exit: timed out, failed to start).
     pub exit_status: Option<i64>,
