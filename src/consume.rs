@@ -14,8 +14,13 @@ pub struct ConsumeArgs {
     #[arg(long, default_value = ".forgelog/consumers")]
     state: PathBuf,
     /// Exit after a sweep that finds nothing new (batch processing of a recorded run)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "scale_out")]
     exit_when_idle: bool,
+    /// Share the work with the other instances started on the same --state
+    /// directory (a shared volume across machines): trajectories by input
+    /// partition, the reward join as one task that moves to a live instance
+    #[arg(long)]
+    scale_out: bool,
     /// Input events between checkpoints
     #[arg(long, default_value_t = 1000)]
     checkpoint_every: usize,
@@ -53,7 +58,14 @@ pub fn run(rt: &tokio::runtime::Runtime, args: ConsumeArgs) -> Result<()> {
             Some(addr) => Some(forgelog_http::telemetry::serve(addr).await?),
             None => None,
         };
-        let stats = run_consumers(&args.broker.config(), which, &options, rewards).await;
+        let stats = run_consumers(
+            &args.broker.config(),
+            which,
+            &options,
+            rewards,
+            args.scale_out,
+        )
+        .await;
         if let Some(server) = metrics {
             server.shutdown(std::time::Duration::from_secs(1)).await;
         }

@@ -82,7 +82,9 @@ impl Learning {
         let consumers = {
             let config = config.clone();
             tokio::spawn(async move {
-                if let Err(e) = run_consumers(&config, Consumers::All, &options, rewards).await {
+                if let Err(e) =
+                    run_consumers(&config, Consumers::All, &options, rewards, false).await
+                {
                     eprintln!("consumers stopped: {e}");
                 }
             })

@@ -93,7 +93,7 @@ fn tail_prints_a_runs_events_as_json_lines() {
     .unwrap();
     assert_eq!(
         (first["key"].as_str(), first["offset"].is_i64()),
-        (Some("s1"), true),
+        (Some("rollout-s1"), true),
         "{first}"
     );
     assert_eq!(first["event"]["type"], "CallFinished");

@@ -14,6 +14,7 @@ pub use forgelog_consumers_core::{
 pub mod export;
 mod process;
 pub mod rebuild;
+pub mod scale_out;
 pub mod shell;
 
 pub use process::{run_consumers, Consumers};

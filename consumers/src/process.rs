@@ -1,6 +1,7 @@
 //! The consumers of one process (`forgelog consume`, `forgelog up`): each
 //! core in its shell, on a blocking thread, with its own state directory.
 
+use crate::scale_out;
 use crate::shell::{self, RunStats, ShellError, ShellOptions};
 use crate::{Processor, RewardConfig, RewardJoin, TrajectoryBuilder};
 use forgelog_stream::StreamConfig;
@@ -17,12 +18,14 @@ pub enum Consumers {
 /// `options.stop`. Each keeps its state in `options.state_dir/<name>`. In
 /// batch use the reward join starts when the trees are done, so that each
 /// sees its whole input in one pass; otherwise both run at once. Returns each
-/// one's stats, in that order.
+/// one's stats, in that order. With `scale_out`, each shares its work with
+/// the other instances on the same state directory ([`crate::scale_out`]).
 pub async fn run_consumers(
     config: &StreamConfig,
     which: Consumers,
     options: &ShellOptions,
     rewards: RewardConfig,
+    scale_out: bool,
 ) -> Result<Vec<(&'static str, RunStats)>, ShellError> {
     let own = |name: &str| ShellOptions {
         state_dir: options.state_dir.join(name),
@@ -30,11 +33,18 @@ pub async fn run_consumers(
     };
     let trajectories = {
         let (config, options) = (config.clone(), own(TrajectoryBuilder::NAME));
-        move || shell::run(&config, TrajectoryBuilder::default(), &options)
+        move || run_one(&config, TrajectoryBuilder::default, &options, scale_out)
     };
     let join = {
         let (config, options) = (config.clone(), own(RewardJoin::NAME));
-        move || shell::run(&config, RewardJoin::new(rewards), &options)
+        move || {
+            run_one(
+                &config,
+                || RewardJoin::new(rewards.clone()),
+                &options,
+                scale_out,
+            )
+        }
     };
     let (t, r) = (TrajectoryBuilder::NAME, RewardJoin::NAME);
     Ok(match which {
@@ -49,6 +59,19 @@ pub async fn run_consumers(
             vec![(t, a?), (r, b?)]
         }
     })
+}
+
+fn run_one<P: Processor>(
+    config: &StreamConfig,
+    fresh: impl Fn() -> P,
+    options: &ShellOptions,
+    scale_out: bool,
+) -> Result<RunStats, ShellError> {
+    if scale_out {
+        scale_out::run_scaled(config, fresh, options)
+    } else {
+        shell::run(config, fresh(), options)
+    }
 }
 
 /// A shell runs blocking: on a thread of tokio's blocking pool.

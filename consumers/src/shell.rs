@@ -48,8 +48,19 @@ pub enum ShellError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("log layout: {0}")]
+    Layout(String),
     #[error("consumer thread: {0}")]
     Thread(String),
+    #[error("{topic}[{partition}]@{offset} is keyed {key:?}, not by the {kind}'s key {expected:?}: this log was written before its events were keyed for partitioned consumers. Consume it as one task (without --scale-out)")]
+    NotCoPartitioned {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        kind: &'static str,
+        key: String,
+        expected: String,
+    },
     #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
     Settings {
         path: PathBuf,
@@ -68,6 +79,9 @@ pub struct ShellOptions {
     pub idle_wait: Duration,
     /// Set it to end the run after the current sweep, with a final checkpoint.
     pub stop: Arc<AtomicBool>,
+    /// Only this partition of each input topic: one task of a scaled-out
+    /// consumer (see [`crate::scale_out`]). `None`: every partition.
+    pub partition: Option<i32>,
 }
 
 impl ShellOptions {
@@ -78,6 +92,7 @@ impl ShellOptions {
             exit_when_idle: false,
             idle_wait: Duration::from_millis(500),
             stop: Arc::default(),
+            partition: None,
         }
     }
 }
@@ -92,6 +107,15 @@ pub struct RunStats {
     /// Input messages that are not forgelog events (recorded in the log's
     /// metrics and logs, then passed over).
     pub undecodable: u64,
+}
+
+impl std::ops::AddAssign<&RunStats> for RunStats {
+    fn add_assign(&mut self, other: &RunStats) {
+        self.consumed += other.consumed;
+        self.emitted += other.emitted;
+        self.skipped += other.skipped;
+        self.undecodable += other.undecodable;
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -191,6 +215,11 @@ pub fn run_on<P: Processor>(
     fresh: P,
     options: &ShellOptions,
 ) -> Result<RunStats, ShellError> {
+    assert!(
+        options.partition.is_none() || P::CO_PARTITIONED,
+        "{} is one task: it cannot run over one partition",
+        P::NAME
+    );
     let rt = tokio::runtime::Handle::current();
     let reader = log;
     let producer = sink;
@@ -265,7 +294,11 @@ pub fn run_on<P: Processor>(
         let mut progressed = false;
         'sweep: for topic in P::INPUTS {
             let topic = topic.name();
-            for partition in reader.partitions(topic)? {
+            let partitions = reader.partitions(topic)?;
+            let partitions = partitions
+                .into_iter()
+                .filter(|p| options.partition.is_none_or(|only| only == *p));
+            for partition in partitions {
                 let from = state
                     .inputs
                     .get(topic)
@@ -282,6 +315,19 @@ pub fn run_on<P: Processor>(
                     progressed = true;
                     stats.consumed += 1;
                     match rec.event {
+                        // A task of one partition sees a key's events only if
+                        // every input is keyed as the processor expects.
+                        Ok(event) if options.partition.is_some() && rec.key != event.key().as_bytes() => {
+                            failure = Some(ShellError::NotCoPartitioned {
+                                topic: topic.to_string(),
+                                partition,
+                                offset: rec.offset,
+                                kind: event.kind().name(),
+                                key: String::from_utf8_lossy(&rec.key).into_owned(),
+                                expected: event.key().to_string(),
+                            });
+                            return ControlFlow::Break(());
+                        }
                         Ok(event) => state.processor.process(event, &mut out),
                         Err(why) => {
                             stats.undecodable += 1;

@@ -3,7 +3,8 @@
 //! time; 20 × `FORGELOG_SOAK` with the soak flag) gives exactly the same bytes
 //! as a clean one.
 
-use forgelog_schemas::{testing::recorded_run, Topic};
+use forgelog_schemas::{testing::recorded_run, Event, Topic};
+use forgelog_stream::admin::TopicLayout;
 use forgelog_stream::testing::{self, PrivateBroker};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use std::path::Path;
@@ -43,12 +44,23 @@ fn groups() -> usize {
 
 /// A broker holding the recorded run's input topics.
 fn broker_with_run() -> PrivateBroker {
+    broker_with(recorded_run(RUN, groups(), 4, 4, 40), 3)
+}
+
+/// A broker holding `events`, over topics of `partitions` partitions.
+fn broker_with(events: Vec<Event>, partitions: i32) -> PrivateBroker {
     let broker = PrivateBroker::start().unwrap();
     let config = broker.config();
-    let events = recorded_run(RUN, groups(), 4, 4, 40);
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(testing::produce(&config, &events));
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let layout = TopicLayout {
+            partitions,
+            ..Default::default()
+        };
+        forgelog_stream::admin::create_topics(&config, &layout)
+            .await
+            .unwrap();
+        testing::produce(&config, &events).await
+    });
     broker
 }
 
@@ -267,4 +279,133 @@ fn consumers_ride_out_a_broker_restart() {
         as_events(&got) == as_events(&reference),
         "batches differ from a clean run's"
     );
+}
+
+/// `forgelog consume WHICH --scale-out` on a shared state directory.
+fn scaled(which: &str, config: &StreamConfig, state: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["consume", which, "--scale-out", "--checkpoint-every", "10"])
+        .args(["--brokers", &config.brokers, "--state"])
+        .arg(state)
+        .env("RUST_LOG", "error")
+        .spawn()
+        .unwrap()
+}
+
+/// The tasks each live instance says it holds (`members/*`), by member.
+fn holdings(members: &Path) -> Vec<Vec<String>> {
+    let Ok(entries) = std::fs::read_dir(members) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| std::fs::read(e.ok()?.path()).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|v| {
+            v["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| Some(t.as_str()?.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Scale-out: three instances of each consumer share one state directory over
+/// six partitions; every second or two one of them, at random, is killed with
+/// -9 and started again. The trajectory builder's partitions are shared out
+/// (two each) and move to the living; the reward join, one task, moves to
+/// whichever instance is alive. The outputs are byte-identical to one clean
+/// instance's: the same events at the same offsets, nothing lost or twice.
+#[test]
+fn three_instances_killed_at_random_produce_what_one_clean_instance_does() {
+    let events = recorded_run(RUN, 3 * groups(), 4, 4, 40);
+    let clean = broker_with(events.clone(), 6);
+    let state = tempfile::tempdir().unwrap();
+    assert!(consume("all", &clean.config(), state.path())
+        .wait()
+        .unwrap()
+        .success());
+    let reference = outputs(&clean.config());
+    let count = |all: &[Message], topic: &str| all.iter().filter(|m| m.0 == topic).count();
+
+    let shared = broker_with(events, 6);
+    let config = shared.config();
+    let state = tempfile::tempdir().unwrap();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut kills = Vec::new();
+    let mut spread = 0;
+    // One consumer after the other, as a batch run has them: the join then
+    // reads whole trajectories, and its batches come in the clean order.
+    for (which, topic) in [
+        ("trajectories", Topic::Trajectories.name()),
+        ("rewards", Topic::Batches.name()),
+    ] {
+        let dir = state.path().join(which);
+        let members = dir.join("members");
+        let mut instances: Vec<Child> = (0..3)
+            .map(|_| scaled(which, &config, state.path()))
+            .collect();
+        let want = count(&reference, topic);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut killed = 0;
+        loop {
+            let held = holdings(&members);
+            if which == "trajectories"
+                && held.len() == 3
+                && held.iter().all(|tasks| tasks.len() == 2)
+            {
+                spread += 1;
+            }
+            let done = count(&outputs(&config), topic);
+            if done >= want {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{which}: {done} of {want} outputs after {killed} kills"
+            );
+            std::thread::sleep(Duration::from_millis(800 + next(1200)));
+            let victim = next(3) as usize;
+            instances[victim].kill().unwrap(); // SIGKILL
+            instances[victim].wait().unwrap();
+            instances[victim] = scaled(which, &config, state.path());
+            killed += 1;
+        }
+        // A moment more: nothing further (a duplicate) may arrive.
+        std::thread::sleep(Duration::from_secs(3));
+        for mut child in instances {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "an instance of {which} exited"
+            );
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        kills.push((which, killed));
+    }
+    let got = outputs(&config);
+    assert_eq!(got.len(), reference.len(), "outputs lost or duplicated");
+    assert!(got == reference, "outputs differ from one clean instance's");
+    assert!(
+        spread > 0,
+        "the six partitions were never spread two by two over three instances"
+    );
+    println!(
+        "kills {kills:?}; {} outputs byte-identical to one clean instance; \
+         samples with the partitions spread two by two: {spread}",
+        got.len()
+    );
+    for (which, killed) in kills {
+        assert!(
+            killed >= 3,
+            "{which} finished after only {killed} kills: give it more work"
+        );
+    }
 }

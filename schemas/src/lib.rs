@@ -79,7 +79,7 @@ macro_rules! events {
                 match self { $(Event::$name(e) => &e.event_id,)* }
             }
 
-            /// The Kafka message key: session, rollout or run id.
+            /// The Kafka message key: rollout, run id or (dead letters) topic.
             pub fn key(&self) -> &str {
                 match self { $(Event::$name(e) => &e.$key,)* }
             }
@@ -100,8 +100,11 @@ macro_rules! events {
 }
 
 events! {
-    CallStarted => Calls by session_id;
-    CallFinished => Calls by session_id;
+    // By rollout, as the rollout's own events: a rollout's calls and its start
+    // and finish land in partitions of the same number, so each partition can
+    // be consumed apart (`forgelog consume --scale-out`).
+    CallStarted => Calls by rollout_id;
+    CallFinished => Calls by rollout_id;
     RolloutStarted => Rollouts by rollout_id;
     RolloutFinished => Rollouts by rollout_id;
     VerifierResult => Rewards by rollout_id;

@@ -12,6 +12,11 @@ pub trait Processor: Serialize + DeserializeOwned + Send + 'static {
     /// Input topics, in the order the shell sweeps them.
     const INPUTS: &'static [Topic];
     const OUTPUT: Topic;
+    /// Whether an input event only ever meets events with the same message
+    /// key. Then partition `n` of every input topic is a task of its own, with
+    /// its own state, and instances can share the partitions out
+    /// (`forgelog consume --scale-out`); otherwise the consumer is one task.
+    const CO_PARTITIONED: bool = false;
 
     /// Feeds one input event; appends what it completes to `out`.
     fn process(&mut self, event: Event, out: &mut Vec<Event>);

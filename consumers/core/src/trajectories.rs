@@ -32,6 +32,8 @@ impl Processor for TrajectoryBuilder {
     const NAME: &'static str = "trajectories";
     const INPUTS: &'static [Topic] = &[Topic::Calls, Topic::Rollouts];
     const OUTPUT: Topic = Topic::Trajectories;
+    /// A rollout's calls, start and finish are all keyed by its id.
+    const CO_PARTITIONED: bool = true;
 
     fn process(&mut self, event: Event, out: &mut Vec<Event>) {
         let key = match &event {

@@ -125,3 +125,88 @@ fn on_a_memory_log_the_shells_emit_what_the_cores_derive_once_across_restarts() 
         "each set aside once, across the restarts"
     );
 }
+
+/// Each partition's output events, in order: (partition, event id).
+fn by_partition(log: &MemoryLog, topic: Topic) -> Vec<(i32, String)> {
+    let mut all = Vec::new();
+    for p in log.partitions(topic.name()).unwrap() {
+        let end = log.end(topic.name(), p).unwrap();
+        let _ = log
+            .for_each_in(topic.name(), p, 0, end, |r| {
+                all.push((p, r.event.unwrap().event_id().to_string()));
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+    }
+    all
+}
+
+/// A scaled-out trajectory builder runs one task per partition: together they
+/// emit, partition by partition and in order, what one task over the whole
+/// log does. A log whose calls are keyed the old way (by session) is refused
+/// with the reason, not half joined.
+#[test]
+fn one_task_per_partition_emits_what_one_task_does_or_refuses_an_old_log() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let inputs = recorded_run("part", GROUPS, 4, 3, 16);
+    let (whole, split) = (MemoryLog::new(4), MemoryLog::new(4));
+    for e in &inputs {
+        whole.append(e).unwrap();
+        split.append(e).unwrap();
+    }
+    let state = tempfile::tempdir().unwrap();
+    let options = |dir: &str, partition: Option<i32>| ShellOptions {
+        checkpoint_every: 5,
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        partition,
+        ..ShellOptions::new(state.path().join(dir))
+    };
+    run_on(
+        &whole,
+        &whole,
+        TrajectoryBuilder::default(),
+        &options("whole", None),
+    )
+    .unwrap();
+    for p in 0..4 {
+        let stats = run_on(
+            &split,
+            &split,
+            TrajectoryBuilder::default(),
+            &options(&format!("p{p}"), Some(p)),
+        )
+        .unwrap();
+        assert!(stats.emitted > 0, "partition {p}: {stats:?}");
+    }
+    let expected = by_partition(&whole, Topic::Trajectories);
+    assert_eq!(expected.len(), GROUPS * 4);
+    assert_eq!(by_partition(&split, Topic::Trajectories), expected);
+
+    let old = MemoryLog::new(4);
+    for e in &inputs {
+        let key = match e {
+            Event::CallFinished(c) => c.session_id.as_bytes(),
+            e => e.key().as_bytes(),
+        };
+        let value = forgelog_schemas::Codec::global().encode(e).unwrap();
+        old.append_raw(e.topic().name(), key, &value);
+    }
+    let refused = (0..4).find_map(|p| {
+        run_on(
+            &old,
+            &old,
+            TrajectoryBuilder::default(),
+            &options(&format!("old{p}"), Some(p)),
+        )
+        .err()
+    });
+    let why = refused
+        .expect("an old log consumed per partition")
+        .to_string();
+    assert!(
+        why.contains("keyed") && why.contains("without --scale-out"),
+        "{why}"
+    );
+}

@@ -123,6 +123,11 @@ fn lock(dir: &Path) -> Result<File, SpoolError> {
 }
 
 impl Spool {
+    /// Whether a live writer holds the spool in `dir` (one never opened is free).
+    pub fn in_use(dir: &Path) -> bool {
+        dir.join(LOCK_FILE).exists() && matches!(lock(dir), Err(SpoolError::InUse { .. }))
+    }
+
     /// Opens (or creates) the spool in `dir`, cutting off a torn tail left by a crash.
     pub fn open(dir: impl Into<PathBuf>, options: SpoolOptions) -> Result<Spool, SpoolError> {
         let dir = dir.into();
