@@ -24,6 +24,10 @@ pub struct ConsumeArgs {
     /// Input events between checkpoints
     #[arg(long, default_value_t = 1000)]
     checkpoint_every: usize,
+    /// Checkpoints between snapshots of the consumers' state (the others
+    /// record positions only; a restart re-reads the input since the snapshot)
+    #[arg(long, default_value_t = forgelog_consumers::shell::SNAPSHOT_EVERY)]
+    snapshot_every: usize,
     /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
     #[arg(long)]
     efficiency_bonus: bool,
@@ -49,6 +53,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: ConsumeArgs) -> Result<()> {
     };
     let options = ShellOptions {
         checkpoint_every: args.checkpoint_every,
+        snapshot_every: args.snapshot_every,
         exit_when_idle: args.exit_when_idle,
         ..ShellOptions::new(args.state)
     };

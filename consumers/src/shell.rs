@@ -12,12 +12,18 @@
 //! follows the arrival.
 //!
 //! **Exactly once.** Every `checkpoint_every` input events the shell flushes its
-//! outputs, then atomically writes `state.json`: the core's state, the input
-//! positions it reflects, and the output partitions' ends. After a crash it
-//! first drains what its spool still holds, reads the outputs written since the
-//! checkpoint (their deterministic event ids), restores the checkpoint and
-//! replays the input from there: re-derived outputs already in the log are
-//! skipped, the rest are sent, in the same order a clean run sends them.
+//! outputs, then atomically writes how far it got: the input positions and the
+//! output partitions' ends (`progress.json`, a few hundred bytes). The core's
+//! state itself is written with them (`state.json`, a snapshot) only every
+//! [`ShellOptions::snapshot_every`] checkpoints and when the shell stops: the input between
+//! a snapshot and the progress after it is the journal that carries the state
+//! forward, so a large state (the calls of rollouts in flight) is not
+//! rewritten whole every few thousand events. After a crash the shell first
+//! drains what its spool still holds, restores the snapshot, re-reads the input
+//! up to the progress record (what that derives was sent already), reads the
+//! outputs written since (their deterministic event ids) and goes on from
+//! there: re-derived outputs already in the log are skipped, the rest are
+//! sent, in the same order a clean run sends them.
 
 use crate::Processor;
 use forgelog_schemas::{DeadLetter, Event, Topic};
@@ -74,6 +80,10 @@ pub struct ShellOptions {
     pub state_dir: PathBuf,
     /// Input events between checkpoints.
     pub checkpoint_every: usize,
+    /// A snapshot of the core's state is written every this many checkpoints
+    /// (and when the shell stops); a restart re-reads at most this many
+    /// checkpoints' worth of input to carry it forward. 1: every checkpoint.
+    pub snapshot_every: usize,
     /// Stop after a sweep that found nothing new (batch use, tests); otherwise run until `stop`.
     pub exit_when_idle: bool,
     pub idle_wait: Duration,
@@ -89,6 +99,7 @@ impl ShellOptions {
         ShellOptions {
             state_dir: state_dir.into(),
             checkpoint_every: 1000,
+            snapshot_every: SNAPSHOT_EVERY,
             exit_when_idle: false,
             idle_wait: Duration::from_millis(500),
             stop: Arc::default(),
@@ -107,6 +118,8 @@ pub struct RunStats {
     /// Input messages that are not forgelog events (recorded in the log's
     /// metrics and logs, then passed over).
     pub undecodable: u64,
+    /// Bytes written to the state directory's checkpoints.
+    pub state_bytes: u64,
 }
 
 impl std::ops::AddAssign<&RunStats> for RunStats {
@@ -115,12 +128,17 @@ impl std::ops::AddAssign<&RunStats> for RunStats {
         self.emitted += other.emitted;
         self.skipped += other.skipped;
         self.undecodable += other.undecodable;
+        self.state_bytes += other.state_bytes;
     }
 }
 
+/// A snapshot: the core's state and the positions it reflects (`state.json`).
 #[derive(Serialize, Deserialize)]
 struct Checkpoint<P> {
     settings: String,
+    /// Which checkpoint this is: a progress record with a higher number is newer.
+    #[serde(default)]
+    seq: u64,
     /// topic → partition → next offset to read.
     inputs: BTreeMap<String, BTreeMap<i32, i64>>,
     /// Output partition → its end when this checkpoint was taken.
@@ -130,6 +148,19 @@ struct Checkpoint<P> {
     dead_letters: BTreeMap<i32, i64>,
     processor: P,
 }
+
+/// What every checkpoint writes (`progress.json`): the snapshot's fields but
+/// the core's state.
+#[derive(Serialize, Deserialize)]
+struct Progress {
+    seq: u64,
+    inputs: BTreeMap<String, BTreeMap<i32, i64>>,
+    outputs: BTreeMap<i32, i64>,
+    dead_letters: BTreeMap<i32, i64>,
+}
+
+/// [`ShellOptions::snapshot_every`]'s default.
+pub const SNAPSHOT_EVERY: usize = 10;
 
 /// Runs `fresh` (or its checkpointed state) over its input topics in Kafka
 /// until idle or forever, its outputs through a spool in its state directory.
@@ -241,6 +272,7 @@ pub fn run_on<P: Processor>(
             .map_err(|e| state_err(std::io::Error::other(e)))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint {
             settings: fresh.settings(),
+            seq: 0,
             inputs: BTreeMap::new(),
             outputs: BTreeMap::new(),
             dead_letters: BTreeMap::new(),
@@ -255,6 +287,34 @@ pub fn run_on<P: Processor>(
             saved: state.settings,
             current,
         });
+    }
+
+    // A newer progress record: the input between the snapshot and it carries
+    // the state forward (everything that derives was sent before it was written).
+    let progress_path = options.state_dir.join("progress.json");
+    let mut since_snapshot = 0usize;
+    match std::fs::read(&progress_path) {
+        Ok(bytes) => {
+            let progress: Progress =
+                serde_json::from_slice(&bytes).map_err(|e| ShellError::State {
+                    path: progress_path.clone(),
+                    source: std::io::Error::other(e),
+                })?;
+            if progress.seq > state.seq {
+                since_snapshot = catch_up(reader, &mut state, &progress.inputs, options.partition)?;
+                state.seq = progress.seq;
+                state.inputs = progress.inputs;
+                state.outputs = progress.outputs;
+                state.dead_letters = progress.dead_letters;
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(ShellError::State {
+                path: progress_path,
+                source,
+            })
+        }
     }
 
     let spool_flushed = started.elapsed();
@@ -290,6 +350,7 @@ pub fn run_on<P: Processor>(
     let mut stats = RunStats::default();
     let mut out: Vec<Event> = Vec::new();
     let mut since_checkpoint = 0usize;
+    let snapshot_every = options.snapshot_every.max(1) * options.checkpoint_every.max(1);
     loop {
         let mut progressed = false;
         'sweep: for topic in P::INPUTS {
@@ -353,12 +414,20 @@ pub fn run_on<P: Processor>(
                     }
                     state.inputs.entry(topic.to_string()).or_default().insert(partition, rec.offset + 1);
                     since_checkpoint += 1;
+                    since_snapshot += 1;
                     if since_checkpoint >= options.checkpoint_every {
-                        if let Err(e) = checkpoint(&rt, producer, reader, &mut state, &state_path) {
-                            failure = Some(e);
-                            return ControlFlow::Break(());
+                        let snapshot = since_snapshot >= snapshot_every;
+                        match checkpoint(&rt, producer, reader, &mut state, &options.state_dir, snapshot) {
+                            Ok(bytes) => stats.state_bytes += bytes,
+                            Err(e) => {
+                                failure = Some(e);
+                                return ControlFlow::Break(());
+                            }
                         }
                         since_checkpoint = 0;
+                        if snapshot {
+                            since_snapshot = 0;
+                        }
                     }
                     ControlFlow::Continue(())
                 })?;
@@ -371,11 +440,24 @@ pub fn run_on<P: Processor>(
                 tracing::debug!(consumer = P::NAME, topic, partition, from, end, elapsed = ?t.elapsed(), "swept");
             }
         }
-        if since_checkpoint > 0 {
-            checkpoint(&rt, producer, reader, &mut state, &state_path)?;
+        let stopping =
+            (!progressed && options.exit_when_idle) || options.stop.load(Ordering::Relaxed);
+        if since_checkpoint > 0 || (stopping && since_snapshot > 0) {
+            let snapshot = stopping || since_snapshot >= snapshot_every;
+            stats.state_bytes += checkpoint(
+                &rt,
+                producer,
+                reader,
+                &mut state,
+                &options.state_dir,
+                snapshot,
+            )?;
             since_checkpoint = 0;
+            if snapshot {
+                since_snapshot = 0;
+            }
         }
-        if (!progressed && options.exit_when_idle) || options.stop.load(Ordering::Relaxed) {
+        if stopping {
             rt.block_on(producer.flush(Duration::from_secs(600)))?;
             return Ok(stats);
         }
@@ -418,34 +500,84 @@ fn ends(reader: &impl LogReader, topic: &str) -> Result<BTreeMap<i32, i64>, Cons
         .collect()
 }
 
-/// Outputs acknowledged, then state + positions + output ends, atomically.
+/// Outputs acknowledged, then the positions and output ends, atomically: with
+/// the core's state (a snapshot) or without it. Returns the bytes written.
 fn checkpoint<P: Processor>(
     rt: &tokio::runtime::Handle,
     producer: &impl EventSink,
     reader: &impl LogReader,
     state: &mut Checkpoint<P>,
-    path: &Path,
-) -> Result<(), ShellError> {
+    dir: &Path,
+    snapshot: bool,
+) -> Result<u64, ShellError> {
     let t = std::time::Instant::now();
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
     let flushed = t.elapsed();
     state.outputs = ends(reader, P::OUTPUT.name())?;
     state.dead_letters = ends(reader, Topic::DeadLetters.name())?;
+    state.seq += 1;
+    let (path, bytes) = if snapshot {
+        (dir.join("state.json"), serde_json::to_vec(state))
+    } else {
+        let progress = Progress {
+            seq: state.seq,
+            inputs: state.inputs.clone(),
+            outputs: state.outputs.clone(),
+            dead_letters: state.dead_letters.clone(),
+        };
+        (dir.join("progress.json"), serde_json::to_vec(&progress))
+    };
     let state_err = |source| ShellError::State {
-        path: path.to_path_buf(),
+        path: path.clone(),
         source,
     };
+    let bytes = bytes.map_err(|e| state_err(std::io::Error::other(e)))?;
     let tmp = path.with_extension("json.tmp");
-    let bytes = serde_json::to_vec(state).map_err(|e| state_err(std::io::Error::other(e)))?;
     {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp).map_err(state_err)?;
         f.write_all(&bytes).map_err(state_err)?;
         f.sync_data().map_err(state_err)?;
     }
-    std::fs::rename(&tmp, path).map_err(state_err)?;
-    tracing::debug!(consumer = P::NAME, ?flushed, total = ?t.elapsed(), bytes = bytes.len(), "checkpoint");
-    Ok(())
+    std::fs::rename(&tmp, &path).map_err(state_err)?;
+    tracing::debug!(consumer = P::NAME, snapshot, ?flushed, total = ?t.elapsed(), bytes = bytes.len(), "checkpoint");
+    Ok(bytes.len() as u64)
+}
+
+/// Feeds the core the input between its snapshot's positions and `to`, in
+/// sweep order, dropping what it derives (sent before `to` was recorded).
+/// Returns the events fed.
+fn catch_up<P: Processor>(
+    reader: &impl LogReader,
+    state: &mut Checkpoint<P>,
+    to: &BTreeMap<String, BTreeMap<i32, i64>>,
+    only: Option<i32>,
+) -> Result<usize, ShellError> {
+    let mut fed = 0;
+    let mut out = Vec::new();
+    for topic in P::INPUTS {
+        let topic = topic.name();
+        for (&partition, &end) in to.get(topic).into_iter().flatten() {
+            if only.is_some_and(|p| p != partition) {
+                continue;
+            }
+            let from = state
+                .inputs
+                .get(topic)
+                .and_then(|p| p.get(&partition))
+                .copied()
+                .unwrap_or(0);
+            let _ = reader.for_each_in(topic, partition, from, end, |rec| {
+                if let Ok(event) = rec.event {
+                    state.processor.process(event, &mut out);
+                    out.clear();
+                }
+                fed += 1;
+                ControlFlow::Continue(())
+            })?;
+        }
+    }
+    Ok(fed)
 }
 
 #[cfg(test)]

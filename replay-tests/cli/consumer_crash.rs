@@ -21,20 +21,26 @@ const GROUPS: usize = 40;
 /// slower machine it ran for 10 minutes.)
 const RESTART_BUDGET: Duration = Duration::from_secs(30);
 
-/// Input events a consumer's checkpoint says it has consumed (0 before its first).
-fn consumed(state_file: &Path) -> i64 {
-    let Ok(bytes) = std::fs::read(state_file) else {
-        return 0;
-    };
-    let state: serde_json::Value = serde_json::from_slice(&bytes).expect("state.json is JSON");
-    state["inputs"]
-        .as_object()
+/// Input events a consumer's last checkpoint says it has consumed (0 before
+/// its first): its progress record or its snapshot, whichever is further.
+fn consumed(consumer_state: &Path) -> i64 {
+    ["progress.json", "state.json"]
         .into_iter()
-        .flat_map(|topics| topics.values())
-        .filter_map(|partitions| partitions.as_object())
-        .flat_map(|partitions| partitions.values())
-        .filter_map(|offset| offset.as_i64())
-        .sum()
+        .filter_map(|file| std::fs::read(consumer_state.join(file)).ok())
+        .map(|bytes| {
+            let state: serde_json::Value =
+                serde_json::from_slice(&bytes).expect("checkpoints are JSON");
+            state["inputs"]
+                .as_object()
+                .into_iter()
+                .flat_map(|topics| topics.values())
+                .filter_map(|partitions| partitions.as_object())
+                .flat_map(|partitions| partitions.values())
+                .filter_map(|offset| offset.as_i64())
+                .sum()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Groups in the recorded run: more with the soak flag, so that more kills fit.
@@ -138,7 +144,7 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
     // every restart is known to make progress), then SIGKILL it at a random
     // point up to a few checkpoints later; until `kills_each` kills landed.
     for which in ["trajectories", "rewards"] {
-        let state_file = state.path().join(which).join("state.json");
+        let state_file = state.path().join(which);
         let mut kills_here = 0;
         while kills_here < kills_each {
             let before = consumed(&state_file);
@@ -219,7 +225,7 @@ fn consumers_ride_out_a_broker_restart() {
         .env("RUST_LOG", "error")
         .spawn()
         .unwrap();
-    let state_file = state.path().join("trajectories").join("state.json");
+    let state_file = state.path().join("trajectories");
     let started = Instant::now();
     while consumed(&state_file) == 0 {
         assert!(

@@ -9,6 +9,7 @@
 
 mod processor;
 pub mod rebuild;
+pub mod recent;
 pub mod report;
 pub mod rewards;
 pub mod show;
@@ -16,6 +17,7 @@ mod trajectories;
 pub mod tree;
 
 pub use processor::Processor;
+pub use recent::RecentKeys;
 pub use rewards::{RewardConfig, RewardJoin, RewardTransform};
 pub use trajectories::TrajectoryBuilder;
 pub use tree::TrajectoryTree;

@@ -1,11 +1,11 @@
 //! `forgelog.calls` + `forgelog.rollouts` → `forgelog.trajectories`.
 
-use crate::{Processor, TrajectoryTree};
+use crate::{Processor, RecentKeys, TrajectoryTree};
 use forgelog_schemas::{
     event_id, CallFinished, Event, RolloutFinished, RolloutStarted, Topic, TrajectoryBuilt,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Collects each rollout's calls and emits its trajectory once the rollout has
 /// started, finished, and every call it made (`RolloutFinished.model_calls`) has
@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct TrajectoryBuilder {
     /// By `run_id \t rollout_id`.
     pending: BTreeMap<String, PendingRollout>,
-    emitted: BTreeSet<String>,
+    emitted: RecentKeys,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

@@ -93,6 +93,8 @@ fn on_a_memory_log_the_shells_emit_what_the_cores_derive_once_across_restarts() 
             state.path().join(name).join("state.json"),
         )
         .unwrap();
+        // The crash came right after that snapshot: no progress since.
+        std::fs::remove_file(state.path().join(name).join("progress.json")).unwrap();
     }
     let (trees, groups) = consume(&log, state.path());
     assert_eq!((trees.emitted, groups.emitted), (0, 0));
@@ -208,5 +210,78 @@ fn one_task_per_partition_emits_what_one_task_does_or_refuses_an_old_log() {
     assert!(
         why.contains("keyed") && why.contains("without --scale-out"),
         "{why}"
+    );
+}
+
+/// Between snapshots a checkpoint records only how far it got; after a crash
+/// the state is carried forward from the last snapshot by re-reading the input
+/// since. Here rollouts are cut across the three thirds of the input, so the
+/// state carried forward holds calls of rollouts still in flight: the last
+/// run completes them, sends each trajectory once and re-sends nothing.
+#[test]
+fn after_a_crash_the_state_is_carried_from_its_snapshot_by_the_input_since() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let inputs = recorded_run("snap", GROUPS, 4, 3, 16);
+    let log = MemoryLog::default();
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().join("trajectories");
+    let run = || {
+        let options = ShellOptions {
+            checkpoint_every: 2,
+            exit_when_idle: true,
+            idle_wait: Duration::ZERO,
+            ..ShellOptions::new(&dir)
+        };
+        run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap()
+    };
+    let third = inputs.len() / 3;
+    for e in &inputs[..third] {
+        log.append(e).unwrap();
+    }
+    let first = run();
+    let snapshot = std::fs::read(dir.join("state.json")).unwrap();
+    for e in &inputs[third..2 * third] {
+        log.append(e).unwrap();
+    }
+    let second = run();
+    let progress = std::fs::read(dir.join("progress.json")).unwrap();
+    assert!(
+        progress.len() * 4 < std::fs::read(dir.join("state.json")).unwrap().len(),
+        "a progress record is not much smaller than a snapshot"
+    );
+    // Killed after its last progress record, before the snapshot that followed.
+    std::fs::write(dir.join("state.json"), &snapshot).unwrap();
+    for e in &inputs[2 * third..] {
+        log.append(e).unwrap();
+    }
+    let last = run();
+    let trajectories = log.events(Topic::Trajectories.name());
+    assert_eq!(trajectories.len(), GROUPS * 4);
+    assert_eq!(
+        first.emitted + second.emitted + last.emitted,
+        (GROUPS * 4) as u64
+    );
+    assert_eq!(
+        last.skipped, 0,
+        "re-sent what the input since the snapshot derived"
+    );
+    assert!(first.emitted > 0 && last.emitted > 0, "{first:?} {last:?}");
+    let mut by_topic = BTreeMap::new();
+    for e in &inputs {
+        by_topic
+            .entry(e.topic())
+            .or_insert_with(Vec::new)
+            .push(e.clone());
+    }
+    let expected = rebuild(&by_topic, RewardConfig::default());
+    let sorted = |mut events: Vec<Event>| {
+        events.sort_by(|a, b| a.event_id().cmp(b.event_id()));
+        events
+    };
+    // (In the order the input arrived, which is not the order of a rebuild.)
+    assert!(
+        sorted(trajectories) == sorted(expected.trajectories),
+        "not the trajectories the core derives"
     );
 }

@@ -1,13 +1,13 @@
 //! `forgelog.rollouts` + `forgelog.trajectories` + `forgelog.rewards` → `forgelog.batches`:
 //! the reward join and GRPO grouping.
 
-use crate::Processor;
+use crate::{Processor, RecentKeys};
 use forgelog_schemas::{
     event_id, Event, GroupMember, RolloutStarted, Topic, TrainingBatch, TrajectoryBuilt,
     VerifierResult,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// How verifier rewards become the rewards GRPO uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,8 +103,8 @@ pub struct RewardJoin {
     early_verdicts: BTreeMap<String, VerifierResult>,
     /// `run_id \t rollout_id` of attempts given up (their rollout ran again
     /// under a new id): never members, whichever of their events comes first.
-    abandoned: BTreeSet<String>,
-    emitted: BTreeSet<String>,
+    abandoned: RecentKeys,
+    emitted: RecentKeys,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
