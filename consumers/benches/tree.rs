@@ -85,11 +85,11 @@ fn main() {
             let stats = tokio::task::spawn_blocking(move || shell::run(&c, TrajectoryBuilder::default(), &o)).await.unwrap().unwrap();
             let secs = t.elapsed().as_secs_f64();
             println!(
-                "trajectories end to end, a snapshot every {snapshot_every} checkpoint(s): {} events ({calls} calls) in {secs:.2}s = {:.0} events/s, {} trajectories; state written {:.1} MB",
+                "trajectories end to end, a snapshot every {snapshot_every} checkpoint(s): {} events ({calls} calls) in {secs:.2}s = {:.0} events/s, {} trajectories; state written {:.1} kB",
                 stats.consumed,
                 stats.consumed as f64 / secs,
                 stats.emitted + stats.skipped,
-                stats.state_bytes as f64 / 1e6
+                stats.state_bytes as f64 / 1e3
             );
         }
         let (c, o) = (config.clone(), opts("rewards", shell::SNAPSHOT_EVERY));
@@ -97,11 +97,11 @@ fn main() {
         let stats = tokio::task::spawn_blocking(move || shell::run(&c, RewardJoin::default(), &o)).await.unwrap().unwrap();
         let secs = t.elapsed().as_secs_f64();
         println!(
-            "reward join end to end: {} events in {secs:.2}s = {:.0} events/s, {} groups; state written {:.1} MB",
+            "reward join end to end: {} events in {secs:.2}s = {:.0} events/s, {} groups; state written {:.1} kB",
             stats.consumed,
             stats.consumed as f64 / secs,
             stats.emitted,
-            stats.state_bytes as f64 / 1e6
+            stats.state_bytes as f64 / 1e3
         );
     });
 }
