@@ -14,7 +14,7 @@ pub mod upstream;
 
 use forgelog_stream::{EventProducer, SpoolOptions, StreamConfig};
 use metrics_exporter_prometheus::PrometheusHandle;
-use server::{ProxyConfig, ProxyState};
+use server::{ProxyConfig, ProxyState, Replicas};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -68,6 +68,15 @@ pub struct ProxyArgs {
     /// Requests in flight to the upstream at most (more wait for a turn)
     #[arg(long, default_value_t = ProxyConfig::MAX_UPSTREAM_REQUESTS)]
     pub max_upstream_requests: usize,
+    /// Every replica's base URL, in the same order for all (comma-separated),
+    /// when several serve one address: each holds the sessions it owns and
+    /// passes the others' requests on
+    #[arg(long, env = "FORGELOG_REPLICAS", value_delimiter = ',')]
+    pub replicas: Vec<String>,
+    /// Which of --replicas this one is (default: the number that ends
+    /// $HOSTNAME, as a StatefulSet names its pods)
+    #[arg(long, env = "FORGELOG_REPLICA_INDEX")]
+    pub replica_index: Option<usize>,
 }
 
 impl ServeArgs {
@@ -80,9 +89,31 @@ impl ServeArgs {
 }
 
 impl ProxyArgs {
+    /// The replica set, if several were listed.
+    fn replicas(&self) -> Result<Option<Replicas>, ProxyError> {
+        if self.replicas.is_empty() {
+            return Ok(None);
+        }
+        let index = match self.replica_index {
+            Some(i) => i,
+            None => std::env::var("HOSTNAME")
+                .ok()
+                .and_then(|h| h.rsplit('-').next()?.parse().ok())
+                .ok_or_else(|| {
+                    ProxyError::Replicas(
+                        "--replicas without --replica-index, and $HOSTNAME does not end in -N"
+                            .into(),
+                    )
+                })?,
+        };
+        Replicas::new(self.replicas.clone(), index)
+            .map(Some)
+            .map_err(ProxyError::Replicas)
+    }
+
     /// The proxy's configuration; its admin token is the one given or a new one.
-    pub fn config(&self) -> ProxyConfig {
-        ProxyConfig {
+    pub fn config(&self) -> Result<ProxyConfig, ProxyError> {
+        Ok(ProxyConfig {
             upstream: self.upstream.clone(),
             run_id: self.run_id.clone(),
             admin_token: Some(self.serve.admin_token()),
@@ -92,7 +123,8 @@ impl ProxyArgs {
             keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
             max_upstream_requests: self.max_upstream_requests,
             shutdown_grace: ProxyConfig::SHUTDOWN_GRACE,
-        }
+            replicas: self.replicas()?,
+        })
     }
 }
 
@@ -204,6 +236,8 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("--replicas: {0}")]
+    Replicas(String),
     #[error("--volatile: {0}")]
     Volatile(String),
     #[error("reading the recording: {0}")]
@@ -399,7 +433,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
     raise_fd_limit();
-    let config = args.config();
+    let config = args.config()?;
     let proxy = RunningProxy::start(
         config.clone(),
         &stream,
@@ -408,8 +442,11 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     )
     .await?;
     print_admin_token(&args.serve, &config);
+    let replica = config.replicas.as_ref().map_or(String::new(), |r| {
+        format!(", replica {} of {}", r.index, r.urls.len())
+    });
     eprintln!(
-        "forgelog proxy on {} -> {} (events to {}, spool {})",
+        "forgelog proxy on {} -> {} (events to {}, spool {}{replica})",
         proxy.url(),
         args.upstream,
         args.serve.brokers,

@@ -13,8 +13,9 @@ use std::time::Duration;
 /// be read the proxy starts with no sessions, saying so.
 ///
 /// Only sessions of the proxy's own `--run-id` are taken over (the broker is
-/// shared: other proxies serve other runs), and one proxy serves a run at a
-/// time: a second live one would see the first one's calls as interrupted.
+/// shared: other proxies serve other runs), and of those, with `--replicas`,
+/// only the ones this replica owns. One proxy holds a session at a time: a
+/// second live one would see the first one's calls as interrupted.
 pub(crate) async fn restore_sessions(state: &Arc<ProxyState>, stream: &StreamConfig) {
     let Some(run) = state.config.run_id.clone() else {
         return;

@@ -4,6 +4,7 @@
 //! `RolloutStarted`, so the table is a projection of the log ([`SessionLog`])
 //! and a restarted proxy serves the sessions that were open.
 
+use crate::server::Replicas;
 use forgelog_schemas::compact::SessionMemory;
 use forgelog_schemas::{CallStatus, Event, RolloutStarted};
 use sha2::{Digest, Sha256};
@@ -99,6 +100,10 @@ pub enum SessionError {
     Exists(String),
     #[error("no session {0}")]
     Unknown(String),
+    #[error(
+        "session {0} belongs to another proxy replica (do the replicas' --replicas lists agree?)"
+    )]
+    OtherReplica(String),
 }
 
 #[derive(Default)]
@@ -118,6 +123,8 @@ pub struct Sessions {
     /// `replay serve`: a recorded session may be replayed again and again
     /// (nothing is recorded, so no event id is reused).
     reopen_ended: bool,
+    /// One of several replicas: this table holds only the sessions it owns.
+    replicas: Option<Replicas>,
 }
 
 impl Sessions {
@@ -129,7 +136,16 @@ impl Sessions {
         }
     }
 
-    /// Creates a session; returns it and its API key.
+    /// The table of replica `replicas.index`: only the sessions it owns.
+    pub fn of_replica(replicas: Option<Replicas>) -> Sessions {
+        Sessions {
+            replicas,
+            ..Default::default()
+        }
+    }
+
+    /// Creates a session; returns it and its API key.  A replica draws keys
+    /// until one is its own, so a call carrying it finds its way here.
     pub fn create(
         &self,
         new: NewSession,
@@ -142,7 +158,19 @@ impl Sessions {
             .or_else(|| default_run.map(str::to_string))
             .ok_or(SessionError::NoRunId)?;
         let id = session_id(&run_id, &new.rollout_id);
-        let key = forgelog_http::random_token();
+        if self.replicas.as_ref().is_some_and(|r| !r.owns_session(&id)) {
+            return Err(SessionError::OtherReplica(id));
+        }
+        let key = loop {
+            let key = forgelog_http::random_token();
+            if self
+                .replicas
+                .as_ref()
+                .is_none_or(|r| r.owns_key(&key_sha256(&key)))
+            {
+                break key;
+            }
+        };
         let session = Arc::new(Session {
             id: id.clone(),
             run_id,
@@ -183,7 +211,9 @@ impl Sessions {
             let Some(hash) = &open.started.api_key_sha256 else {
                 continue; // recorded before v4: its key cannot be matched
             };
-            if t.by_id.contains_key(&open.started.session_id) {
+            let id = &open.started.session_id;
+            let theirs = self.replicas.as_ref().is_some_and(|r| !r.owns_session(id));
+            if theirs || t.by_id.contains_key(id) {
                 continue;
             }
             let session = Arc::new(open.session(hash, max_in_flight));

@@ -148,3 +148,137 @@ async fn a_restarted_proxy_serves_the_open_sessions_of_its_run() {
         .iter()
         .any(|e| matches!(e, Event::RolloutFinished(f) if f.rollout_id == "r-half")));
 }
+
+/// Three proxy replicas behind one address, as a Service spreads requests:
+/// every session lives on the replica that owns it, and a request reaching
+/// another replica is passed on (streams too). Each of twelve sessions is
+/// created, called and finished through different replicas; a replica that
+/// is down makes its sessions answer 503 (clients retry) and, started again,
+/// serves them on from the log, call indices continuing. The log holds each
+/// call once, indices 0, 1, 2 for every session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_serve_every_session_whichever_one_a_request_reaches() {
+    use forgelog_producers::fake_upstream::{self, FakeOptions};
+    use forgelog_producers::server::{ProxyConfig, Replicas, HOP};
+    use forgelog_producers::RunningProxy;
+
+    let stream = forgelog_stream::testing::shared_broker().await;
+    let (up, _fake) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), FakeOptions::default())
+        .await
+        .unwrap();
+    let upstream = format!("http://{up}");
+    let run_id = forgelog_stream::testing::unique_run_id("replicas");
+    let marks = topic_ends(&stream).await;
+    let addrs: Vec<std::net::SocketAddr> = (0..3)
+        .map(|_| forgelog_stream::testing::free_local_addr())
+        .collect();
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let spools: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |i: usize| {
+        let config = ProxyConfig {
+            replicas: Some(Replicas::new(urls.clone(), i).unwrap()),
+            ..config(upstream.clone(), &run_id)
+        };
+        RunningProxy::start(config, &stream, spools[i].path().to_path_buf(), addrs[i])
+    };
+    let mut proxies = Vec::new();
+    for i in 0..3 {
+        proxies.push(Some(start(i).await.expect("replica starts")));
+    }
+    let http = reqwest::Client::new();
+    let api = |i: usize| {
+        forgelog_api::SessionClient::with_http(urls[i].clone(), Some(ADMIN.into()), http.clone())
+    };
+    let chat = |key: &str, via: usize, stream: bool| {
+        http.post(format!("{}/v1/chat/completions", urls[via]))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "stream": stream,
+                          "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+
+    let owner = Replicas::new(urls.clone(), 0).unwrap();
+    let mut sessions = Vec::new();
+    for n in 0..12 {
+        let new = forgelog_api::NewSession::new(format!("r{n}"), "t", "h", "g");
+        let created = api(n % 3)
+            .create(&new)
+            .await
+            .expect("created through any replica");
+        sessions.push((created.session_id, created.api_key));
+    }
+    let owners: std::collections::BTreeSet<usize> = sessions
+        .iter()
+        .map(|(id, _)| owner.owner_of_session(id))
+        .collect();
+    assert!(
+        owners.len() >= 2,
+        "all twelve sessions on one replica: {owners:?}"
+    );
+    for (n, (_, key)) in sessions.iter().enumerate() {
+        for (call, via) in [(n + 1) % 3, (n + 2) % 3].into_iter().enumerate() {
+            let answer = chat(key, via, call == 1).await.unwrap();
+            assert_eq!(answer.status(), 200, "session {n} via replica {via}");
+            let body = answer.text().await.unwrap();
+            if call == 1 {
+                assert!(
+                    body.contains("data: [DONE]"),
+                    "a stream passed on whole: {body}"
+                );
+            }
+        }
+    }
+    // A session API request that another replica passed on lands where it
+    // is meant to: one sent straight to the wrong replica is refused.
+    let (victim, _) = &sessions[0];
+    let holder = owner.owner_of_session(victim);
+    let stray = http
+        .post(format!("{}/sessions", urls[(holder + 1) % 3]))
+        .bearer_auth(ADMIN)
+        .header(HOP, "9")
+        .json(&json!({"rollout_id": "r0", "task_id": "t", "harness": "h", "group_id": "g"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stray.status(), 421, "{}", stray.text().await.unwrap());
+
+    // The owner of session 0 goes down: its calls answer 503 through the others.
+    proxies[holder]
+        .take()
+        .unwrap()
+        .shutdown(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let key0 = sessions[0].1.clone();
+    let down = chat(&key0, (holder + 1) % 3, false).await.unwrap();
+    assert_eq!(down.status(), 503);
+    assert!(down.text().await.unwrap().contains("replica_unavailable"));
+    proxies[holder] = Some(start(holder).await.expect("replica starts again"));
+
+    for (n, (id, key)) in sessions.iter().enumerate() {
+        let answer = chat(key, n % 3, false).await.unwrap();
+        assert_eq!(answer.status(), 200, "session {n} after the restart");
+        let finish = forgelog_api::Finish {
+            exit_status: Some(0),
+            verifier: Some(Verdict::scored(1.0, "")),
+            ..Default::default()
+        };
+        let finished = api((n + 2) % 3).finish(id, &finish).await.unwrap();
+        assert_eq!(finished.model_calls, 3, "session {n}");
+    }
+    for p in proxies.into_iter().flatten() {
+        p.shutdown(std::time::Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let calls = read_events(&stream, Topic::Calls, &run_id, &marks).await;
+    for (n, (id, _)) in sessions.iter().enumerate() {
+        let (started, finished) = calls_of(&calls, id);
+        let indices: Vec<i64> = finished.iter().map(|c| c.call_index).collect();
+        assert_eq!((started, indices), (3, vec![0, 1, 2]), "session {n}");
+    }
+    let ids: std::collections::BTreeSet<&str> = calls.iter().map(|e| e.event_id()).collect();
+    assert_eq!(ids.len(), calls.len(), "an event id twice");
+    let rollouts = read_events(&stream, Topic::Rollouts, &run_id, &marks).await;
+    assert_eq!(rollouts.len(), 24, "a start and an end per session");
+}

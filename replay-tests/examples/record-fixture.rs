@@ -53,6 +53,7 @@ async fn main() {
             keep_alive: Duration::from_secs(5),
             max_upstream_requests: 8,
             shutdown_grace: Duration::from_secs(5),
+            replicas: None,
         },
         &config,
         spool.path().to_path_buf(),

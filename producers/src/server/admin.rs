@@ -57,6 +57,9 @@ fn open_session(st: &ProxyState, new: NewSession) -> Response {
         Err(e @ SessionError::Exists(_)) => {
             return admin_error(StatusCode::CONFLICT, e.to_string())
         }
+        Err(e @ SessionError::OtherReplica(_)) => {
+            return admin_error(StatusCode::MISDIRECTED_REQUEST, e.to_string())
+        }
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let started = record::rollout_started(&s, group_size, st.policy_version(), now);

@@ -35,7 +35,7 @@ pub(super) async fn admin_only(
 }
 
 /// Whether the request carries the admin token (any request, when the proxy has none).
-fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
+pub(super) fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
     match &st.config.admin_token {
         None => true,
         Some(t) => api_key(headers, None) == Some(t.as_str()),

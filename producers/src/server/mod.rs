@@ -10,10 +10,12 @@ mod body;
 mod call;
 mod meta;
 pub mod record;
+mod replicas;
 mod stream;
 
 pub use body::decode_body;
 pub use call::{CallsInFlight, INTERRUPTED};
+pub use replicas::{Replicas, HOP};
 
 use crate::sessions::{Session, Sessions};
 use crate::upstream::{Probe, Upstream, UpstreamClient};
@@ -75,6 +77,9 @@ pub struct ProxyConfig {
     pub max_upstream_requests: usize,
     /// How long a stopping proxy lets the calls in flight finish.
     pub shutdown_grace: Duration,
+    /// One of several replicas behind one address: each holds the sessions it
+    /// owns and passes the others' requests on ([`replicas`]).
+    pub replicas: Option<Replicas>,
 }
 
 impl ProxyConfig {
@@ -102,6 +107,7 @@ impl ProxyConfig {
             keep_alive: Self::KEEP_ALIVE,
             max_upstream_requests: Self::MAX_UPSTREAM_REQUESTS,
             shutdown_grace: Self::SHUTDOWN_GRACE,
+            replicas: None,
         }
     }
 }
@@ -124,6 +130,8 @@ pub struct ProxyState {
     /// Calls started and not finished: at shutdown, recorded as interrupted.
     pub calls_in_flight: CallsInFlight,
     metrics: PrometheusHandle,
+    /// Passes requests on to the replica that owns their session.
+    replica_client: reqwest::Client,
 }
 
 pub fn now_ms() -> i64 {
@@ -157,9 +165,16 @@ impl ProxyState {
         probe: crate::upstream::Probe,
     ) -> ProxyState {
         let sessions = match upstream {
-            Upstream::Live(_) => Sessions::default(),
+            Upstream::Live(_) => Sessions::of_replica(config.replicas.clone()),
             Upstream::Recorded(_) => Sessions::replaying(),
         };
+        // No overall timeout: an answer streams for as long as the owner's
+        // upstream works, with keep-alives.
+        let replica_client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(config.upstream_timeout + Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client without TLS builds");
         ProxyState {
             upstream,
             config,
@@ -170,6 +185,7 @@ impl ProxyState {
             policy_version: AtomicI64::new(-1),
             calls_in_flight: CallsInFlight::default(),
             metrics: crate::metrics_handle(),
+            replica_client,
         }
     }
 
@@ -340,6 +356,12 @@ pub fn router(state: Arc<ProxyState>) -> Router {
         .layer(TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             backstop,
+        ))
+        // Before anything reads the body: a request for another replica's
+        // session goes there whole.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            replicas::to_owner,
         ))
         .with_state(state)
 }

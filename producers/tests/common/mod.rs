@@ -38,6 +38,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         keep_alive: Duration::from_millis(500),
         max_upstream_requests: 64,
         shutdown_grace: Duration::from_secs(5),
+        replicas: None,
     }
 }
 
