@@ -9,15 +9,51 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, RecordBatch};
 use forgelog_stream::store::Location;
 use object_store::{ObjectStoreExt, PutPayload};
+use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Rows per Parquet row group (and per Arrow batch built at a time): a reader
-/// never needs more than this many sequences in memory.
+/// Rows per Parquet row group (and per Arrow batch built at a time) at most:
+/// a reader never needs more than this many sequences in memory.
 pub const ROW_GROUP_ROWS: usize = 256;
+
+/// Tokens per row group at most (it ends at the row that reaches this): long
+/// agent sequences (100k tokens and more) bound a group by size, not count.
+/// About 30 MB of columns.
+pub const ROW_GROUP_TOKENS: usize = 1 << 20;
+
+/// Whether a row group of `rows` rows and `tokens` tokens is complete.
+fn row_group_full(rows: usize, tokens: usize) -> bool {
+    rows >= ROW_GROUP_ROWS || tokens >= ROW_GROUP_TOKENS
+}
+
+/// `rows` cut into row groups.
+fn row_groups<'a, 'r>(rows: &'a [&'r SftRow]) -> impl Iterator<Item = &'a [&'r SftRow]> {
+    let mut rest = rows;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut tokens = 0;
+        let mut n = 0;
+        while n < rest.len() {
+            tokens += rest[n].input_ids.len();
+            n += 1;
+            if row_group_full(n, tokens) {
+                break;
+            }
+        }
+        let (group, tail) = rest.split_at(n);
+        rest = tail;
+        Some(group)
+    })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -32,44 +68,59 @@ pub enum ExportError {
     Parquet(#[from] ::parquet::errors::ParquetError),
     #[error("arrow: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+impl ExportError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExportError {
+        let what = what.into();
+        move |source| ExportError::Io { what, source }
+    }
 }
 
 /// One JSON object per line: the conversation (`messages`, `tools` when
 /// present) and every column of the Parquet row (`row_id` joins them). Rows
 /// without a chat view are left out.
 pub fn jsonl(rows: &[&SftRow]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for r in rows {
-        let Some(messages) = &r.messages else {
-            continue;
-        };
-        let mut line = serde_json::json!({
-            "messages": messages,
-            "row_id": r.row_id,
-            "run_id": r.run_id,
-            "task_id": r.task_id,
-            "group_id": r.group_id,
-            "harness": r.harness,
-            "rollout_id": r.rollout_id,
-            "path_index": r.path_index,
-            "call_indices": r.call_indices,
-            "reward": r.reward,
-            "advantage": r.advantage,
-            "input_ids": r.input_ids,
-            "loss_mask": r.loss_mask,
-            "assistant_masks": r.loss_mask,
-            "labels": r.labels(),
-            "sampling_logprobs": r.sampling_logprobs,
-            "policy_versions": r.policy_versions,
-            "finish_reasons": r.finish_reasons,
-        });
-        if let Some(tools) = &r.tools {
-            line["tools"] = tools.clone();
-        }
-        serde_json::to_writer(&mut out, &line).expect("json values serialize");
-        out.push(b'\n');
+    rows.iter()
+        .filter_map(|r| jsonl_line(r))
+        .flatten()
+        .collect()
+}
+
+/// `r`'s JSONL line, newline included; none without a chat view.
+fn jsonl_line(r: &SftRow) -> Option<Vec<u8>> {
+    let messages = r.messages.as_ref()?;
+    let mut line = serde_json::json!({
+        "messages": messages,
+        "row_id": r.row_id,
+        "run_id": r.run_id,
+        "task_id": r.task_id,
+        "group_id": r.group_id,
+        "harness": r.harness,
+        "rollout_id": r.rollout_id,
+        "path_index": r.path_index,
+        "call_indices": r.call_indices,
+        "reward": r.reward,
+        "advantage": r.advantage,
+        "input_ids": r.input_ids,
+        "loss_mask": r.loss_mask,
+        "assistant_masks": r.loss_mask,
+        "labels": r.labels(),
+        "sampling_logprobs": r.sampling_logprobs,
+        "policy_versions": r.policy_versions,
+        "finish_reasons": r.finish_reasons,
+    });
+    if let Some(tools) = &r.tools {
+        line["tools"] = tools.clone();
     }
-    out
+    let mut out = serde_json::to_vec(&line).expect("json values serialize");
+    out.push(b'\n');
+    Some(out)
 }
 
 /// One Arrow batch of pre-tokenized rows with their provenance; `messages`
@@ -149,17 +200,29 @@ fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError> {
     Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
 }
 
-/// Pre-tokenized rows with their provenance, zstd-compressed, in row groups
-/// of [`ROW_GROUP_ROWS`] built one at a time.
-pub fn parquet(rows: &[&SftRow]) -> Result<Vec<u8>, ExportError> {
-    let properties = WriterProperties::builder()
+fn parquet_properties() -> Result<WriterProperties, ExportError> {
+    Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_max_row_group_size(ROW_GROUP_ROWS)
-        .build();
+        .build())
+}
+
+fn parquet_writer<W: Write + Send>(out: W) -> Result<ArrowWriter<W>, ExportError> {
     let schema = record_batch(&[])?.schema();
+    Ok(ArrowWriter::try_new(
+        out,
+        schema,
+        Some(parquet_properties()?),
+    )?)
+}
+
+/// Pre-tokenized rows with their provenance, zstd-compressed, in row groups
+/// of at most [`ROW_GROUP_ROWS`] rows and about [`ROW_GROUP_TOKENS`] tokens,
+/// built one at a time.
+pub fn parquet(rows: &[&SftRow]) -> Result<Vec<u8>, ExportError> {
     let mut out = Vec::new();
-    let mut writer = ::parquet::arrow::ArrowWriter::try_new(&mut out, schema, Some(properties))?;
-    for chunk in rows.chunks(ROW_GROUP_ROWS) {
+    let mut writer = parquet_writer(&mut out)?;
+    for chunk in row_groups(rows) {
         writer.write(&record_batch(chunk)?)?;
         writer.flush()?;
     }
@@ -242,69 +305,217 @@ fn json_lines<T: serde::Serialize>(items: &[T]) -> Vec<u8> {
     out
 }
 
-/// Writes per harness what an export of `manifest.kind` holds (SFT:
-/// `sft.jsonl` and `sft.parquet`; RL: `paths.parquet`, and for the whole run
-/// `dpo.jsonl` and `kto.jsonl`), then `README.md` (the dataset card) and `manifest.json`,
-/// through object_store (`file://`, `s3://`, ...), one harness at a time.
-/// Returns the paths written.
-pub async fn write(
-    to: &str,
-    rows: &[SftRow],
-    manifest: &mut Manifest,
-) -> Result<Vec<String>, ExportError> {
-    let mut by_harness: BTreeMap<&str, Vec<&SftRow>> = BTreeMap::new();
-    for r in rows {
-        by_harness.entry(&r.harness).or_default().push(r);
+/// One harness's files while rows come in.
+struct HarnessFiles {
+    jsonl: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
+    parquet: (PathBuf, ArrowWriter<std::fs::File>),
+    /// The row group being gathered, and its tokens.
+    group: Vec<SftRow>,
+    group_tokens: usize,
+    rows: usize,
+    jsonl_rows: usize,
+}
+
+/// An SFT or RL export written as its rows come, in memory bounded by a row
+/// group per harness: per harness the JSONL (SFT) and the Parquet go to
+/// temporary files, the Parquet a row group at a time; the preference data
+/// (RL) likewise; [`RowWriter::finish`] copies them to the destination, then
+/// writes the dataset card.
+pub struct RowWriter {
+    kind: ExportKind,
+    dir: tempfile::TempDir,
+    harnesses: BTreeMap<String, HarnessFiles>,
+    /// `dpo.jsonl` and `kto.jsonl`, for an RL export.
+    preferences: Option<[(PathBuf, std::io::BufWriter<std::fs::File>); 2]>,
+}
+
+impl RowWriter {
+    pub fn new(kind: ExportKind) -> Result<RowWriter, ExportError> {
+        let dir = tempfile::tempdir().map_err(ExportError::io("a temporary folder"))?;
+        let preferences = match kind {
+            ExportKind::Rl => Some([
+                temp_file(dir.path(), "dpo.jsonl")?,
+                temp_file(dir.path(), "kto.jsonl")?,
+            ]),
+            _ => None,
+        };
+        Ok(RowWriter {
+            kind,
+            dir,
+            harnesses: BTreeMap::new(),
+            preferences,
+        })
     }
-    let mut files = Files::create(to)?;
-    for (harness, rows) in &by_harness {
-        let h = harness.to_string();
-        manifest.rows.insert(h.clone(), rows.len());
-        if manifest.kind == ExportKind::Sft {
-            let chats = rows.iter().filter(|r| r.messages.is_some()).count();
-            manifest.jsonl_rows.insert(h, chats);
-            files
-                .put(&format!("{harness}/sft.jsonl"), jsonl(rows))
-                .await?;
+
+    pub fn push(&mut self, row: SftRow) -> Result<(), ExportError> {
+        if !self.harnesses.contains_key(&row.harness) {
+            let n = self.harnesses.len();
+            let jsonl = match self.kind {
+                ExportKind::Sft => Some(temp_file(self.dir.path(), &format!("{n}.jsonl"))?),
+                _ => None,
+            };
+            let path = self.dir.path().join(format!("{n}.parquet"));
+            let file = std::fs::File::create(&path)
+                .map_err(ExportError::io(path.display().to_string()))?;
+            let files = HarnessFiles {
+                jsonl,
+                parquet: (path, parquet_writer(file)?),
+                group: Vec::new(),
+                group_tokens: 0,
+                rows: 0,
+                jsonl_rows: 0,
+            };
+            self.harnesses.insert(row.harness.clone(), files);
         }
-        let tokens = format!("{harness}/{}", tokens_file(manifest.kind));
-        files.put(&tokens, parquet(rows)?).await?;
+        let files = self.harnesses.get_mut(&row.harness).expect("inserted");
+        files.rows += 1;
+        if let (Some((path, out)), Some(line)) = (&mut files.jsonl, jsonl_line(&row)) {
+            out.write_all(&line)
+                .map_err(ExportError::io(path.display().to_string()))?;
+            files.jsonl_rows += 1;
+        }
+        files.group_tokens += row.input_ids.len();
+        files.group.push(row);
+        if row_group_full(files.group.len(), files.group_tokens) {
+            files.write_group()?;
+        }
+        Ok(())
     }
-    if manifest.kind == ExportKind::Rl {
-        // A group may span harnesses (one task, several harnesses): its
-        // preference data is the whole run's, not a harness's.
-        let all: Vec<&SftRow> = rows.iter().collect();
-        let (pairs, kto) = (rl::preference_pairs(&all), rl::kto_examples(&all));
-        manifest.dpo_pairs = Some(pairs.len());
-        manifest.kto_examples = Some(kto.len());
-        files.put("dpo.jsonl", json_lines(&pairs)).await?;
-        files.put("kto.jsonl", json_lines(&kto)).await?;
+
+    /// A group's preference data (RL).
+    pub fn preferences(
+        &mut self,
+        pairs: &[rl::PreferencePair],
+        kto: &[rl::KtoExample],
+    ) -> Result<(), ExportError> {
+        let Some([(dpo_path, dpo), (kto_path, kto_out)]) = &mut self.preferences else {
+            return Ok(());
+        };
+        dpo.write_all(&json_lines(pairs))
+            .map_err(ExportError::io(dpo_path.display().to_string()))?;
+        kto_out
+            .write_all(&json_lines(kto))
+            .map_err(ExportError::io(kto_path.display().to_string()))?;
+        Ok(())
     }
-    files
-        .put("README.md", dataset_card(manifest).into_bytes())
-        .await?;
-    files.finish(manifest).await
+
+    /// Closes the files, copies them under `files` and notes their counts in
+    /// `manifest`; then the dataset card.
+    pub async fn finish(
+        self,
+        files: &mut Files,
+        manifest: &mut Manifest,
+    ) -> Result<(), ExportError> {
+        for (harness, mut h) in self.harnesses {
+            h.write_group()?;
+            manifest.rows.insert(harness.clone(), h.rows);
+            if let Some((path, out)) = h.jsonl {
+                close(out, &path)?;
+                manifest.jsonl_rows.insert(harness.clone(), h.jsonl_rows);
+                files
+                    .put_file(&format!("{harness}/sft.jsonl"), &path)
+                    .await?;
+            }
+            let (path, writer) = h.parquet;
+            writer.close()?;
+            let tokens = format!("{harness}/{}", tokens_file(manifest.kind));
+            files.put_file(&tokens, &path).await?;
+        }
+        if let Some(preferences) = self.preferences {
+            let mut counts = [0usize; 2];
+            for (i, (path, out)) in preferences.into_iter().enumerate() {
+                close(out, &path)?;
+                counts[i] = count_lines(&path)?;
+                let name = path
+                    .file_name()
+                    .expect("named")
+                    .to_string_lossy()
+                    .into_owned();
+                files.put_file(&name, &path).await?;
+            }
+            manifest.dpo_pairs = Some(counts[0]);
+            manifest.kto_examples = Some(counts[1]);
+        }
+        files
+            .put("README.md", dataset_card(manifest).into_bytes())
+            .await
+    }
+}
+
+impl HarnessFiles {
+    fn write_group(&mut self) -> Result<(), ExportError> {
+        if self.group.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<&SftRow> = self.group.iter().collect();
+        self.parquet.1.write(&record_batch(&refs)?)?;
+        self.parquet.1.flush()?;
+        self.group.clear();
+        self.group_tokens = 0;
+        Ok(())
+    }
 }
 
 /// `export atif`: one JSON document per rollout (named `harness/rollout.json`),
-/// then the manifest.
-pub async fn write_documents(
-    to: &str,
-    documents: &[(String, serde_json::Value)],
-    manifest: &mut Manifest,
-) -> Result<Vec<String>, ExportError> {
-    let mut files = Files::create(to)?;
-    for (name, document) in documents {
-        let harness = name.split('/').next().unwrap_or_default();
-        *manifest.rows.entry(harness.to_string()).or_default() += 1;
-        let bytes = serde_json::to_vec_pretty(document).expect("a JSON value serializes");
-        files.put(name, bytes).await?;
+/// each in a temporary file until [`DocumentWriter::finish`] copies them.
+pub struct DocumentWriter {
+    dir: tempfile::TempDir,
+    /// (name under the export, its temporary file).
+    written: Vec<(String, PathBuf)>,
+}
+
+impl DocumentWriter {
+    pub fn new() -> Result<DocumentWriter, ExportError> {
+        Ok(DocumentWriter {
+            dir: tempfile::tempdir().map_err(ExportError::io("a temporary folder"))?,
+            written: Vec::new(),
+        })
     }
-    files.finish(manifest).await
+
+    pub fn push(&mut self, name: String, document: &serde_json::Value) -> Result<(), ExportError> {
+        let path = self.dir.path().join(format!("{}.json", self.written.len()));
+        let bytes = serde_json::to_vec_pretty(document).expect("a JSON value serializes");
+        std::fs::write(&path, bytes).map_err(ExportError::io(path.display().to_string()))?;
+        self.written.push((name, path));
+        Ok(())
+    }
+
+    pub async fn finish(
+        self,
+        files: &mut Files,
+        manifest: &mut Manifest,
+    ) -> Result<(), ExportError> {
+        for (name, path) in &self.written {
+            let harness = name.split('/').next().unwrap_or_default();
+            *manifest.rows.entry(harness.to_string()).or_default() += 1;
+            files.put_file(name, path).await?;
+        }
+        Ok(())
+    }
+}
+
+fn temp_file(
+    dir: &Path,
+    name: &str,
+) -> Result<(PathBuf, std::io::BufWriter<std::fs::File>), ExportError> {
+    let path = dir.join(name);
+    let file = std::fs::File::create(&path).map_err(ExportError::io(path.display().to_string()))?;
+    Ok((path, std::io::BufWriter::new(file)))
+}
+
+fn close(mut out: std::io::BufWriter<std::fs::File>, path: &Path) -> Result<(), ExportError> {
+    out.flush()
+        .map_err(ExportError::io(path.display().to_string()))
+}
+
+fn count_lines(path: &Path) -> Result<usize, ExportError> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path).map_err(ExportError::io(path.display().to_string()))?;
+    Ok(std::io::BufReader::new(file).split(b'\n').count())
 }
 
 /// An export's destination and what has been written to it.
-struct Files {
+pub struct Files {
     location: Location,
     /// The URLs written, in order.
     written: Vec<String>,
@@ -313,7 +524,7 @@ struct Files {
 }
 
 impl Files {
-    fn create(to: &str) -> Result<Files, ExportError> {
+    pub fn create(to: &str) -> Result<Files, ExportError> {
         let location =
             forgelog_stream::store::create(to).map_err(|e| ExportError::Destination {
                 url: to.to_string(),
@@ -328,11 +539,46 @@ impl Files {
 
     /// Writes the manifest last: it lists every other file's checksum, so it
     /// cannot hold its own. Returns every URL written.
-    async fn finish(mut self, manifest: &mut Manifest) -> Result<Vec<String>, ExportError> {
+    pub async fn finish(mut self, manifest: &mut Manifest) -> Result<Vec<String>, ExportError> {
         manifest.sha256 = std::mem::take(&mut self.sha256);
         let bytes = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
         self.put("manifest.json", bytes).await?;
         Ok(self.written)
+    }
+
+    /// Copies the local file `from` to `name` under the destination, a
+    /// chunk at a time (a multipart upload where the store has them), noting
+    /// its URL and checksum.
+    async fn put_file(&mut self, name: &str, from: &Path) -> Result<(), ExportError> {
+        let path = self.location.path(name);
+        let what = || format!("writing {path}");
+        let mut upload =
+            object_store::buffered::BufWriter::new(self.location.store.clone(), path.clone());
+        let mut file = tokio::fs::File::open(from)
+            .await
+            .map_err(ExportError::io(from.display().to_string()))?;
+        let mut hash = Sha256::new();
+        let mut chunk = vec![0; 1 << 20];
+        loop {
+            let n = file
+                .read(&mut chunk)
+                .await
+                .map_err(ExportError::io(from.display().to_string()))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&chunk[..n]);
+            upload
+                .write_all(&chunk[..n])
+                .await
+                .map_err(ExportError::io(what()))?;
+        }
+        upload.shutdown().await.map_err(ExportError::io(what()))?;
+        self.sha256
+            .insert(name.into(), format!("{:x}", hash.finalize()));
+        let url = self.location.url.as_str().trim_end_matches('/');
+        self.written.push(format!("{url}/{name}"));
+        Ok(())
     }
 
     /// Writes `name` under the destination, noting its URL and checksum.

@@ -6,18 +6,23 @@
 //! its rollout's reward and advantage, and its conversation in the shape
 //! Hugging Face chat templates read (the path's last call's `chat_request`
 //! messages plus its `chat_response`, through [`forgelog_dialects::hf`]).
-//! [`write`] turns them into files: per harness a JSONL (the conversation and
-//! everything else, what TRL's SFTTrainer reads as a conversational dataset)
-//! and a zstd Parquet (the tokens, masks and provenance, trainable as it is),
-//! a dataset card whose `configs:` make each harness a `load_dataset` config,
-//! and a manifest with counts, checksums and the source offsets.
+//! [`RowWriter`] turns them into files: per harness a JSONL (the conversation
+//! and everything else, what TRL's SFTTrainer reads as a conversational
+//! dataset) and a zstd Parquet (the tokens, masks and provenance, trainable as
+//! it is), a dataset card whose `configs:` make each harness a `load_dataset`
+//! config, and a manifest with counts, checksums and the source offsets.
+//! [`export_run`] streams: the log is read a rollout at a time ([`source`])
+//! and rows are written as they come, so neither the run nor the export is
+//! ever held in memory whole.
 
 pub mod atif;
 mod files;
 pub mod rl;
+pub mod source;
 
 pub use files::{
-    dataset_card, jsonl, parquet, write, write_documents, ExportError, ROW_GROUP_ROWS,
+    dataset_card, jsonl, parquet, DocumentWriter, ExportError, Files, RowWriter, ROW_GROUP_ROWS,
+    ROW_GROUP_TOKENS,
 };
 
 use forgelog_dialects::hf::hf_message;
@@ -191,26 +196,6 @@ pub fn rows(
     (out, filtered_out)
 }
 
-/// One tree per rollout, in log order: a rollout's tree may be in the log
-/// more than once (a consumer that stopped between its output and its
-/// commit, a second consumer group over the same topics), and the last one
-/// read stands.
-pub fn latest_per_rollout(trajectories: Vec<TrajectoryBuilt>) -> Vec<TrajectoryBuilt> {
-    let last: BTreeMap<&str, usize> = trajectories
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.rollout_id.as_str(), i))
-        .collect();
-    let keep: Vec<bool> = (0..trajectories.len())
-        .map(|i| last[trajectories[i].rollout_id.as_str()] == i)
-        .collect();
-    trajectories
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(t, keep)| keep.then_some(t))
-        .collect()
-}
-
 /// The call's request messages followed by its answer, as Hugging Face
 /// templates read them; its tools, if any.
 fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
@@ -229,15 +214,15 @@ fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
 #[cfg(test)]
 mod tests;
 
-/// Reads run `run` from the log (calls, trajectories, batches) and exports it to `to`.
+/// Reads run `run` from the log (batches, trajectories, calls) and exports it
+/// to `to`, a rollout at a time.
 pub async fn export_run(
-    reader: &forgelog_stream::ReplayReader,
+    reader: &impl forgelog_stream::LogReader,
     run: &str,
     to: &str,
     kind: ExportKind,
     filter: ExportFilter,
 ) -> Result<(Manifest, Vec<String>), Box<dyn std::error::Error + Send + Sync>> {
-    use forgelog_schemas::{Event, Topic};
     let mut manifest = Manifest {
         run_id: run.into(),
         kind,
@@ -246,59 +231,55 @@ pub async fn export_run(
         schema_version: forgelog_schemas::SCHEMA_VERSION,
         ..Default::default()
     };
-    let mut read = |topic: Topic| -> Result<Vec<Event>, forgelog_stream::ConsumeError> {
-        let got = crate::rebuild::read_run(reader, topic, run)?;
-        let offsets = manifest
-            .source_offsets
-            .entry(topic.name().to_string())
-            .or_default();
-        for r in &got {
-            let o = offsets.entry(r.partition).or_default();
-            *o = (*o).max(r.offset + 1);
-        }
-        Ok(got.into_iter().filter_map(|r| r.event.ok()).collect())
-    };
-    let mut calls: Vec<CallFinished> = read(Topic::Calls)?
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some(c),
-            _ => None,
-        })
-        .collect();
-    // Each call's chat form whole again (stored relative to earlier calls, v5).
-    forgelog_schemas::compact::expand_finished(&mut calls);
-    let trajectories = latest_per_rollout(
-        read(Topic::Trajectories)?
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::TrajectoryBuilt(t) => Some(t),
-                _ => None,
-            })
-            .collect(),
-    );
-    let mut scores = BTreeMap::new();
-    for e in read(Topic::Batches)? {
-        if let Event::TrainingBatch(b) = e {
-            for m in b.members {
-                let score = RolloutScore {
-                    reward: m.reward,
-                    advantage: m.advantage,
-                };
-                scores.insert(m.rollout_id, score);
-            }
-        }
-    }
+    let mut offsets = source::SourceOffsets::new();
+    let batches = source::batches(reader, run, &mut offsets)?;
+    let mut files = Files::create(to)?;
     if kind == ExportKind::Atif {
-        let (kept, left): (Vec<TrajectoryBuilt>, Vec<TrajectoryBuilt>) = trajectories
-            .into_iter()
-            .partition(|t| filter.keeps(scores.get(&t.rollout_id).and_then(|s| s.reward)));
-        manifest.filtered_out = left.len();
-        let documents = atif::trajectories(&kept, &calls, &scores);
-        let written = write_documents(to, &documents, &mut manifest).await?;
-        return Ok((manifest, written));
+        let mut documents = DocumentWriter::new()?;
+        source::each_rollout::<StreamedError>(reader, run, &mut offsets, |t, calls| {
+            let reward = batches.scores.get(&t.rollout_id).and_then(|s| s.reward);
+            if !filter.keeps(reward) {
+                manifest.filtered_out += 1;
+                return Ok(());
+            }
+            for (name, document) in atif::trajectories(&[t], &calls, &batches.scores) {
+                documents.push(name, &document)?;
+            }
+            Ok(())
+        })?;
+        documents.finish(&mut files, &mut manifest).await?;
+    } else {
+        let mut writer = RowWriter::new(kind)?;
+        let mut preferences =
+            (kind == ExportKind::Rl).then(|| rl::GroupPreferences::new(&batches.groups));
+        source::each_rollout::<StreamedError>(reader, run, &mut offsets, |t, calls| {
+            let group = t.group_id.clone();
+            let (rows, filtered_out) = rows(&[t], &calls, &batches.scores, &filter);
+            manifest.filtered_out += filtered_out;
+            if let Some((pairs, kto)) = preferences.as_mut().and_then(|p| p.add(&group, &rows)) {
+                writer.preferences(&pairs, &kto)?;
+            }
+            for row in rows {
+                writer.push(row)?;
+            }
+            Ok(())
+        })?;
+        if let Some(preferences) = preferences {
+            let (pairs, kto) = preferences.rest();
+            writer.preferences(&pairs, &kto)?;
+        }
+        writer.finish(&mut files, &mut manifest).await?;
     }
-    let (rows, filtered_out) = rows(&trajectories, &calls, &scores, &filter);
-    manifest.filtered_out = filtered_out;
-    let written = write(to, &rows, &mut manifest).await?;
+    manifest.source_offsets = offsets;
+    let written = files.finish(&mut manifest).await?;
     Ok((manifest, written))
+}
+
+/// What stops a streamed export: the log or the files.
+#[derive(Debug, thiserror::Error)]
+enum StreamedError {
+    #[error(transparent)]
+    Source(#[from] source::SourceError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
 }

@@ -44,19 +44,26 @@ pub struct KtoExample {
 /// A rollout's main path, its reward and its conversation.
 type Scored<'a> = (&'a SftRow, f64, &'a Vec<Value>);
 
-/// Each scored rollout's main path (the one that ends with its last call) with
-/// its conversation, by group, in row order.
+/// The path of a rollout's rows that ends with its last call (the first such).
+fn main_path<'a>(rows: impl IntoIterator<Item = &'a SftRow>) -> Option<&'a SftRow> {
+    let last = |r: &SftRow| r.call_indices.last().copied().unwrap_or(-1);
+    rows.into_iter()
+        .fold(None, |main: Option<&SftRow>, r| match main {
+            Some(m) if last(r) <= last(m) => Some(m),
+            _ => Some(r),
+        })
+}
+
+/// Each scored rollout's main path with its conversation, by group, in row order.
 fn scored_by_group<'a>(rows: &[&'a SftRow]) -> BTreeMap<&'a str, Vec<Scored<'a>>> {
-    let mut main: BTreeMap<&str, &SftRow> = BTreeMap::new();
+    let mut by_rollout: BTreeMap<&str, Vec<&SftRow>> = BTreeMap::new();
     for &r in rows {
-        let last = |r: &SftRow| r.call_indices.last().copied().unwrap_or(-1);
-        let keep = main
-            .get(r.rollout_id.as_str())
-            .is_none_or(|m| last(r) > last(m));
-        if keep {
-            main.insert(&r.rollout_id, r);
-        }
+        by_rollout.entry(&r.rollout_id).or_default().push(r);
     }
+    let main: BTreeMap<&str, &SftRow> = by_rollout
+        .into_iter()
+        .filter_map(|(id, rows)| Some((id, main_path(rows)?)))
+        .collect();
     let mut groups: BTreeMap<&str, Vec<Scored>> = BTreeMap::new();
     for &r in rows {
         if !main
@@ -73,6 +80,57 @@ fn scored_by_group<'a>(rows: &[&'a SftRow]) -> BTreeMap<&'a str, Vec<Scored<'a>>
         }
     }
     groups
+}
+
+/// Preference data a group at a time, for an export that reads a rollout at a
+/// time: a group's scored main paths are held until all its members are in.
+#[derive(Debug, Default)]
+pub struct GroupPreferences {
+    /// Group → members not yet in.
+    waiting: BTreeMap<String, usize>,
+    /// Group → the main paths of its members so far.
+    held: BTreeMap<String, Vec<SftRow>>,
+}
+
+impl GroupPreferences {
+    /// For the groups of the run's batches: group → its members.
+    pub fn new(groups: &BTreeMap<String, Vec<String>>) -> GroupPreferences {
+        GroupPreferences {
+            waiting: groups.iter().map(|(g, m)| (g.clone(), m.len())).collect(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// One rollout of `group` and its rows; once its group is complete, the
+    /// group's DPO pair and KTO examples.
+    pub fn add(
+        &mut self,
+        group: &str,
+        rows: &[SftRow],
+    ) -> Option<(Vec<PreferencePair>, Vec<KtoExample>)> {
+        let waiting = self.waiting.get_mut(group)?; // no batch: never scored
+        if let Some(main) = main_path(rows) {
+            self.held
+                .entry(group.into())
+                .or_default()
+                .push(main.clone());
+        }
+        *waiting = waiting.saturating_sub(1);
+        if *waiting > 0 {
+            return None;
+        }
+        self.waiting.remove(group);
+        let rows = self.held.remove(group).unwrap_or_default();
+        let refs: Vec<&SftRow> = rows.iter().collect();
+        Some((preference_pairs(&refs), kto_examples(&refs)))
+    }
+
+    /// What the groups with members never read give (their trees are not in the log).
+    pub fn rest(self) -> (Vec<PreferencePair>, Vec<KtoExample>) {
+        let rows: Vec<SftRow> = self.held.into_values().flatten().collect();
+        let refs: Vec<&SftRow> = rows.iter().collect();
+        (preference_pairs(&refs), kto_examples(&refs))
+    }
 }
 
 /// How many leading messages `a` and `b` share.

@@ -200,6 +200,22 @@ fn parquet_row_groups_are_bounded() {
         .map(|g| g.num_rows())
         .collect();
     assert_eq!(groups, [256, 256, 3]);
+    // Long sequences: a group ends at the row that reaches the token bound.
+    let mut long = one[0].clone();
+    long.input_ids = vec![7; ROW_GROUP_TOKENS / 3 + 1];
+    long.loss_mask = vec![1; long.input_ids.len()];
+    long.sampling_logprobs = vec![-0.5; long.input_ids.len()];
+    long.policy_versions = vec![0; long.input_ids.len()];
+    let longs: Vec<&SftRow> = std::iter::repeat_n(&long, 7).collect();
+    let bytes = bytes::Bytes::from(parquet(&longs).unwrap());
+    let meta = ::parquet::file::serialized_reader::SerializedFileReader::new(bytes).unwrap();
+    let groups: Vec<i64> = meta
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .collect();
+    assert_eq!(groups, [3, 3, 1]);
     let compression = meta.metadata().row_group(0).column(0).compression();
     assert!(matches!(
         compression,
@@ -230,26 +246,107 @@ fn the_dataset_card_makes_each_harness_a_config() {
     );
 }
 
-/// A tree that is in the log twice (a second consumer group, a restart
-/// between output and commit) is exported once: the last one read.
+/// The export streams from the log a rollout at a time: a tree that is in the
+/// log twice (a second consumer group, a restart between output and commit)
+/// is exported once, the last one read; a rollout whose calls are not all in
+/// the log still gets its rows (without a conversation); what is written is
+/// what the pure `rows` make of the whole run, and the same on a second export.
 #[test]
-fn a_rollout_in_the_log_twice_is_exported_once() {
-    let (trajectories, _) = run();
-    let n = trajectories.len();
+fn the_streamed_export_writes_what_rows_make_of_the_whole_run() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (trajectories, calls) = run();
+    let log = forgelog_stream::MemoryLog::new(3);
     let mut again = trajectories[0].clone();
-    again.calls += 100; // tell the copies apart
-    let doubled: Vec<TrajectoryBuilt> = trajectories
+    again.calls += 100; // its calls never all arrive
+    again.task_id = "the copy read last".into(); // tell the copies apart
+    for t in trajectories.iter().chain([&again]) {
+        log.append(&t.clone().into()).unwrap();
+    }
+    // Calls after their trees, as a consumer writes them; the first rollout's
+    // last call is missing.
+    let missing = calls
         .iter()
+        .filter(|c| c.rollout_id == again.rollout_id)
+        .map(|c| c.call_index)
+        .max()
+        .unwrap();
+    for c in &calls {
+        if !(c.rollout_id == again.rollout_id && c.call_index == missing) {
+            log.append(&c.clone().into()).unwrap();
+        }
+    }
+    let export = |dir: &std::path::Path| {
+        rt.block_on(export_run(
+            &log,
+            "r",
+            dir.to_str().unwrap(),
+            ExportKind::Sft,
+            Default::default(),
+        ))
+        .unwrap()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (manifest, written) = export(a.path());
+    let (again_manifest, _) = export(b.path());
+    assert_eq!(manifest.sha256, again_manifest.sha256, "two exports differ");
+    assert!(
+        written.iter().any(|w| w.ends_with("manifest.json")),
+        "{written:?}"
+    );
+
+    // What the pure rows make of the same run, the second copy standing.
+    let mut latest = trajectories.clone();
+    latest[0] = again.clone();
+    let present: Vec<CallFinished> = calls
+        .iter()
+        .filter(|c| !(c.rollout_id == again.rollout_id && c.call_index == missing))
         .cloned()
-        .chain([again.clone()])
-        .chain(trajectories.iter().skip(1).cloned())
         .collect();
-    let kept = latest_per_rollout(doubled);
-    assert_eq!(kept.len(), n);
-    let ids: Vec<&str> = kept.iter().map(|t| t.rollout_id.as_str()).collect();
-    let mut sorted = ids.clone();
-    sorted.sort();
-    sorted.dedup();
-    assert_eq!(sorted.len(), n, "{ids:?}");
-    assert_eq!(kept[0], again, "the last copy stands, where it was read");
+    let (expected, _) = rows(&latest, &present, &Default::default(), &Default::default());
+    let total: usize = manifest.rows.values().sum();
+    assert_eq!(total, expected.len());
+    let mut got: Vec<String> = Vec::new();
+    for harness in manifest.rows.keys() {
+        let bytes = std::fs::read(a.path().join(harness).join("sft.parquet")).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let column = |name: &str| {
+                batch
+                    .column_by_name(name)
+                    .unwrap()
+                    .as_any()
+                    .downcast_ref::<arrow_array::StringArray>()
+                    .unwrap()
+                    .clone()
+            };
+            let (ids, tasks) = (column("row_id"), column("task_id"));
+            got.extend(
+                ids.iter()
+                    .zip(tasks.iter())
+                    .map(|(id, task)| format!("{} {}", id.unwrap(), task.unwrap())),
+            );
+        }
+    }
+    let mut want: Vec<String> = expected
+        .iter()
+        .map(|r| format!("{} {}", r.row_id, r.task_id))
+        .collect();
+    assert!(want.iter().any(|w| w.ends_with("the copy read last")));
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    // The first rollout's path that needed the missing call has no conversation.
+    let chats: usize = manifest.jsonl_rows.values().sum();
+    let with_messages = expected.iter().filter(|r| r.messages.is_some()).count();
+    assert_eq!(chats, with_messages);
+    assert!(
+        with_messages < expected.len(),
+        "the missing call cost a conversation"
+    );
 }
