@@ -149,6 +149,17 @@ struct Checkpoint<P> {
     processor: P,
 }
 
+impl<P> Checkpoint<P> {
+    /// The next offset to read of `topic`'s `partition`.
+    fn position(&self, topic: &str, partition: i32) -> i64 {
+        self.inputs
+            .get(topic)
+            .and_then(|p| p.get(&partition))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 /// What every checkpoint writes (`progress.json`): the snapshot's fields but
 /// the core's state.
 #[derive(Serialize, Deserialize)]
@@ -360,12 +371,7 @@ pub fn run_on<P: Processor>(
                 .into_iter()
                 .filter(|p| options.partition.is_none_or(|only| only == *p));
             for partition in partitions {
-                let from = state
-                    .inputs
-                    .get(topic)
-                    .and_then(|p| p.get(&partition))
-                    .copied()
-                    .unwrap_or(0);
+                let from = state.position(topic, partition);
                 let end = reader.end(topic, partition)?;
                 let t = std::time::Instant::now();
                 let mut failure: Option<ShellError> = None;
@@ -561,12 +567,7 @@ fn catch_up<P: Processor>(
             if only.is_some_and(|p| p != partition) {
                 continue;
             }
-            let from = state
-                .inputs
-                .get(topic)
-                .and_then(|p| p.get(&partition))
-                .copied()
-                .unwrap_or(0);
+            let from = state.position(topic, partition);
             let _ = reader.for_each_in(topic, partition, from, end, |rec| {
                 if let Ok(event) = rec.event {
                     state.processor.process(event, &mut out);
