@@ -449,8 +449,9 @@ fn the_html_report_opens_in_a_browser_with_its_plots() {
         rollouts.to_string()
     );
     assert_eq!(text_after(&page, "id=\"published-count\""), "3");
-    assert_eq!(page.matches("<svg").count(), 5, "a plot per measure");
+    assert_eq!(page.matches("<svg").count(), 6, "a plot per measure");
     assert!(page.contains("Staleness per published version"));
+    assert!(page.contains("Sampled tokens per second per policy version"));
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report.png");
     screenshot(&url, &shot);
     eprintln!("screenshot: {}", shot.display());

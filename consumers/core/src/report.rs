@@ -23,11 +23,22 @@ pub struct VersionRow {
     pub model_calls: i64,
     pub tool_calls: i64,
     pub sampled_tokens: i64,
+    /// When its first call started and its last one ended, as the proxy
+    /// recorded them (ms since the epoch): the span its tokens were sampled in.
+    pub first_call_ms: Option<i64>,
+    pub last_call_ms: Option<i64>,
 }
 
 impl VersionRow {
     pub fn mean_reward(&self) -> Option<f64> {
         (self.scored > 0).then(|| self.reward_sum / self.scored as f64)
+    }
+
+    /// Tokens sampled per second of the span its calls ran in (wall time, all
+    /// of them in parallel), from the recorded call times: no clock read here.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let span = self.last_call_ms? - self.first_call_ms?;
+        (span > 0).then(|| self.sampled_tokens as f64 * 1000.0 / span as f64)
     }
 }
 
@@ -54,7 +65,17 @@ struct Rollout {
     model_calls: i64,
     tool_calls: i64,
     sampled: i64,
+    /// Its calls' earliest start and latest end (ms).
+    calls_span: Option<(i64, i64)>,
     abandoned: bool,
+}
+
+/// The smallest span holding `a` and `b`.
+fn widen(a: Option<(i64, i64)>, b: Option<(i64, i64)>) -> Option<(i64, i64)> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
+        (a, b) => a.or(b),
+    }
 }
 
 impl Report {
@@ -74,6 +95,8 @@ impl Report {
                     let r = rollouts.entry(&c.rollout_id).or_default();
                     r.model_calls += 1;
                     r.sampled += c.completion_token_ids.len() as i64;
+                    let ran = (c.finished_at_ms - c.latency_ms, c.finished_at_ms);
+                    r.calls_span = widen(r.calls_span, Some(ran));
                     if r.first_call_version.is_none_or(|(i, _)| c.call_index < i) {
                         r.first_call_version = Some((c.call_index, c.policy_version));
                     }
@@ -120,6 +143,8 @@ impl Report {
             row.model_calls += r.model_calls;
             row.tool_calls += r.tool_calls;
             row.sampled_tokens += r.sampled;
+            let span = widen(row.first_call_ms.zip(row.last_call_ms), r.calls_span);
+            (row.first_call_ms, row.last_call_ms) = span.unzip();
             match r.reward.flatten() {
                 Some(x) => {
                     row.scored += 1;
@@ -165,7 +190,7 @@ impl fmt::Display for Report {
         let per = |x: i64, n: usize| format!("{:.1}", x as f64 / n.max(1) as f64);
         writeln!(
             f,
-            "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9}",
+            "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9} {:>7}",
             "version",
             "harness",
             "rollouts",
@@ -175,13 +200,14 @@ impl fmt::Display for Report {
             "unscored",
             "calls",
             "tools",
-            "tokens"
+            "tokens",
+            "tok/s"
         )?;
         for r in &self.rows {
             let pass = (r.scored > 0).then(|| r.passed as f64 / r.scored as f64);
             writeln!(
                 f,
-                "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9}",
+                "{:>7} {:<16} {:>8} {:>6} {:>6} {:>7} {:>8} {:>7} {:>7} {:>9} {:>7}",
                 r.version.map_or("?".into(), |v| v.to_string()),
                 r.harness,
                 r.rollouts,
@@ -191,7 +217,9 @@ impl fmt::Display for Report {
                 r.unscored,
                 per(r.model_calls, r.rollouts),
                 per(r.tool_calls, r.rollouts),
-                r.sampled_tokens
+                r.sampled_tokens,
+                r.tokens_per_second()
+                    .map_or("-".into(), |t| format!("{t:.1}"))
             )?;
         }
         if self.published.is_empty() {
@@ -295,6 +323,33 @@ mod tests {
         assert_eq!((first, last), (mean(0), mean(1)));
         let text = report.to_string();
         assert!(text.contains("0.250"), "{text}");
+        // Throughput from the recorded call times: tokens over the span from
+        // the first call's start to the last call's end.
+        let row = &report.rows[0];
+        let calls: Vec<&forgelog_schemas::CallFinished> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::CallFinished(c)
+                    if c.policy_version == Some(0) && c.rollout_id.contains("-r1") =>
+                {
+                    Some(c)
+                }
+                _ => None,
+            })
+            .collect();
+        let start = calls
+            .iter()
+            .map(|c| c.finished_at_ms - c.latency_ms)
+            .min()
+            .unwrap();
+        let end = calls.iter().map(|c| c.finished_at_ms).max().unwrap();
+        let tokens: usize = calls.iter().map(|c| c.completion_token_ids.len()).sum();
+        assert_eq!(row.harness, "claude-code");
+        assert_eq!(
+            row.tokens_per_second(),
+            Some(tokens as f64 * 1000.0 / (end - start) as f64)
+        );
+        assert!(text.contains("tok/s"), "{text}");
         assert_eq!(Report::of(&events), report, "a pure function of its events");
     }
 }

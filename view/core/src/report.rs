@@ -20,8 +20,8 @@ struct Plot {
     svg: String,
 }
 
-/// Reward and pass rate per version per harness; the trainer's IS ratio,
-/// staleness and loss per published version.
+/// Reward, pass rate and sampling throughput per version per harness; the
+/// trainer's IS ratio, staleness and loss per published version.
 fn plots(report: &Report) -> Vec<Plot> {
     let by_harness =
         |value: &dyn Fn(&forgelog_consumers_core::report::VersionRow) -> Option<f64>| {
@@ -38,6 +38,7 @@ fn plots(report: &Report) -> Vec<Plot> {
         };
     let reward = by_harness(&|r| r.mean_reward());
     let pass_rate = by_harness(&|r| (r.scored > 0).then(|| r.passed as f64 / r.scored as f64));
+    let throughput = by_harness(&|r| r.tokens_per_second());
     let published = |keys: &[&str]| -> Vec<Series> {
         keys.iter()
             .map(|k| {
@@ -63,6 +64,12 @@ fn plots(report: &Report) -> Vec<Plot> {
             "version",
             "passed / scored",
             pass_rate,
+        ),
+        (
+            "Sampled tokens per second per policy version",
+            "version",
+            "tokens / s (wall)",
+            throughput,
         ),
         (
             "Importance ratio per published version",

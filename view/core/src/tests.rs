@@ -267,7 +267,12 @@ fn the_report_page_has_its_tables_and_a_plot_per_measure() {
     let pages = Pages::new();
     // Before training: reward and pass rate per version, nothing of the trainer.
     let before = pages.report("r", &events).unwrap();
-    assert_eq!(before.matches("<svg").count(), 2, "{before}");
+    assert_eq!(before.matches("<svg").count(), 3, "{before}");
+    assert!(before.contains("Sampled tokens per second per policy version"));
+    assert!(
+        before.contains("<th>tokens/s</th>"),
+        "the throughput column"
+    );
     assert!(before.contains("Mean reward per policy version"));
     assert!(!before.contains("Importance ratio"));
     events.extend((1..=3).map(|v| published("r", v)));
@@ -275,6 +280,7 @@ fn the_report_page_has_its_tables_and_a_plot_per_measure() {
     for title in [
         "Mean reward per policy version",
         "Pass rate per policy version",
+        "Sampled tokens per second per policy version",
         "Importance ratio per published version",
         "Staleness per published version",
         "Loss per published version",
@@ -284,7 +290,7 @@ fn the_report_page_has_its_tables_and_a_plot_per_measure() {
             "no {title}"
         );
     }
-    assert_eq!(after.matches("<svg").count(), 5);
+    assert_eq!(after.matches("<svg").count(), 6);
     // Self-contained: the stylesheet inline, nothing fetched.
     assert!(
         !after.contains("/static/") && !after.contains("<script"),

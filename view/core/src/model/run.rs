@@ -58,6 +58,8 @@ pub struct VersionLine {
     pub model_calls: i64,
     pub tool_calls: i64,
     pub sampled_tokens: i64,
+    /// Sampled tokens per second of the span the calls ran in.
+    pub tokens_per_second: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -141,6 +143,9 @@ pub fn run_page(run_id: &str, events: &[Event]) -> RunPage {
                 model_calls: v.model_calls,
                 tool_calls: v.tool_calls,
                 sampled_tokens: v.sampled_tokens,
+                tokens_per_second: v
+                    .tokens_per_second()
+                    .map_or("-".into(), |t| format!("{t:.1}")),
             })
             .collect(),
         published: report
