@@ -42,7 +42,11 @@ pub async fn run(
     let proxy = ProxyClient::new(base, Some(admin_token.to_string()));
     let mut failed = 0;
     let mut rollouts = 0;
+    // Wall time per round (this is the driver, not a consumer: the clock is
+    // its to read): what a step of the closed loop costs on this machine.
+    let mut round_seconds: Vec<f64> = Vec::new();
     let events = loop {
+        let round_started = std::time::Instant::now();
         let bar = ProgressBar::new(plan.rollouts() as u64).with_style(
             ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")?
                 .progress_chars("=> "),
@@ -57,6 +61,7 @@ pub async fn run(
         })
         .await;
         bar.finish();
+        let sampled = round_started.elapsed();
         failed += outcomes.iter().filter(|o| o.error.is_some()).count();
         rollouts += outcomes.len();
         let groups = plan.groups.len() * (plan.round + 1);
@@ -100,8 +105,22 @@ pub async fn run(
             wait_until_served(engine, version).await;
         }
         spinner.finish_and_clear();
+        let seconds = round_started.elapsed().as_secs_f64();
+        say(format!(
+            "round {}: rollouts sampled in {:.1} s; version {target} served {seconds:.1} s after the round began",
+            plan.round,
+            sampled.as_secs_f64()
+        ));
+        round_seconds.push(seconds);
         plan.round += 1;
     };
+    if !round_seconds.is_empty() {
+        let mean = round_seconds.iter().sum::<f64>() / round_seconds.len() as f64;
+        say(format!(
+            "seconds per training step (round to served version): mean {mean:.1} over {} steps",
+            round_seconds.len()
+        ));
+    }
 
     let summary = RunSummary::of(&events);
     say(format!("\n{summary}"));

@@ -65,6 +65,10 @@ pub struct UpArgs {
     /// Tokens per training step (with --train; with --demo one step per round, whatever this is)
     #[arg(long, default_value_t = 4096)]
     pub tokens_per_step: usize,
+    /// Where the local engine and the learner run: cpu, or cuda (a build
+    /// with `--features cuda`)
+    #[arg(long, value_enum, default_value_t = forgelog_engine::DeviceKind::Cpu)]
+    pub device: forgelog_engine::DeviceKind,
 }
 
 /// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
@@ -73,9 +77,15 @@ fn train_args(
     config: &StreamConfig,
     run: &str,
 ) -> Result<forgelog_trainer::TrainArgs> {
+    let device = match args.device {
+        forgelog_engine::DeviceKind::Cpu => "cpu",
+        forgelog_engine::DeviceKind::Cuda => "cuda",
+    };
     let mut extra = vec![
         "--learning-rate".to_string(),
         args.learning_rate.to_string(),
+        "--device".into(),
+        device.into(),
     ];
     if args.demo {
         // One step per round: a step is a round's groups, however long the
@@ -175,7 +185,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
 
     let engine = match &args.upstream {
         Some(_) => None,
-        None => Some(LocalEngine::start(&args.model, args.engine_listen, config, &run).await?),
+        None => Some(
+            LocalEngine::start(&args.model, args.engine_listen, args.device, config, &run).await?,
+        ),
     };
     let upstream = match (&args.upstream, &engine) {
         (Some(u), _) => u.clone(),
@@ -239,13 +251,14 @@ impl LocalEngine {
     pub async fn start(
         model: &str,
         listen: SocketAddr,
+        device: forgelog_engine::DeviceKind,
         config: &StreamConfig,
         run: &str,
     ) -> Result<LocalEngine> {
         let engine = forgelog_engine::EngineArgs {
             model: model.to_string(),
             listen,
-            device: forgelog_engine::DeviceKind::Cpu,
+            device,
             brokers: Some(config.brokers.clone()),
             run: Some(run.to_string()),
             // It follows forgelog.policy; reload over HTTP stays off.
@@ -260,12 +273,18 @@ impl LocalEngine {
         // Bound here, so that port 0 (`run`'s choice) has its port in the URL.
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
-        let task = tokio::spawn(async move {
+        let mut task = tokio::spawn(async move {
             if let Err(e) = forgelog_engine::serve_on(listener, engine, shutdown).await {
                 eprintln!("engine stopped: {e}");
             }
         });
-        wait_healthy(&format!("{url}/healthz"), "the engine").await?;
+        // An engine that cannot start (no such device, no model) ends its
+        // task at once: say so then, not after the wait for its health.
+        let health = format!("{url}/healthz");
+        tokio::select! {
+            healthy = wait_healthy(&health, "the engine") => healthy?,
+            _ = &mut task => anyhow::bail!("the engine did not start (see above)"),
+        }
         eprintln!("engine    {model} on {url}");
         Ok(LocalEngine { url, stop, task })
     }

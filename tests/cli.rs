@@ -268,6 +268,41 @@ fn sigterm(child: &std::process::Child) {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
 }
 
+/// An engine that cannot start (here: no such model; on a CPU build, `--device
+/// cuda` the same way) used to leave `up` waiting two minutes for its health
+/// check. It says why and exits at once.
+#[test]
+fn up_with_an_engine_that_cannot_start_says_why_at_once() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let home = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = forgelog()
+        .args([
+            "up",
+            "--brokers",
+            &config.brokers,
+            "--model",
+            "/nowhere/model.gguf",
+        ])
+        .args(["--engine-listen", &free_local_addr().to_string()])
+        .args(["--proxy-listen", &free_local_addr().to_string(), "--home"])
+        .arg(home.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("/nowhere/model.gguf") && err.contains("did not start"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn kafka_properties_file_reaches_the_clients_and_a_broken_one_is_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -25,3 +25,12 @@ for dtype in f32 bf16; do
   cargo run --release -p forgelog-trainer --features cuda --example trainer-bench -- --device cuda --dtype "$dtype"
   cargo run --release -p forgelog-trainer --features cuda --example trainer-bench -- --device cuda --dtype "$dtype" --sequences 64 --prompt 448 --sampled 64
 done
+# The closed loop on the GPU: `up --demo --train` with the engine and the
+# learner on cuda; the report's tok/s column is the engine's sampling rate
+# per version, and the driver prints the seconds per training step.
+cargo build --release --features cuda --bin forgelog
+loop_home=$(mktemp -d)
+"$CARGO_TARGET_DIR/release/forgelog" up --demo --train --steps "${FORGELOG_GPU_LOOP_STEPS:-5}" \
+  --device cuda --home "$loop_home" --export-to "$loop_home/export" \
+  --engine-listen 127.0.0.1:18000 --proxy-listen 127.0.0.1:18100 \
+  | grep -E "tok/s|^ +[0-9?]+ |^round |seconds per training step|^reward first"

@@ -226,9 +226,14 @@ async fn orchestrate(
             let upstream = match &args.upstream {
                 Some(u) => u.clone(),
                 None => {
-                    let e =
-                        LocalEngine::start(&args.model, "127.0.0.1:0".parse()?, config, &run_id)
-                            .await;
+                    let e = LocalEngine::start(
+                        &args.model,
+                        "127.0.0.1:0".parse()?,
+                        forgelog_engine::DeviceKind::Cpu,
+                        config,
+                        &run_id,
+                    )
+                    .await;
                     let e = e.context("starting the embedded engine (or pass --upstream)")?;
                     let url = e.url.clone();
                     engine = Some(e);
