@@ -18,7 +18,7 @@
 
 use crate::shell::{self, RunStats, ShellError, ShellOptions};
 use crate::Processor;
-use forgelog_stream::{LogReader, ReplayReader, SendError, Spool, SpoolError, StreamConfig};
+use forgelog_stream::{LogReader, ReplayReader, Spool, SpoolError, StreamConfig};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -160,18 +160,15 @@ pub fn run_scaled<P: Processor>(
             let run = running.remove(&name).expect("listed");
             match join(run.thread) {
                 Ok(stats) => total += &stats,
-                Err(ShellError::Spool(SpoolError::InUse { .. }))
-                | Err(ShellError::Send(SendError::Spool(SpoolError::InUse { .. }))) => {}
+                Err(ShellError::Spool(SpoolError::InUse { .. })) => {}
                 Err(e) => {
-                    stop_all(running);
+                    let _ = stop_all(running);
                     return Err(e);
                 }
             }
         }
         if options.stop.load(Ordering::Relaxed) {
-            for (_, stats) in stop_all(running) {
-                total += &stats?;
-            }
+            total += &stop_all(running)?;
             return Ok(total);
         }
 
@@ -242,13 +239,19 @@ fn join(thread: JoinHandle<Result<RunStats, ShellError>>) -> Result<RunStats, Sh
         .map_err(|_| ShellError::Thread("a consumer task panicked".into()))?
 }
 
-/// Stops every task (each ends after its sweep, with a checkpoint) and waits.
-fn stop_all(running: BTreeMap<String, Running>) -> Vec<(String, Result<RunStats, ShellError>)> {
+/// Stops every task (each ends after its sweep, with a checkpoint), waits
+/// for them all, and returns what they did (or the first failure).
+fn stop_all(running: BTreeMap<String, Running>) -> Result<RunStats, ShellError> {
     for run in running.values() {
         run.stop.store(true, Ordering::Relaxed);
     }
-    running
-        .into_iter()
-        .map(|(name, run)| (name, join(run.thread)))
-        .collect()
+    let mut total = RunStats::default();
+    let mut failed = None;
+    for run in running.into_values() {
+        match join(run.thread) {
+            Ok(stats) => total += &stats,
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    failed.map_or(Ok(total), Err)
 }

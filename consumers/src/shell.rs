@@ -95,6 +95,11 @@ pub struct ShellOptions {
 }
 
 impl ShellOptions {
+    /// Whether this shell reads `partition` of its inputs.
+    fn takes(&self, partition: i32) -> bool {
+        self.partition.is_none_or(|only| only == partition)
+    }
+
     pub fn new(state_dir: impl Into<PathBuf>) -> ShellOptions {
         ShellOptions {
             state_dir: state_dir.into(),
@@ -172,6 +177,53 @@ struct Progress {
 
 /// [`ShellOptions::snapshot_every`]'s default.
 pub const SNAPSHOT_EVERY: usize = 10;
+
+/// When a checkpoint is due, and whether it is a snapshot: input events
+/// counted since the last of each.
+struct Cadence {
+    checkpoint_every: usize,
+    /// Input events between snapshots.
+    snapshot_every: usize,
+    since_checkpoint: usize,
+    since_snapshot: usize,
+}
+
+impl Cadence {
+    fn new(options: &ShellOptions) -> Cadence {
+        let checkpoint_every = options.checkpoint_every.max(1);
+        Cadence {
+            checkpoint_every,
+            snapshot_every: options.snapshot_every.max(1) * checkpoint_every,
+            since_checkpoint: 0,
+            since_snapshot: 0,
+        }
+    }
+
+    fn consumed(&mut self) {
+        self.since_checkpoint += 1;
+        self.since_snapshot += 1;
+    }
+
+    /// Within a sweep: a checkpoint every `checkpoint_every` events; `Some(true)` for a snapshot.
+    fn due(&self) -> Option<bool> {
+        (self.since_checkpoint >= self.checkpoint_every)
+            .then_some(self.since_snapshot >= self.snapshot_every)
+    }
+
+    /// After a sweep: whatever it consumed, and a snapshot of all since the
+    /// last one when the shell stops.
+    fn due_after_sweep(&self, stopping: bool) -> Option<bool> {
+        (self.since_checkpoint > 0 || (stopping && self.since_snapshot > 0))
+            .then_some(stopping || self.since_snapshot >= self.snapshot_every)
+    }
+
+    fn done(&mut self, snapshot: bool) {
+        self.since_checkpoint = 0;
+        if snapshot {
+            self.since_snapshot = 0;
+        }
+    }
+}
 
 /// Runs `fresh` (or its checkpointed state) over its input topics in Kafka
 /// until idle or forever, its outputs through a spool in its state directory.
@@ -303,7 +355,7 @@ pub fn run_on<P: Processor>(
     // A newer progress record: the input between the snapshot and it carries
     // the state forward (everything that derives was sent before it was written).
     let progress_path = options.state_dir.join("progress.json");
-    let mut since_snapshot = 0usize;
+    let mut cadence = Cadence::new(options);
     match std::fs::read(&progress_path) {
         Ok(bytes) => {
             let progress: Progress =
@@ -312,7 +364,7 @@ pub fn run_on<P: Processor>(
                     source: std::io::Error::other(e),
                 })?;
             if progress.seq > state.seq {
-                since_snapshot = catch_up(reader, &mut state, &progress.inputs, options.partition)?;
+                cadence.since_snapshot = catch_up(reader, &mut state, &progress.inputs, options)?;
                 state.seq = progress.seq;
                 state.inputs = progress.inputs;
                 state.outputs = progress.outputs;
@@ -360,17 +412,15 @@ pub fn run_on<P: Processor>(
     // 4. Sweeps.
     let mut stats = RunStats::default();
     let mut out: Vec<Event> = Vec::new();
-    let mut since_checkpoint = 0usize;
-    let snapshot_every = options.snapshot_every.max(1) * options.checkpoint_every.max(1);
     loop {
         let mut progressed = false;
         'sweep: for topic in P::INPUTS {
             let topic = topic.name();
-            let partitions = reader.partitions(topic)?;
-            let partitions = partitions
+            for partition in reader
+                .partitions(topic)?
                 .into_iter()
-                .filter(|p| options.partition.is_none_or(|only| only == *p));
-            for partition in partitions {
+                .filter(|p| options.takes(*p))
+            {
                 let from = state.position(topic, partition);
                 let end = reader.end(topic, partition)?;
                 let t = std::time::Instant::now();
@@ -419,10 +469,8 @@ pub fn run_on<P: Processor>(
                         }
                     }
                     state.inputs.entry(topic.to_string()).or_default().insert(partition, rec.offset + 1);
-                    since_checkpoint += 1;
-                    since_snapshot += 1;
-                    if since_checkpoint >= options.checkpoint_every {
-                        let snapshot = since_snapshot >= snapshot_every;
+                    cadence.consumed();
+                    if let Some(snapshot) = cadence.due() {
                         match checkpoint(&rt, producer, reader, &mut state, &options.state_dir, snapshot) {
                             Ok(bytes) => stats.state_bytes += bytes,
                             Err(e) => {
@@ -430,10 +478,7 @@ pub fn run_on<P: Processor>(
                                 return ControlFlow::Break(());
                             }
                         }
-                        since_checkpoint = 0;
-                        if snapshot {
-                            since_snapshot = 0;
-                        }
+                        cadence.done(snapshot);
                     }
                     ControlFlow::Continue(())
                 })?;
@@ -448,8 +493,7 @@ pub fn run_on<P: Processor>(
         }
         let stopping =
             (!progressed && options.exit_when_idle) || options.stop.load(Ordering::Relaxed);
-        if since_checkpoint > 0 || (stopping && since_snapshot > 0) {
-            let snapshot = stopping || since_snapshot >= snapshot_every;
+        if let Some(snapshot) = cadence.due_after_sweep(stopping) {
             stats.state_bytes += checkpoint(
                 &rt,
                 producer,
@@ -458,10 +502,7 @@ pub fn run_on<P: Processor>(
                 &options.state_dir,
                 snapshot,
             )?;
-            since_checkpoint = 0;
-            if snapshot {
-                since_snapshot = 0;
-            }
+            cadence.done(snapshot);
         }
         if stopping {
             rt.block_on(producer.flush(Duration::from_secs(600)))?;
@@ -557,14 +598,14 @@ fn catch_up<P: Processor>(
     reader: &impl LogReader,
     state: &mut Checkpoint<P>,
     to: &BTreeMap<String, BTreeMap<i32, i64>>,
-    only: Option<i32>,
+    options: &ShellOptions,
 ) -> Result<usize, ShellError> {
     let mut fed = 0;
     let mut out = Vec::new();
     for topic in P::INPUTS {
         let topic = topic.name();
         for (&partition, &end) in to.get(topic).into_iter().flatten() {
-            if only.is_some_and(|p| p != partition) {
+            if !options.takes(partition) {
                 continue;
             }
             let from = state.position(topic, partition);

@@ -180,6 +180,21 @@ fn files_are_deterministic_and_parquet_reads_back() {
     }
 }
 
+type ParquetFile = ::parquet::file::serialized_reader::SerializedFileReader<bytes::Bytes>;
+
+/// `rows` written as the export writes them, read back.
+fn parquet_file(rows: &[&SftRow]) -> ParquetFile {
+    let bytes = bytes::Bytes::from(parquet(rows).unwrap());
+    ParquetFile::new(bytes).unwrap()
+}
+
+/// Rows per row group.
+fn row_group_rows(file: &ParquetFile) -> Vec<i64> {
+    use ::parquet::file::reader::FileReader;
+    let meta = file.metadata();
+    meta.row_groups().iter().map(|g| g.num_rows()).collect()
+}
+
 #[test]
 fn parquet_row_groups_are_bounded() {
     let (trajectories, calls) = run();
@@ -190,16 +205,8 @@ fn parquet_row_groups_are_bounded() {
         &ExportFilter::default(),
     );
     let many: Vec<&SftRow> = one.iter().cycle().take(ROW_GROUP_ROWS * 2 + 3).collect();
-    let bytes = bytes::Bytes::from(parquet(&many).unwrap());
-    let meta = ::parquet::file::serialized_reader::SerializedFileReader::new(bytes).unwrap();
-    use ::parquet::file::reader::FileReader;
-    let groups: Vec<i64> = meta
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows())
-        .collect();
-    assert_eq!(groups, [256, 256, 3]);
+    let meta = parquet_file(&many);
+    assert_eq!(row_group_rows(&meta), [256, 256, 3]);
     // Long sequences: a group ends at the row that reaches the token bound.
     let mut long = one[0].clone();
     long.input_ids = vec![7; ROW_GROUP_TOKENS / 3 + 1];
@@ -207,16 +214,11 @@ fn parquet_row_groups_are_bounded() {
     long.sampling_logprobs = vec![-0.5; long.input_ids.len()];
     long.policy_versions = vec![0; long.input_ids.len()];
     let longs: Vec<&SftRow> = std::iter::repeat_n(&long, 7).collect();
-    let bytes = bytes::Bytes::from(parquet(&longs).unwrap());
-    let meta = ::parquet::file::serialized_reader::SerializedFileReader::new(bytes).unwrap();
-    let groups: Vec<i64> = meta
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows())
-        .collect();
-    assert_eq!(groups, [3, 3, 1]);
-    let compression = meta.metadata().row_group(0).column(0).compression();
+    assert_eq!(row_group_rows(&parquet_file(&longs)), [3, 3, 1]);
+    let compression = {
+        use ::parquet::file::reader::FileReader;
+        meta.metadata().row_group(0).column(0).compression()
+    };
     assert!(matches!(
         compression,
         ::parquet::basic::Compression::ZSTD(_)
