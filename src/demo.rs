@@ -45,7 +45,7 @@ pub async fn run(
     // Wall time per round (this is the driver, not a consumer: the clock is
     // its to read): what a step of the closed loop costs on this machine.
     let mut round_seconds: Vec<f64> = Vec::new();
-    let events = loop {
+    loop {
         let round_started = std::time::Instant::now();
         let bar = ProgressBar::new(plan.rollouts() as u64).with_style(
             ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")?
@@ -66,41 +66,47 @@ pub async fn run(
         rollouts += outcomes.len();
         let groups = plan.groups.len() * (plan.round + 1);
         let spinner = crate::spinner("consumers: building trees and groups".into());
-        let events = wait_for_groups(config, run_id, groups).await?;
+        wait_for(
+            config,
+            run_id,
+            Topic::Batches,
+            groups,
+            Duration::from_secs(150),
+        )
+        .await?
+        .with_context(|| {
+            format!("the consumers did not emit the demo's {groups} groups within 150 s")
+        })?;
         spinner.finish_with_message("consumers: done");
         let Some(steps) = train_steps else {
-            break events;
+            break;
         };
-        let published = |events: &[Event]| {
-            events
-                .iter()
-                .filter(|e| matches!(e, Event::PolicyPublished(_)))
-                .count() as u64
-        };
-        if published(&events) >= steps {
-            break events;
-        }
-        // The next round waits for the learner's next version (one step per
-        // round: `--groups-per-step`), so it samples from it; a learner that
-        // makes none within 10 minutes leaves it to the version there is.
-        // Round k makes version k + 1: waiting for that count (not for "one
-        // more than now") cannot miss a version published before we looked.
+        // Round k makes version k + 1 (one step per round: `--groups-per-step`).
         let target = plan.round as u64 + 1;
-        let spinner = crate::spinner(format!("trainer: version {target} of {steps}"));
-        let mut waited = 0;
-        while published(&crate::report::events_of(config, run_id).await?) < target && waited < 600 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            waited += 1;
+        if target > steps {
+            break;
         }
+        // The next round waits for that version, so it samples from it; a
+        // learner that makes none within 10 minutes leaves it to the version
+        // there is. Waiting for that count (not for "one more than now")
+        // cannot miss a version published before we looked.
+        let spinner = crate::spinner(format!("trainer: version {target} of {steps}"));
+        let newest = wait_for(
+            config,
+            run_id,
+            Topic::Policy,
+            target as usize,
+            Duration::from_secs(600),
+        )
+        .await?
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p.version),
+            _ => None,
+        })
+        .max();
         // And for the engine to serve it (it reloads once it reads the event).
-        let newest = crate::report::events_of(config, run_id)
-            .await?
-            .iter()
-            .filter_map(|e| match e {
-                Event::PolicyPublished(p) => Some(p.version),
-                _ => None,
-            })
-            .max();
         if let Some(version) = newest {
             wait_until_served(engine, version).await;
         }
@@ -113,7 +119,8 @@ pub async fn run(
         ));
         round_seconds.push(seconds);
         plan.round += 1;
-    };
+    }
+    let events = crate::report::events_of(config, run_id).await?;
     if !round_seconds.is_empty() {
         let mean = round_seconds.iter().sum::<f64>() / round_seconds.len() as f64;
         say(format!(
@@ -128,11 +135,6 @@ pub async fn run(
     let first_and_last = report.first_and_last(5);
     if train_steps.is_some() {
         say(format!("{report}"));
-        if let Some((first, last)) = first_and_last {
-            say(format!(
-                "reward first 5 versions: {first:.3}, last 5 versions: {last:.3}"
-            ));
-        }
     }
 
     std::fs::create_dir_all(export_to)
@@ -160,6 +162,12 @@ pub async fn run(
     say(format!(
         "\nnext: forgelog view --run {run_id}   |   forgelog report --run {run_id}"
     ));
+    // The loop's outcome in one line, the last of the words.
+    if let (Some(_), Some((first, last))) = (train_steps, first_and_last) {
+        say(format!(
+            "reward first 5 versions: {first:.3}, last 5 versions: {last:.3}"
+        ));
+    }
     if json {
         let out = serde_json::json!({
             "run": run_id,
@@ -200,25 +208,34 @@ async fn wait_until_served(engine: &str, version: i64) {
     }
 }
 
-/// The run's events on every topic, once the consumers have emitted all its
-/// groups (blocking reads, off the runtime that serves the engine and proxy).
-async fn wait_for_groups(config: &StreamConfig, run_id: &str, groups: usize) -> Result<Vec<Event>> {
+/// The run's events on `topic` once there are at least `count` (read every
+/// half second, through one reader, off the runtime that serves the engine
+/// and proxy); `None` after `patience`. Only that topic is read: the trainer
+/// shares the CPU with these polls.
+async fn wait_for(
+    config: &StreamConfig,
+    run_id: &str,
+    topic: Topic,
+    count: usize,
+    patience: Duration,
+) -> Result<Option<Vec<Event>>> {
     let (config, run_id) = (config.clone(), run_id.to_string());
     tokio::task::spawn_blocking(move || {
         let reader = ReplayReader::new(&config)?;
-        let read = |topic: Topic| -> Result<Vec<Event>> {
-            Ok(read_run(&reader, topic, &run_id)?
+        let started = std::time::Instant::now();
+        loop {
+            let events: Vec<Event> = read_run(&reader, topic, &run_id)?
                 .into_iter()
                 .filter_map(|r| r.event.ok())
-                .collect())
-        };
-        for _ in 0..300 {
-            if read(Topic::Batches)?.len() >= groups {
-                return crate::report::run_events(&reader, &run_id);
+                .collect();
+            if events.len() >= count {
+                return Ok(Some(events));
+            }
+            if started.elapsed() >= patience {
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(500));
         }
-        bail!("the consumers did not emit the demo's {groups} groups within 150 s")
     })
     .await?
 }

@@ -15,8 +15,9 @@ struct TrainCli {
     train: forgelog_trainer::TrainArgs,
 }
 
-/// The learner of `run` on `model`: checkpoints (`home/checkpoints/{run}`) and its spool under `home`,
-/// then `extra` flags as `forgelog train` takes them.
+/// The learner of `run` on `model`: checkpoints (`home/checkpoints/{run}`,
+/// the five newest versions) and its spool under `home`, then `extra` flags
+/// as `forgelog train` takes them.
 pub fn trainer_args(
     model: &str,
     config: &StreamConfig,
@@ -40,6 +41,10 @@ pub fn trainer_args(
         format!("file://{}/checkpoints", home.display()),
         "--spool".into(),
         home.join("trainer-spool").join(run).display().to_string(),
+        // A version with its moments is 1.6 GB for SmolLM2: a 30-step demo
+        // kept whole filled a 40 GB disk. The loops keep the newest five.
+        "--keep-versions".into(),
+        "5".into(),
     ];
     argv.extend(extra.iter().cloned());
     Ok(TrainCli::try_parse_from(argv)?.train)

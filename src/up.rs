@@ -117,6 +117,31 @@ fn train_args(
     crate::learn::trainer_args(&args.model, config, run, &args.home, &extra)
 }
 
+/// Whether the engine at `upstream` loads the versions the learner
+/// publishes: it says which it serves (`policy_version` in `/v1/models`), as
+/// `forgelog engine --brokers … --run RUN` does. One that does not (vLLM)
+/// would sample every round with its first weights while the learner took
+/// them for on-policy: refused, with what to do.
+async fn serves_policy_versions(upstream: &str) -> Result<()> {
+    let url = format!("{}/v1/models", upstream.trim_end_matches('/'));
+    let models: serde_json::Value = reqwest::get(&url)
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(|e| anyhow::anyhow!("--upstream: {url}: {e}"))?
+        .json()
+        .await
+        .map_err(|e| anyhow::anyhow!("--upstream: {url}: not JSON: {e}"))?;
+    if models["policy_version"].is_u64() || models["data"][0]["policy_version"].is_u64() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "--train with --upstream {upstream}: that engine does not report the policy version it serves \
+         ({url} has no policy_version), so it would not load what the learner publishes. \
+         Use an engine that follows the log (forgelog engine --brokers BROKERS --run RUN), \
+         or leave out --upstream for the embedded one."
+    )
+}
+
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {
     let client = reqwest::Client::new();
     for _ in 0..600 {
@@ -194,6 +219,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         (None, Some(e)) => e.url.clone(),
         (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
+    if args.train && args.upstream.is_some() {
+        serves_policy_versions(&upstream).await?;
+    }
 
     // The session API is not left open: anyone who reaches the proxy could
     // create sessions and post rewards. `up`'s own clients hold this token.
@@ -265,6 +293,7 @@ impl LocalEngine {
             admin_token: None,
             checkpoint_root: None,
             max_checkpoint_mib: forgelog_engine::DEFAULT_MAX_CHECKPOINT_BYTES >> 20,
+            prefix_cache_mib: forgelog_engine::DEFAULT_PREFIX_CACHE_MIB,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async {

@@ -303,6 +303,35 @@ fn up_with_an_engine_that_cannot_start_says_why_at_once() {
     );
 }
 
+/// An upstream that does not say which policy it serves (vLLM) would never
+/// load the learner's versions: `up --train` refuses it, saying why.
+#[test]
+fn up_train_refuses_an_upstream_that_does_not_load_published_versions() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let (upstream, _) = rt
+        .block_on(forgelog_producers::fake_upstream::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            Default::default(),
+        ))
+        .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let out = forgelog()
+        .args(["up", "--train", "--brokers", &config.brokers])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--proxy-listen", &free_local_addr().to_string(), "--home"])
+        .arg(home.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("does not report the policy version")
+            && err.contains("forgelog engine --brokers"),
+        "{err}"
+    );
+}
+
 #[test]
 fn kafka_properties_file_reaches_the_clients_and_a_broken_one_is_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();

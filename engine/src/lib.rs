@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod api;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
@@ -82,7 +83,14 @@ pub struct EngineArgs {
     /// Larger checkpoints are refused before they are read
     #[arg(long, default_value_t = DEFAULT_MAX_CHECKPOINT_BYTES >> 20)]
     pub max_checkpoint_mib: u64,
+    /// Memory for the keys and values of recent sequences, reused by
+    /// requests that begin the same way (0: off)
+    #[arg(long, default_value_t = DEFAULT_PREFIX_CACHE_MIB)]
+    pub prefix_cache_mib: u64,
 }
+
+/// The prefix cache's memory by default.
+pub const DEFAULT_PREFIX_CACHE_MIB: u64 = 512;
 
 impl EngineArgs {
     /// Who may reload over HTTP: the token given (or a new one), the root.
@@ -122,8 +130,14 @@ struct Shared {
 pub struct Engine(Arc<Shared>);
 
 impl Engine {
-    /// Starts serving `policy` as policy version 0.
+    /// Starts serving `policy` as policy version 0, with a prefix cache of
+    /// [`DEFAULT_PREFIX_CACHE_MIB`].
     pub fn start(policy: Policy) -> Engine {
+        Engine::start_with(policy, DEFAULT_PREFIX_CACHE_MIB)
+    }
+
+    /// [`Engine::start`] with `prefix_cache_mib` of prefix cache (0: none).
+    pub fn start_with(policy: Policy, prefix_cache_mib: u64) -> Engine {
         let Policy {
             name,
             model,
@@ -134,7 +148,17 @@ impl Engine {
         } = policy;
         let (config, device) = (model.config().clone(), model.device().clone());
         let tokenizer = Arc::new(tokenizer);
-        let scheduler = Scheduler::start(model, tokenizer.clone(), stop_token_ids, 0);
+        // Keys and values per token: two f32 vectors per layer and KV head.
+        let token_bytes =
+            2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim() * 4;
+        let prefix_cache_tokens = (prefix_cache_mib << 20) as usize / token_bytes.max(1);
+        let scheduler = Scheduler::start(
+            model,
+            tokenizer.clone(),
+            stop_token_ids,
+            0,
+            prefix_cache_tokens,
+        );
         Engine(Arc::new(Shared {
             name,
             config,
@@ -173,6 +197,11 @@ impl Engine {
     /// the policy version serving when it is admitted).
     pub fn requests_admitted(&self) -> u64 {
         self.0.scheduler.admitted()
+    }
+
+    /// Prompt tokens served from the prefix cache so far instead of prefilled.
+    pub fn prefix_tokens_reused(&self) -> u64 {
+        self.0.scheduler.reused()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -381,7 +410,7 @@ pub async fn serve_on(
     })
     .await
     .map_err(|e| EngineError::Device(e.to_string()))??;
-    let engine = Engine::start(policy);
+    let engine = Engine::start_with(policy, args.prefix_cache_mib);
     let follower = args.brokers.clone().map(|brokers| {
         let (engine, run) = (engine.clone(), args.run.clone());
         tokio::spawn(async move {

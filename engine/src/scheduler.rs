@@ -1,10 +1,14 @@
 //! Continuous batching: one thread owns the model and runs steps for every
 //! active sequence together. A step prefills the sequences admitted since the
 //! last step (whole prompts) and decodes one token for the others, as one
-//! ragged batch where each sequence keeps its own KV cache. New requests and
-//! weight swaps are taken between steps, so a swap is atomic with respect to
-//! steps and in-flight sequences simply continue on the new weights.
+//! ragged batch where each sequence keeps its own KV cache. A new sequence
+//! starts from the longest prefix of its prompt in the [`PrefixCache`]; one
+//! that shares a prefix with a prompt being prefilled waits that step, then
+//! starts from it. New requests and weight swaps are taken between steps, so
+//! a swap is atomic with respect to steps and in-flight sequences simply
+//! continue on the new weights.
 
+use crate::prefix_cache::{common_prefix, PrefixCache, MIN_REUSED_TOKENS};
 use crate::sampling::{sample, Rng, SamplerConfig};
 /// Why a generation ended: the engine uses `Stop` and `Length` of the shared one.
 pub use forgelog_dialects::canonical::FinishReason;
@@ -55,6 +59,7 @@ pub struct Scheduler {
     commands: mpsc::UnboundedSender<Command>,
     version: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
+    reused: Arc<AtomicU64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,24 +71,30 @@ pub enum SchedulerError {
 }
 
 impl Scheduler {
-    /// Starts the scheduler thread serving `model` as policy version `version`.
+    /// Starts the scheduler thread serving `model` as policy version
+    /// `version`, keeping up to `prefix_cache_tokens` tokens' keys and values
+    /// of recent sequences for the requests that go on from them.
     pub fn start(
         model: Llama,
         tokenizer: Arc<Tokenizer>,
         stop_token_ids: Vec<u32>,
         version: u64,
+        prefix_cache_tokens: usize,
     ) -> Scheduler {
         let (commands, receiver) = mpsc::unbounded_channel();
         let version = Arc::new(AtomicU64::new(version));
         let admitted = Arc::new(AtomicU64::new(0));
+        let reused = Arc::new(AtomicU64::new(0));
         let state = Loop {
             model,
             tokenizer,
             stop_token_ids,
             version: version.clone(),
             admitted: admitted.clone(),
+            reused: reused.clone(),
             active: Vec::new(),
             seeds: 0,
+            prefix_cache: PrefixCache::new(prefix_cache_tokens),
         };
         std::thread::Builder::new()
             .name("forgelog-scheduler".into())
@@ -93,12 +104,18 @@ impl Scheduler {
             commands,
             version,
             admitted,
+            reused,
         }
     }
 
     /// Requests admitted so far (each stamped with the version serving then).
     pub fn admitted(&self) -> u64 {
         self.admitted.load(Ordering::SeqCst)
+    }
+
+    /// Prompt tokens taken from the prefix cache so far, not prefilled.
+    pub fn reused(&self) -> u64 {
+        self.reused.load(Ordering::SeqCst)
     }
 
     /// The policy version now serving.
@@ -147,9 +164,12 @@ struct Loop {
     stop_token_ids: Vec<u32>,
     version: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
+    reused: Arc<AtomicU64>,
     active: Vec<Sequence>,
     /// Seeds for requests without one: distinct, so that unseeded requests differ.
     seeds: u64,
+    /// Keys and values of the serving weights only: emptied at a swap.
+    prefix_cache: PrefixCache,
 }
 
 impl Loop {
@@ -174,6 +194,7 @@ impl Loop {
         match command {
             Command::Swap(model, version, done) => {
                 self.model = *model;
+                self.prefix_cache.clear();
                 self.version.store(version, Ordering::SeqCst);
                 metrics::gauge!("forgelog_engine_policy_version").set(version as f64);
                 let _ = done.send(());
@@ -203,13 +224,57 @@ impl Loop {
         }
     }
 
+    /// Which active sequences feed this step, starting new ones from the
+    /// prefix cache. A new sequence that shares a prefix with a prompt being
+    /// prefilled now (a GRPO group's members arrive together) waits: that
+    /// prompt is in the cache after this step.
+    fn start_sequences(&mut self) -> Vec<bool> {
+        let mut feeds = Vec::with_capacity(self.active.len());
+        let mut prefilling: Vec<usize> = Vec::new();
+        for i in 0..self.active.len() {
+            let new = self.active[i].prefilled == 0 && self.active[i].cache.is_empty();
+            if new {
+                match self.prefix_cache.lookup(&self.active[i].request.prompt) {
+                    Some((reused, cache)) => {
+                        let sequence = &mut self.active[i];
+                        sequence.cache = cache;
+                        sequence.prefilled = reused;
+                        self.reused.fetch_add(reused as u64, Ordering::SeqCst);
+                        metrics::counter!("forgelog_engine_prefix_cache_hit_tokens_total")
+                            .increment(reused as u64);
+                    }
+                    None if self.prefix_cache.enabled() => {
+                        let prompt = &self.active[i].request.prompt;
+                        let shares = prefilling.iter().any(|&j| {
+                            common_prefix(&self.active[j].request.prompt, prompt)
+                                >= MIN_REUSED_TOKENS
+                        });
+                        if shares {
+                            feeds.push(false);
+                            continue;
+                        }
+                    }
+                    None => {}
+                }
+            }
+            if self.active[i].prefilled < self.active[i].request.prompt.len() {
+                prefilling.push(i);
+            }
+            feeds.push(true);
+        }
+        feeds
+    }
+
     fn step(&mut self) {
         // A client that went away no longer needs its tokens.
         self.active.retain(|s| !s.reply.is_closed());
+        let feeds = self.start_sequences();
         let mut batch: Vec<(&[u32], &mut KvCache)> = self
             .active
             .iter_mut()
-            .map(|s| {
+            .zip(&feeds)
+            .filter(|(_, &feeds)| feeds)
+            .map(|(s, _)| {
                 (
                     next_input(&s.request.prompt, s.prefilled, &s.tokens),
                     &mut s.cache,
@@ -225,15 +290,25 @@ impl Loop {
                 return;
             }
         };
+        let mut logits = logits.into_iter();
         let context = self.model.config().max_position_embeddings;
         let mut still_active = Vec::with_capacity(self.active.len());
-        for (mut sequence, logits) in self.active.drain(..).zip(logits) {
+        for (mut sequence, fed) in self.active.drain(..).zip(feeds) {
+            if !fed {
+                still_active.push(sequence);
+                continue;
+            }
+            let logits = logits.next().expect("logits for every sequence fed");
             let prompt_len = sequence.request.prompt.len();
             if sequence.prefilled < prompt_len {
                 sequence.prefilled = (sequence.prefilled + PREFILL_CHUNK).min(prompt_len);
                 if sequence.prefilled < prompt_len {
                     still_active.push(sequence);
                     continue;
+                }
+                if let Ok(prompt_cache) = sequence.cache.fork() {
+                    self.prefix_cache
+                        .insert(sequence.request.prompt.clone(), prompt_cache);
                 }
             }
             let row = match logits.flatten_all().and_then(|l| l.to_vec1::<f32>()) {
@@ -253,20 +328,36 @@ impl Loop {
                 None => still_active.push(sequence),
                 Some((finish_reason, text)) => {
                     record_finished(&sequence, &finish_reason);
+                    // Its keys and values, for the request that goes on from
+                    // it: all but the last sampled token, which was never fed.
+                    let Sequence {
+                        request,
+                        reply,
+                        cache,
+                        tokens,
+                        logprobs,
+                        policy_version,
+                        time_to_first_token,
+                        ..
+                    } = sequence;
+                    let mut fed = request.prompt;
+                    fed.extend_from_slice(&tokens[..tokens.len() - 1]);
+                    self.prefix_cache.insert(fed, cache);
                     let generation = Generation {
-                        tokens: sequence.tokens,
-                        logprobs: sequence.logprobs,
+                        tokens,
+                        logprobs,
                         text,
                         finish_reason,
-                        policy_version: sequence.policy_version,
-                        time_to_first_token: sequence.time_to_first_token,
+                        policy_version,
+                        time_to_first_token,
                     };
-                    let _ = sequence.reply.send(Ok(generation));
+                    let _ = reply.send(Ok(generation));
                 }
             }
         }
         self.active = still_active;
         metrics::gauge!("forgelog_engine_running").set(self.active.len() as f64);
+        metrics::gauge!("forgelog_engine_prefix_cache_tokens").set(self.prefix_cache.held() as f64);
     }
 }
 

@@ -14,6 +14,7 @@ fn args(model: String) -> EngineArgs {
         admin_token: Some("admin".into()),
         checkpoint_root: None,
         max_checkpoint_mib: 1024,
+        prefix_cache_mib: 64,
     }
 }
 

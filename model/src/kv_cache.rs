@@ -27,6 +27,31 @@ impl KvCache {
         self.len == 0
     }
 
+    /// A cache for a sequence that goes on from this one's tokens: it starts
+    /// with the same keys and values, shared (a training graph then flows back
+    /// through them once for every fork), and its appends never write into
+    /// this cache's buffers: each fork's first append copies or concatenates.
+    pub fn fork(&self) -> Result<KvCache> {
+        self.fork_prefix(self.len)
+    }
+
+    /// A [`KvCache::fork`] of this cache's first `len` tokens only.
+    pub fn fork_prefix(&self, len: usize) -> Result<KvCache> {
+        if len > self.len {
+            candle_core::bail!("a fork of {len} tokens from a cache of {}", self.len);
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                // Buffers exactly `len` long: no room to write in place.
+                Some((k, v)) => Ok(Some((k.narrow(1, 0, len)?, v.narrow(1, 0, len)?))),
+                None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers, len })
+    }
+
     /// Moves the next position on by `t` tokens, once every layer has them.
     pub(crate) fn advance(&mut self, t: usize) {
         self.len += t;

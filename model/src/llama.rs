@@ -21,11 +21,15 @@ use candle_nn::{Linear, VarBuilder};
 
 /// Which positions' logits a forward returns for each sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Every new position (teacher forcing, training).
+pub enum Logits<'a> {
+    /// Every new position (teacher forcing).
     All,
     /// Only the last new position (sampling: saves the `(tokens, vocab)` matrix of a long prefill).
     Last,
+    /// These rows of each sequence's new tokens, in this order (training: the
+    /// rows that predict sampled tokens; the output matrix, the largest, is
+    /// then multiplied only where a loss is taken). An empty list: none.
+    Rows(&'a [Vec<u32>]),
 }
 
 #[derive(Clone)]
@@ -404,20 +408,33 @@ impl Llama {
         // One output matmul for the whole batch: the output matrix is the
         // largest, and reading it once per sequence would dominate a step.
         let mut counts = Vec::with_capacity(batch.len());
-        let mut last_rows = Vec::with_capacity(batch.len());
-        let mut rows = 0;
-        for (tokens, cache) in batch.iter_mut() {
+        let mut rows = Vec::new();
+        let mut first = 0u32;
+        for (i, (tokens, cache)) in batch.iter_mut().enumerate() {
             cache.advance(tokens.len());
-            rows += tokens.len();
-            last_rows.push(rows as u32 - 1);
-            counts.push(match logits {
-                Logits::All => tokens.len(),
-                Logits::Last => 1,
-            });
+            let wanted = match logits {
+                Logits::All => (0..tokens.len() as u32).collect(),
+                Logits::Last => vec![tokens.len() as u32 - 1],
+                Logits::Rows(asked) => asked.get(i).cloned().unwrap_or_default(),
+            };
+            if let Some(&bad) = wanted.iter().find(|&&r| r as usize >= tokens.len()) {
+                candle_core::bail!(
+                    "row {bad} asked of a sequence of {} new tokens",
+                    tokens.len()
+                );
+            }
+            counts.push(wanted.len());
+            rows.extend(wanted.iter().map(|r| first + r));
+            first += tokens.len() as u32;
+        }
+        let vocab = self.config.vocab_size;
+        if rows.is_empty() {
+            let none = Tensor::zeros((0, vocab), x.dtype(), x.device())?;
+            return Ok(counts.iter().map(|_| none.clone()).collect());
         }
         let x = match logits {
             Logits::All => x,
-            Logits::Last => x.index_select(&Tensor::new(last_rows.as_slice(), x.device())?, 0)?,
+            _ => x.index_select(&Tensor::new(rows.as_slice(), x.device())?, 0)?,
         };
         let all = rms_norm(&x, &self.norm, eps)?.matmul(&self.lm_head.t()?)?;
         let mut outputs = Vec::with_capacity(batch.len());

@@ -23,6 +23,56 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// Forks of one cache go on from its tokens each their own way (in place,
+/// no gradient tracked), never writing into it or each other; `Rows` gives
+/// those rows of what `All` gives, and nothing when asked for none.
+#[test]
+fn forks_of_a_cache_go_on_apart_and_rows_are_rows_of_all() {
+    let model = tiny_model();
+    let (prefix, tails): (&[u32], [&[u32]; 2]) = (&[5, 17, 42, 8], [&[99, 3, 7], &[250, 1]]);
+    let mut shared = KvCache::new();
+    let none = model
+        .forward_batch(&mut [(prefix, &mut shared)], Logits::Rows(&[]))
+        .unwrap();
+    assert_eq!(none[0].dims(), &[0, 300]);
+    let mut forks = [shared.fork().unwrap(), shared.fork().unwrap()];
+    let rows = [vec![2, 0], vec![1]];
+    let mut batch: Vec<(&[u32], &mut KvCache)> =
+        tails.iter().copied().zip(forks.iter_mut()).collect();
+    let got = model
+        .forward_batch(&mut batch, Logits::Rows(&rows))
+        .unwrap();
+    for ((tail, rows), got) in tails.iter().zip(&rows).zip(&got) {
+        let whole: Vec<u32> = prefix.iter().chain(tail.iter()).copied().collect();
+        let full = model.forward(&whole, &mut KvCache::new()).unwrap();
+        let at: Vec<u32> = rows.iter().map(|r| r + prefix.len() as u32).collect();
+        let want = full
+            .index_select(&Tensor::new(at.as_slice(), &Device::Cpu).unwrap(), 0)
+            .unwrap();
+        assert!(max_abs_diff(got, &want) < 1e-5);
+    }
+    // Forks of a cache with room to spare (3 tokens in 4 places) taking
+    // turns: had they shared its buffer, the second would overwrite the
+    // first's fourth position, and the first's next step would read it.
+    let mut roomy = KvCache::new();
+    model.forward(&[5, 17], &mut roomy).unwrap();
+    model.forward(&[42], &mut roomy).unwrap();
+    let (mut a, mut b) = (roomy.fork().unwrap(), roomy.fork().unwrap());
+    model.forward(&[8], &mut a).unwrap();
+    model.forward(&[99], &mut b).unwrap();
+    let next = model.forward(&[11], &mut a).unwrap();
+    let full = model
+        .forward(&[5, 17, 42, 8, 11], &mut KvCache::new())
+        .unwrap();
+    assert!(max_abs_diff(&next, &full.narrow(0, 4, 1).unwrap()) < 1e-5);
+    assert_eq!((roomy.len(), a.len(), b.len()), (3, 5, 4));
+    let bad = model.forward_batch(
+        &mut [(&[1, 2][..], &mut KvCache::new())],
+        Logits::Rows(&[vec![2]]),
+    );
+    assert!(bad.is_err(), "a row past the new tokens is refused");
+}
+
 #[test]
 fn cached_ragged_steps_match_full_forwards() {
     let model = tiny_model();

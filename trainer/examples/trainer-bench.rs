@@ -27,6 +27,10 @@ struct Args {
     sampled: usize,
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// Consecutive sequences that share their `--prompt` tokens, as the
+    /// members of a GRPO group do
+    #[arg(long, default_value_t = 1)]
+    group: usize,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -59,8 +63,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let len = args.prompt + args.sampled;
     let seqs: Vec<SampledSequence> = (0..args.sequences)
         .map(|s| SampledSequence {
-            tokens: (0..len as u32)
-                .map(|i| (i * 7919 + s as u32 * 104_729) % vocab)
+            // The prompt is the group's; what follows is the member's own.
+            tokens: (0..len)
+                .map(|i| {
+                    let who = if i < args.prompt {
+                        s / args.group.max(1)
+                    } else {
+                        s
+                    };
+                    (i as u32 * 7919 + who as u32 * 104_729) % vocab
+                })
                 .collect(),
             positions: (args.prompt..len).collect(),
             // About the model's own logprobs on random tokens: ratios stay finite.
@@ -71,8 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fed: usize = seqs.iter().map(|s| s.tokens.len() - 1).sum();
     let sampled = args.sequences * args.sampled;
     println!(
-        "batch: {} sequences x ({} context + {} sampled) = {fed} tokens fed, {sampled} trained",
-        args.sequences, args.prompt, args.sampled
+        "batch: {} sequences x ({} context + {} sampled), in groups of {} sharing the context = {fed} tokens fed, {sampled} trained",
+        args.sequences, args.prompt, args.sampled, args.group
     );
     for step in 0..args.steps {
         let t = Instant::now();

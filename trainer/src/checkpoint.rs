@@ -144,6 +144,41 @@ impl CheckpointStore {
         Ok(self.model_uri(state.version))
     }
 
+    /// What `version`'s publication makes unneeded: the moments of the
+    /// version before (a restart resumes from the newest published version
+    /// only; they are as large as two copies of the weights), and with
+    /// `keep = Some(k)` the whole of version `version − k`, weights first so
+    /// that no version is left with weights but not the rest. Files already
+    /// gone are no error.
+    pub async fn prune(&self, version: u64, keep: Option<u64>) -> Result<(), CheckpointError> {
+        if version > 1 {
+            self.delete(version - 1, "optimizer.safetensors").await?;
+        }
+        if let Some(old) = keep
+            .and_then(|k| version.checked_sub(k.max(1)))
+            .filter(|&v| v >= 1)
+        {
+            let files = ["model.safetensors", "trainer.json", "optimizer.safetensors"]
+                .into_iter()
+                .chain(forgelog_model::hf::FOLDER_FILES);
+            for file in files {
+                self.delete(old, file).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, version: u64, file: &str) -> Result<(), CheckpointError> {
+        let path = self.path(version, file);
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(CheckpointError::Store {
+                path: path.to_string(),
+                source,
+            }),
+        }
+    }
+
     /// Weights, optimizer moments and state of `version`.
     #[allow(clippy::type_complexity)]
     pub async fn load(
@@ -239,8 +274,10 @@ async fn read_object(
     Ok(store.get(path).await?.bytes().await?.to_vec())
 }
 
+/// The safetensors file of `tensors`, made in memory (the weights and moments
+/// of every version pass through here: no temporary file written and read back).
 fn safetensors_bytes(tensors: &HashMap<String, Tensor>) -> Result<Vec<u8>, CheckpointError> {
-    let file = tempfile::NamedTempFile::new()?;
-    candle_core::safetensors::save(tensors, file.path())?;
-    Ok(std::fs::read(file.path())?)
+    // Sorted by name: the same tensors make the same bytes.
+    let sorted: std::collections::BTreeMap<&String, &Tensor> = tensors.iter().collect();
+    Ok(safetensors::tensor::serialize(sorted, None).map_err(candle_core::Error::from)?)
 }

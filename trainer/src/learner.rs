@@ -21,6 +21,9 @@ pub struct LearnerConfig {
     pub max_staleness: u64,
     /// Rows per forward/backward; a step sums the gradients of its micro-batches.
     pub micro_batch_tokens: usize,
+    /// Feed the prompt a group's members share once for all of them (the
+    /// same loss and gradients, for less work; off only to compare).
+    pub share_prefixes: bool,
 }
 
 impl Default for LearnerConfig {
@@ -31,6 +34,7 @@ impl Default for LearnerConfig {
             temperature: 1.0,
             max_staleness: 4,
             micro_batch_tokens: 1024,
+            share_prefixes: true,
         }
     }
 }
@@ -256,31 +260,46 @@ impl Learner {
     }
 
     /// Teacher-forced `log_softmax(logits / T)` at each sequence's sampled
-    /// tokens, concatenated, and the entropies there (no gradient).
-    fn sampled_logprobs(
-        &self,
-        model: &Llama,
-        seqs: &[&SampledSequence],
-    ) -> Result<(Tensor, Tensor)> {
-        let mut caches: Vec<KvCache> = seqs.iter().map(|_| KvCache::new()).collect();
-        // Logits at row i predict token i + 1: feed up to the last sampled token's predecessor.
-        let mut batch: Vec<(&[u32], &mut KvCache)> = seqs
+    /// tokens, concatenated in the micro-batch's order, and the entropies
+    /// there (no gradient). Each run's shared prefix is fed once; its members
+    /// go on from forks of its cache, so the graph flows back through it.
+    fn sampled_logprobs(&self, model: &Llama, micro: &MicroBatch) -> Result<(Tensor, Tensor)> {
+        let mut prefix_caches: Vec<KvCache> = micro.runs.iter().map(|_| KvCache::new()).collect();
+        let mut prefixes: Vec<(&[u32], &mut KvCache)> = micro
+            .runs
             .iter()
-            .zip(caches.iter_mut())
-            .map(|(s, c)| (&s.tokens[..s.tokens.len() - 1], c))
+            .zip(prefix_caches.iter_mut())
+            .filter(|(run, _)| run.prefix > 0)
+            .map(|(run, cache)| (&run.members[0].tokens[..run.prefix], cache))
             .collect();
-        let logits = model.forward_batch(&mut batch, Logits::All)?;
-        let device = model.device();
-        let mut rows = Vec::with_capacity(seqs.len());
-        let mut targets = Vec::new();
-        for (s, logits) in seqs.iter().zip(&logits) {
-            let at: Vec<u32> = s.positions.iter().map(|&j| j as u32 - 1).collect();
-            rows.push(logits.index_select(&Tensor::new(at.as_slice(), device)?, 0)?);
-            targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
+        if !prefixes.is_empty() {
+            model.forward_batch(&mut prefixes, Logits::Rows(&[]))?;
         }
-        let logits = (Tensor::cat(&rows, 0)? / self.config.temperature)?;
+        let mut caches = Vec::new();
+        let mut fed = Vec::new();
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (run, prefix) in micro.runs.iter().zip(&prefix_caches) {
+            for s in &run.members {
+                caches.push(prefix.fork()?);
+                // Logits at row i predict token i + 1: feed up to the last
+                // sampled token's predecessor, after the prefix.
+                fed.push(&s.tokens[run.prefix..s.tokens.len() - 1]);
+                rows.push(
+                    s.positions
+                        .iter()
+                        .map(|&j| (j - 1 - run.prefix) as u32)
+                        .collect::<Vec<_>>(),
+                );
+                targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
+            }
+        }
+        let mut batch: Vec<(&[u32], &mut KvCache)> =
+            fed.into_iter().zip(caches.iter_mut()).collect();
+        let logits = model.forward_batch(&mut batch, Logits::Rows(&rows))?;
+        let logits = (Tensor::cat(&logits, 0)? / self.config.temperature)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let targets = Tensor::new(targets.as_slice(), device)?.unsqueeze(1)?;
+        let targets = Tensor::new(targets.as_slice(), model.device())?.unsqueeze(1)?;
         let sampled = logprobs.gather(&targets, 1)?.squeeze(1)?;
         let detached = logprobs.detach();
         let entropy = (detached.exp()? * &detached)?.sum(1)?.neg()?;
@@ -304,19 +323,24 @@ impl Learner {
             clipped: 0,
             entropy_sum: 0.0,
         };
-        for micro in micro_batches(seqs, self.config.micro_batch_tokens) {
-            let (logp, entropy) = self.sampled_logprobs(&self.model, &micro)?;
+        let micro_batches = micro_batches(
+            seqs,
+            self.config.micro_batch_tokens,
+            self.config.share_prefixes,
+        );
+        for micro in &micro_batches {
+            let (logp, entropy) = self.sampled_logprobs(&self.model, micro)?;
             let mut recorded = Vec::new();
             let mut advantages = Vec::new();
             let mut weights = Vec::new();
-            for s in &micro {
+            for s in micro.sequences() {
                 recorded.extend(s.recorded.iter().map(|&r| r as f64));
                 advantages.extend(std::iter::repeat_n(s.advantage, s.positions.len()));
                 weights.extend(std::iter::repeat_n(weight_of(s), s.positions.len()));
             }
             let tensor = |v: &[f64]| Tensor::new(v, device)?.to_dtype(dtype);
             let reference = match &self.reference {
-                Some(reference) => Some(self.sampled_logprobs(reference, &micro)?.0.detach()),
+                Some(reference) => Some(self.sampled_logprobs(reference, micro)?.0.detach()),
                 None => None,
             };
             let (recorded_t, advantages_t, weights_t) =
@@ -414,25 +438,10 @@ fn mean(xs: &[f64]) -> f64 {
     }
 }
 
-/// Consecutive groups of sequences of at most `max_tokens` fed tokens (at least one sequence each).
-fn micro_batches(seqs: &[SampledSequence], max_tokens: usize) -> Vec<Vec<&SampledSequence>> {
-    let mut out: Vec<Vec<&SampledSequence>> = Vec::new();
-    let mut rows = 0;
-    for s in seqs {
-        let t = s.tokens.len() - 1;
-        match out.last_mut() {
-            Some(current) if rows + t <= max_tokens => current.push(s),
-            _ => {
-                out.push(vec![s]);
-                rows = 0;
-            }
-        }
-        rows += t;
-    }
-    out
-}
-
 pub use crate::assembler::StepAssembler;
+
+mod micro_batch;
+pub use micro_batch::{micro_batches, MicroBatch, SharedRun, MIN_SHARED_TOKENS};
 
 #[cfg(test)]
 mod tests;

@@ -87,6 +87,11 @@ pub struct TrainArgs {
     /// Publish a policy every this many steps.
     #[arg(long, default_value_t = 1)]
     pub publish_every: u64,
+    /// Keep the checkpoints of only this many newest versions (none: every
+    /// version's model folder). The optimizer moments, twice the weights'
+    /// size, are kept for the newest version only either way.
+    #[arg(long)]
+    pub keep_versions: Option<u64>,
     /// AdamW's learning rate.
     #[arg(long, default_value_t = 1e-6)]
     pub learning_rate: f64,
@@ -157,6 +162,7 @@ impl TrainArgs {
             temperature: self.temperature,
             max_staleness: self.max_staleness,
             micro_batch_tokens: self.micro_batch_tokens,
+            share_prefixes: true,
         }
     }
 }
@@ -387,6 +393,9 @@ pub async fn train(
             }))?;
             sink.flush(Duration::from_secs(600)).await?;
             ::metrics::gauge!("forgelog_trainer_policy_version").set(moved.version as f64);
+            // Only once the version is published: until then a restart
+            // resumes from the one before, with its moments.
+            store.prune(moved.version, args.keep_versions).await?;
         }
         learner = moved;
     }

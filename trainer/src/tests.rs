@@ -74,6 +74,8 @@ async fn on_a_memory_log_a_restarted_trainer_resumes_and_trains_only_new_batches
         "1e-3",
         "--idle-flush",
         "0.1",
+        "--keep-versions",
+        "2",
     ])
     .command;
     let log = MemoryLog::default();
@@ -106,4 +108,37 @@ async fn on_a_memory_log_a_restarted_trainer_resumes_and_trains_only_new_batches
     assert!(both[1]
         .checkpoint_uri
         .ends_with("/v000002/model.safetensors"));
+
+    // A third version: the first goes (two are kept), and only the newest
+    // has optimizer moments; a restart still resumes from it.
+    let version_files = |v: u32| -> Vec<String> {
+        let folder = dir.path().join(format!("checkpoints/mem/v{v:06}"));
+        let mut names: Vec<String> = std::fs::read_dir(folder)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert!(version_files(1).contains(&"model.safetensors".to_string()));
+    log.append(&training_batch("mem", "c", 2, 2)).unwrap();
+    train(&args, &log, &log).await.unwrap();
+    assert_eq!(published(&log).len(), 3);
+    assert_eq!(version_files(1), Vec::<String>::new(), "version 1 is gone");
+    let kept = version_files(2);
+    assert!(
+        kept.contains(&"model.safetensors".to_string())
+            && kept.contains(&"config.json".to_string())
+    );
+    assert!(
+        !kept.contains(&"optimizer.safetensors".to_string()),
+        "{kept:?}"
+    );
+    assert!(version_files(3).contains(&"optimizer.safetensors".to_string()));
+    log.append(&training_batch("mem", "d", 2, 3)).unwrap();
+    train(&args, &log, &log).await.unwrap();
+    let all = published(&log);
+    assert_eq!((all.len(), all[3].version, all[3].step), (4, 4, 4));
 }

@@ -80,49 +80,53 @@ fn sequence(prompt: &[u32], completion: &[u32], logprobs: &[f32], version: u32) 
     }
 }
 
-#[test]
-fn gradients_of_the_grpo_loss_match_finite_differences() {
-    let dir = tempfile::tempdir().unwrap();
-    let policy = tiny_policy(dir.path());
-    // Small micro-batches: the gradient is accumulated over several passes.
-    let learner = learner(
-        &policy,
-        LearnerConfig {
-            micro_batch_tokens: 12,
-            ..Default::default()
-        },
-    );
-    let vocab = policy.model.config().vocab_size as u32;
+/// Sequences of the tiny llama's tokens: three of their own, then two that
+/// share their first 20 tokens (a run fed from one copy of its prefix).
+fn check_sequences(vocab: u32) -> Vec<SampledSequence> {
     let tokens = |seed: u32, n: usize| -> Vec<u32> {
         (0..n as u32)
             .map(|i| (seed * 131 + i * 37) % vocab)
             .collect()
     };
-    let mut seqs = vec![
-        SampledSequence {
-            tokens: tokens(1, 10),
-            positions: vec![6, 7, 8, 9],
-            recorded: vec![],
-            advantage: 1.0,
+    let shared =
+        |seed: u32| -> Vec<u32> { tokens(4, 20).into_iter().chain(tokens(seed, 4)).collect() };
+    let seq = |tokens: Vec<u32>, positions: Vec<usize>, advantage: f64| SampledSequence {
+        recorded: vec![0.0; positions.len()],
+        tokens,
+        positions,
+        advantage,
+    };
+    vec![
+        seq(tokens(1, 10), vec![6, 7, 8, 9], 1.0),
+        seq(tokens(2, 8), vec![3, 5, 7], -0.7),
+        seq(tokens(3, 12), vec![9, 10, 11], 0.4),
+        seq(shared(5), vec![20, 22, 23], 0.9),
+        seq(shared(6), vec![21, 22, 23], -0.9),
+    ]
+}
+
+#[test]
+fn gradients_of_the_grpo_loss_match_finite_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    // Small micro-batches: the gradient is accumulated over two passes, the
+    // second feeding the last two sequences from their shared prefix.
+    let learner = learner(
+        &policy,
+        LearnerConfig {
+            micro_batch_tokens: 40,
+            ..Default::default()
         },
-        SampledSequence {
-            tokens: tokens(2, 8),
-            positions: vec![3, 5, 7],
-            recorded: vec![],
-            advantage: -0.7,
-        },
-        SampledSequence {
-            tokens: tokens(3, 12),
-            positions: vec![9, 10, 11],
-            recorded: vec![],
-            advantage: 0.4,
-        },
-    ];
+    );
+    let mut seqs = check_sequences(policy.model.config().vocab_size as u32);
+    let micro = forgelog_trainer::learner::micro_batches(&seqs, 40, true);
+    let shape: Vec<Vec<(usize, usize)>> = micro
+        .iter()
+        .map(|m| m.runs.iter().map(|r| (r.prefix, r.members.len())).collect())
+        .collect();
+    assert_eq!(shape, [vec![(0, 1), (0, 1), (0, 1)], vec![(19, 2)]]);
     // Recorded logprobs near the current ones (ratios inside the clip range,
     // away from its kinks), one far enough that its token is clipped.
-    for s in &mut seqs {
-        s.recorded = vec![0.0; s.positions.len()];
-    }
     let at_zero = learner.evaluate(&seqs).unwrap();
     let mut ratios = at_zero.ratios.iter();
     let offsets = [0.05, -0.08, 0.1, -0.5, -0.03, 0.07, 0.0, 0.02, -0.06, 0.04];
@@ -186,6 +190,63 @@ fn gradients_of_the_grpo_loss_match_finite_differences() {
     }
 }
 
+#[test]
+fn a_shared_prefix_gives_the_loss_and_gradients_of_feeding_each_member_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = tiny_policy(dir.path());
+    let mut seqs = check_sequences(policy.model.config().vocab_size as u32);
+    for (i, s) in seqs.iter_mut().enumerate() {
+        s.recorded = (0..s.positions.len())
+            .map(|j| -1.0 - 0.1 * (i + j) as f32)
+            .collect();
+    }
+    let eval = |share_prefixes| {
+        learner(
+            &policy,
+            LearnerConfig {
+                share_prefixes,
+                ..Default::default()
+            },
+        )
+        .evaluate(&seqs)
+        .unwrap()
+    };
+    let (shared, whole) = (eval(true), eval(false));
+    assert!((shared.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs().max(1.0));
+    assert_eq!(shared.ratios.len(), whole.ratios.len());
+    for (a, b) in shared.ratios.iter().zip(&whole.ratios) {
+        assert!((a - b).abs() <= 1e-5, "ratio {a} vs {b}");
+    }
+    let mut compared = 0;
+    for (a, b) in shared.grads.iter().zip(&whole.grads) {
+        let (Some(a), Some(b)) = (a, b) else {
+            assert!(a.is_none() && b.is_none());
+            continue;
+        };
+        let scale = b
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let diff = (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            diff <= 1e-5 * scale.max(1.0),
+            "gradient differs by {diff} (scale {scale})"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, shared.grads.len(), "every weight has a gradient");
+}
+
 /// Samples `n` completions at temperature `t` from the engine.
 async fn sample_group(engine: &Engine, prompt: &[u32], n: u64, t: f32) -> Vec<Sequence> {
     let mut out = Vec::new();
@@ -231,7 +292,14 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         },
     );
     let engine = Engine::start(policy.clone());
-    let prompt = engine.encode("The capital of France is").unwrap();
+    // Long enough that the group is fed from one copy of it.
+    let prompt = engine
+        .encode("The capital of France is a city on the Seine, and its name is")
+        .unwrap();
+    assert!(
+        prompt.len() > forgelog_trainer::learner::MIN_SHARED_TOKENS,
+        "{prompt:?}"
+    );
     let store = CheckpointStore::new(
         &format!("file://{}/checkpoints", dir.path().display()),
         "run",
