@@ -17,6 +17,19 @@ if [ "${1:-}" = --soak ]; then
 fi
 command -v cargo-nextest >/dev/null || { echo "test: cargo-nextest is missing; scripts/setup.sh installs it" >&2; exit 2; }
 
+# Cargo names workspace artifacts and checks their freshness relative to the
+# workspace root, but bakes each crate's absolute CARGO_MANIFEST_DIR into it:
+# test binaries last built from another checkout of the same sources (CI's,
+# in a shared target directory) read their fixtures there, and sources older
+# than them are not rebuilt. After such a move the sources are made new.
+mark="$CARGO_TARGET_DIR/.forgelog-checkout"
+here=$(pwd -P)
+if [ -f "$mark" ] && [ "$(cat "$mark")" != "$here" ]; then
+  echo "test: $CARGO_TARGET_DIR was last built from $(cat "$mark"): rebuilding this checkout's crates" >&2
+  find . -name '*.rs' -not -path './target/*' -not -path './.git/*' -exec touch {} +
+fi
+mkdir -p "$CARGO_TARGET_DIR" && echo "$here" >"$mark"
+
 # One build of every test binary (and the forgelog binary they run).
 t0=$SECONDS
 cargo nextest run --workspace --no-run

@@ -271,27 +271,34 @@ fn sigterm(child: &std::process::Child) {
 /// An engine that cannot start (here: no such model; on a CPU build, `--device
 /// cuda` the same way) used to leave `up` waiting two minutes for its health
 /// check. It says why and exits at once.
-#[test]
-fn up_with_an_engine_that_cannot_start_says_why_at_once() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let config = rt.block_on(shared_broker());
+/// `forgelog up ARGS` on free ports in a home of its own, which must fail:
+/// what it said.
+fn up_fails(args: &[&str]) -> String {
     let home = tempfile::tempdir().unwrap();
-    let started = std::time::Instant::now();
     let out = forgelog()
-        .args([
-            "up",
-            "--brokers",
-            &config.brokers,
-            "--model",
-            "/nowhere/model.gguf",
-        ])
+        .arg("up")
+        .args(args)
         .args(["--engine-listen", &free_local_addr().to_string()])
         .args(["--proxy-listen", &free_local_addr().to_string(), "--home"])
         .arg(home.path())
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{err}");
+    err
+}
+
+#[test]
+fn up_with_an_engine_that_cannot_start_says_why_at_once() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let started = std::time::Instant::now();
+    let err = up_fails(&[
+        "--brokers",
+        &config.brokers,
+        "--model",
+        "/nowhere/model.gguf",
+    ]);
     assert!(
         err.contains("/nowhere/model.gguf") && err.contains("did not start"),
         "{err}"
@@ -315,16 +322,14 @@ fn up_train_refuses_an_upstream_that_does_not_load_published_versions() {
             Default::default(),
         ))
         .unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let out = forgelog()
-        .args(["up", "--train", "--brokers", &config.brokers])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--proxy-listen", &free_local_addr().to_string(), "--home"])
-        .arg(home.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let upstream = format!("http://{upstream}");
+    let err = up_fails(&[
+        "--train",
+        "--brokers",
+        &config.brokers,
+        "--upstream",
+        &upstream,
+    ]);
     assert!(
         err.contains("does not report the policy version")
             && err.contains("forgelog engine --brokers"),

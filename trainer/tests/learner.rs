@@ -26,6 +26,16 @@ fn device() -> Device {
     }
 }
 
+/// The largest absolute entry of `t`.
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 fn learner(policy: &Policy, config: LearnerConfig) -> Learner {
     Learner::new(
         &policy.weights,
@@ -223,21 +233,7 @@ fn a_shared_prefix_gives_the_loss_and_gradients_of_feeding_each_member_whole() {
             assert!(a.is_none() && b.is_none());
             continue;
         };
-        let scale = b
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let diff = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let (scale, diff) = (max_abs(b), max_abs(&(a - b).unwrap()));
         assert!(
             diff <= 1e-5 * scale.max(1.0),
             "gradient differs by {diff} (scale {scale})"
@@ -344,14 +340,7 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         (2, 2, 2)
     );
     let name = "model.layers.1.mlp.up_proj.weight";
-    let diff = (&weights[name] - learner.weights()[name].clone())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = max_abs(&(&weights[name] - learner.weights()[name].clone()).unwrap());
     assert_eq!(diff, 0.0);
     assert_eq!(moments.len(), learner.optimizer.moments.len());
 }
