@@ -164,6 +164,11 @@ impl CheckpointStore {
             for file in files {
                 self.delete(old, file).await?;
             }
+            // A local store keeps the emptied folder (object stores have
+            // files, not folders); one that is not empty stays.
+            if let Ok(Ok(dir)) = url::Url::parse(&self.url).map(|u| u.to_file_path()) {
+                let _ = std::fs::remove_dir(dir.join(format!("v{old:06}")));
+            }
         }
         Ok(())
     }
