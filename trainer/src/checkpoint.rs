@@ -13,6 +13,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+/// A version's weights: what the engine reloads.
+const WEIGHTS: &str = "model.safetensors";
+/// Its AdamW moments.
+const MOMENTS: &str = "optimizer.safetensors";
+/// Its [`TrainerState`].
+const STATE: &str = "trainer.json";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint location {url}: {why}")]
@@ -82,7 +89,7 @@ impl CheckpointStore {
 
     /// The URI of a version's weights, as `PolicyPublished.checkpoint_uri`.
     pub fn model_uri(&self, version: u64) -> String {
-        format!("{}/v{version:06}/model.safetensors", self.url)
+        format!("{}/v{version:06}/{WEIGHTS}", self.url)
     }
 
     async fn put(&self, version: u64, file: &str, bytes: Vec<u8>) -> Result<(), CheckpointError> {
@@ -120,27 +127,15 @@ impl CheckpointStore {
             .iter()
             .flat_map(|(n, (m, v))| [(format!("m.{n}"), m.clone()), (format!("v.{n}"), v.clone())])
             .collect();
-        self.put(
-            state.version,
-            "optimizer.safetensors",
-            safetensors_bytes(&optimizer)?,
-        )
-        .await?;
-        self.put(
-            state.version,
-            "trainer.json",
-            serde_json::to_vec_pretty(state)?,
-        )
-        .await?;
+        self.put(state.version, MOMENTS, safetensors_bytes(&optimizer)?)
+            .await?;
+        self.put(state.version, STATE, serde_json::to_vec_pretty(state)?)
+            .await?;
         for (name, bytes) in &self.folder_files {
             self.put(state.version, name, bytes.clone()).await?;
         }
-        self.put(
-            state.version,
-            "model.safetensors",
-            safetensors_bytes(weights)?,
-        )
-        .await?;
+        self.put(state.version, WEIGHTS, safetensors_bytes(weights)?)
+            .await?;
         Ok(self.model_uri(state.version))
     }
 
@@ -152,13 +147,13 @@ impl CheckpointStore {
     /// gone are no error.
     pub async fn prune(&self, version: u64, keep: Option<u64>) -> Result<(), CheckpointError> {
         if version > 1 {
-            self.delete(version - 1, "optimizer.safetensors").await?;
+            self.delete(version - 1, MOMENTS).await?;
         }
         if let Some(old) = keep
             .and_then(|k| version.checked_sub(k.max(1)))
             .filter(|&v| v >= 1)
         {
-            let files = ["model.safetensors", "trainer.json", "optimizer.safetensors"]
+            let files = [WEIGHTS, STATE, MOMENTS]
                 .into_iter()
                 .chain(forgelog_model::hf::FOLDER_FILES);
             for file in files {
@@ -198,14 +193,10 @@ impl CheckpointStore {
         ),
         CheckpointError,
     > {
-        let weights = candle_core::safetensors::load_buffer(
-            &self.get(version, "model.safetensors").await?,
-            device,
-        )?;
-        let mut flat = candle_core::safetensors::load_buffer(
-            &self.get(version, "optimizer.safetensors").await?,
-            device,
-        )?;
+        let weights =
+            candle_core::safetensors::load_buffer(&self.get(version, WEIGHTS).await?, device)?;
+        let mut flat =
+            candle_core::safetensors::load_buffer(&self.get(version, MOMENTS).await?, device)?;
         let mut moments = HashMap::new();
         let names: Vec<String> = flat
             .keys()
@@ -219,7 +210,7 @@ impl CheckpointStore {
                 moments.insert(name, (m, v));
             }
         }
-        let state = serde_json::from_slice(&self.get(version, "trainer.json").await?)?;
+        let state = serde_json::from_slice(&self.get(version, STATE).await?)?;
         Ok((weights, moments, state))
     }
 }
@@ -233,10 +224,11 @@ pub async fn export_model_folder(
     to: &std::path::Path,
 ) -> Result<Vec<std::path::PathBuf>, CheckpointError> {
     let folder = model_uri
-        .strip_suffix("/model.safetensors")
+        .strip_suffix(WEIGHTS)
+        .and_then(|f| f.strip_suffix('/'))
         .ok_or_else(|| CheckpointError::Location {
             url: model_uri.to_string(),
-            why: "not a checkpoint's model.safetensors".into(),
+            why: format!("not a checkpoint's {WEIGHTS}"),
         })?;
     let location = store::open(folder).map_err(|e| CheckpointError::Location {
         url: e.location,
@@ -246,12 +238,12 @@ pub async fn export_model_folder(
     let mut written = Vec::new();
     for name in forgelog_model::hf::FOLDER_FILES
         .into_iter()
-        .chain(["model.safetensors"])
+        .chain([WEIGHTS])
     {
         let path = location.path(name);
         let bytes = read_object(&location.store, &path).await;
         let bytes = bytes.map_err(|source| match source {
-            object_store::Error::NotFound { .. } if name != "model.safetensors" => {
+            object_store::Error::NotFound { .. } if name != WEIGHTS => {
                 CheckpointError::Location {
                     url: folder.to_string(),
                     why: format!(
