@@ -30,6 +30,9 @@ if [ -f "$mark" ] && [ "$(cat "$mark")" != "$here" ]; then
 fi
 mkdir -p "$CARGO_TARGET_DIR" && echo "$here" >"$mark"
 
+# torch, transformers and TRL, for the tests of what forgelog hands to them.
+scripts/torch-env.sh
+
 # One build of every test binary (and the forgelog binary they run).
 t0=$SECONDS
 cargo nextest run --workspace --no-run

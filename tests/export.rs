@@ -213,9 +213,7 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         &candle_core::Device::Cpu,
     )
     .unwrap();
-    for (name, bytes) in forgelog_model::hf::folder_files(&policy, "float32").unwrap() {
-        std::fs::write(model.path().join(name), bytes).unwrap();
-    }
+    support::write_hf_model_folder(&policy, model.path());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/sft_template_check.py");
     for harness in &harnesses {
         let jsonl = local.path().join(harness).join("sft.jsonl");
@@ -229,6 +227,38 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         assert_eq!(
             checked["same_tokens"].as_u64().unwrap() + differing,
             checked["rows"].as_u64().unwrap()
+        );
+    }
+
+    // TRL's SFTTrainer trains a step on each harness's export, as a user
+    // would load it: the JSONL's messages through the model's own template,
+    // and the Parquet's recorded tokens as they are.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/trl_sft_step.py");
+    for harness in &harnesses {
+        let args = [
+            model.path().to_str().unwrap(),
+            local.path().to_str().unwrap(),
+            harness,
+        ];
+        let stepped = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(testing::python_json_with(
+                &testing::torch_venv_python(),
+                &script,
+                &args,
+            ));
+        eprintln!("{harness}: a TRL SFTTrainer step: {stepped}");
+        for (form, rows) in [("messages", "jsonl_rows"), ("tokens", "rows")] {
+            assert_eq!(stepped[form]["steps"], 1, "{stepped}");
+            assert_eq!(stepped[form]["rows"], manifest[rows][*harness], "{stepped}");
+            assert!(stepped[form]["loss"].as_f64().unwrap() > 0.0, "{stepped}");
+        }
+        // The Parquet's labels train only what the model sampled; the
+        // template's render trains every token of the conversation.
+        assert!(
+            stepped["tokens"]["loss_tokens_first_batch"].as_u64()
+                < stepped["messages"]["loss_tokens_first_batch"].as_u64(),
+            "{stepped}"
         );
     }
 

@@ -1,20 +1,10 @@
 //! A policy as a Hugging Face model folder (`forgelog_model::hf`, what every
 //! checkpoint carries and `forgelog export model` writes), read by
-//! `transformers` and `safetensors` outside forgelog: the default model
+//! `transformers` (in torch) outside forgelog: the default model
 //! (SmolLM2 from its GGUF: the tokenizer rebuilt from GGUF metadata, the q/k
 //! rows un-interleaved) and a qwen2 (q/k/v biases).
 
 mod support;
-
-use forgelog_model::{hf, Policy};
-use std::path::Path;
-
-fn write_folder(policy: &Policy, dir: &Path) {
-    for (name, bytes) in hf::folder_files(policy, "float32").unwrap() {
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
-    candle_core::safetensors::save(&policy.weights, dir.join("model.safetensors")).unwrap();
-}
 
 #[test]
 fn the_default_model_as_a_folder_is_the_same_model_to_transformers() {
@@ -25,7 +15,7 @@ fn the_default_model_as_a_folder_is_the_same_model_to_transformers() {
     )
     .expect("the default model (scripts/fetch-model.sh)");
     let dir = tempfile::tempdir().unwrap();
-    write_folder(&policy, dir.path());
+    support::write_hf_model_folder(&policy, dir.path());
     let checked = support::check_hf_model_folder(dir.path(), &policy);
     eprintln!("SmolLM2 folder: {checked}");
     assert_eq!(checked["model_type"], "llama");
@@ -38,7 +28,7 @@ fn a_qwen2_folder_is_the_same_model_to_transformers() {
     forgelog_model::testing::write_tiny_qwen2(source.path(), 5).unwrap();
     let policy = forgelog_model::load_hf_dir(source.path(), &candle_core::Device::Cpu).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    write_folder(&policy, dir.path());
+    support::write_hf_model_folder(&policy, dir.path());
     let checked = support::check_hf_model_folder(dir.path(), &policy);
     eprintln!("qwen2 folder: {checked}");
     assert_eq!(checked["model_type"], "qwen2");

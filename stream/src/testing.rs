@@ -28,19 +28,39 @@ pub fn unique_run_id(prefix: &str) -> String {
 /// `$FORGELOG_HOME/venv` (default `~/.cache/forgelog`). Panics, naming the
 /// script, when it is missing: tests that need it fail, they never skip.
 pub fn venv_python() -> PathBuf {
-    let python = crate::forgelog_home().join("venv/bin/python3");
+    python_of("venv", "the SDKs", "scripts/python-env.sh")
+}
+
+/// The Python of the venv with torch, transformers and TRL
+/// (`scripts/torch-env.sh`, which `scripts/test.sh` runs):
+/// `$FORGELOG_HOME/venv-torch`. Panics, naming the script, when it is missing.
+pub fn torch_venv_python() -> PathBuf {
+    python_of("venv-torch", "torch and TRL", "scripts/torch-env.sh")
+}
+
+fn python_of(venv: &str, what: &str, script: &str) -> PathBuf {
+    let python = crate::forgelog_home().join(venv).join("bin/python3");
     assert!(
         python.exists(),
-        "the Python venv with the SDKs is missing at {}: run scripts/python-env.sh",
+        "the Python venv with {what} is missing at {}: run {script}",
         python.display()
     );
     python
 }
 
-/// Runs `script` with the venv's Python and `args`; fails the test with its
+/// Runs `script` with the SDK venv's Python and `args`; fails the test with its
 /// output unless it succeeds; returns the last line it printed, parsed as JSON.
 pub async fn python_json(script: &std::path::Path, args: &[&str]) -> serde_json::Value {
-    let out = tokio::process::Command::new(venv_python())
+    python_json_with(&venv_python(), script, args).await
+}
+
+/// [`python_json`] with another Python ([`torch_venv_python`]).
+pub async fn python_json_with(
+    python: &std::path::Path,
+    script: &std::path::Path,
+    args: &[&str],
+) -> serde_json::Value {
+    let out = tokio::process::Command::new(python)
         .arg(script)
         .args(args)
         .output()

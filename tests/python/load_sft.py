@@ -1,6 +1,6 @@
 """Loads an SFT export with Hugging Face `datasets`, offline, as a user would.
 Usage: load_sft.py FILE.jsonl CACHE_DIR, or load_sft.py EXPORT_DIR CONFIG CACHE_DIR
-(a config of the export's dataset card: a harness, `HARNESS-messages`, `all`).
+(a config of the export's dataset card: a harness or `all`).
 Prints {"rows", "columns", "roles"} (roles of row 0's messages, when it has them)."""
 import json
 import os

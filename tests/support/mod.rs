@@ -4,7 +4,7 @@
 pub mod kit;
 pub mod sandboxes;
 
-use forgelog_stream::testing::python_json;
+use forgelog_stream::testing::{python_json, python_json_with, torch_venv_python};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -93,9 +93,18 @@ pub fn variant(root: &Path, name: &str, file: &str, text: &str) {
     std::fs::write(dir.join(file), text).unwrap();
 }
 
+/// Writes `policy` to `dir` as a Hugging Face model folder: what every
+/// checkpoint carries (`forgelog_model::hf`) and its weights.
+pub fn write_hf_model_folder(policy: &forgelog_model::Policy, dir: &Path) {
+    for (name, bytes) in forgelog_model::hf::folder_files(policy, "float32").unwrap() {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    candle_core::safetensors::save(&policy.weights, dir.join("model.safetensors")).unwrap();
+}
+
 /// Reads the model folder `dir` as the Hugging Face ecosystem does
-/// (`tests/python/hf_model_check.py`: transformers' config and tokenizer with
-/// its chat template, the safetensors weights, a numpy forward) and checks it
+/// (`tests/python/hf_model_check.py`, in the torch venv: transformers'
+/// config, tokenizer with its chat template, and AutoModelForCausalLM) and checks it
 /// against `policy` as forgelog serves it: the same prompt ids for a chat and
 /// the same logits after it. Returns what the check printed.
 pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> serde_json::Value {
@@ -122,5 +131,5 @@ pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> ser
     let args = [dir.to_str().unwrap(), expected.path().to_str().unwrap()];
     tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(python_json(&script, &args))
+        .block_on(python_json_with(&torch_venv_python(), &script, &args))
 }
