@@ -1,7 +1,7 @@
 //! Avro single-object encoding with a registry of writer schemas, so that
 //! events written by older schema versions still decode into today's types.
 
-use crate::{Event, EventKind};
+use crate::{datum, Event, EventKind};
 use apache_avro::{rabin::Rabin, Schema};
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -52,6 +52,11 @@ pub enum EncodeError {
         kind: &'static str,
         source: Box<apache_avro::Error>,
     },
+    #[error("{kind} does not match its schema: {source}")]
+    Datum {
+        kind: &'static str,
+        source: datum::DatumError,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +83,16 @@ struct Writer {
 
 /// Encodes and decodes [`Event`]s. Cheap to share; use [`Codec::global`].
 pub struct Codec {
-    current: HashMap<EventKind, (Schema, [u8; 8])>,
+    current: HashMap<EventKind, Current>,
     writers: HashMap<u64, Writer>,
+}
+
+/// The schema events of a kind are written with.
+#[derive(Debug)]
+struct Current {
+    schema: Schema,
+    fingerprint: [u8; 8],
+    names: datum::Names,
 }
 
 /// The schema's fingerprint as the specification defines it: CRC-64-AVRO of
@@ -204,7 +217,16 @@ impl Codec {
         };
         for &kind in EventKind::ALL {
             let schema = parse(kind, kind.avsc());
-            current.insert(kind, (schema.clone(), fingerprint(&schema)));
+            let names = datum::Names::of(&schema)
+                .unwrap_or_else(|e| panic!("schema {} does not resolve: {e}", kind.name()));
+            current.insert(
+                kind,
+                Current {
+                    fingerprint: fingerprint(&schema),
+                    schema: schema.clone(),
+                    names,
+                },
+            );
             register(kind, schema, true);
         }
         for &(kind, _, avsc) in history {
@@ -221,8 +243,8 @@ impl Codec {
 
     /// The current schema of `kind` and its fingerprint.
     pub fn schema(&self, kind: EventKind) -> (&Schema, u64) {
-        let (schema, fp) = &self.current[&kind];
-        (schema, u64::from_le_bytes(*fp))
+        let current = &self.current[&kind];
+        (&current.schema, u64::from_le_bytes(current.fingerprint))
     }
 
     pub fn encode(&self, event: &Event) -> Result<Vec<u8>, EncodeError> {
@@ -234,21 +256,21 @@ impl Codec {
     /// Appends the encoded event to `out`.
     pub fn encode_into(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         let kind = event.kind();
-        let (schema, fp) = &self.current[&kind];
-        let schema_err = |e| EncodeError::Schema {
+        let current = &self.current[&kind];
+        let value = event.to_avro().map_err(|e| EncodeError::Schema {
             kind: kind.name(),
             source: Box::new(e),
-        };
-        // Through `Value` (the schemas name-reference their own records, e.g.
-        // `sampling_sent: SamplingParams`, which the datum writer resolves).
-        // `to_avro` already builds the schema's exact shape (unions included),
-        // so no `Value::resolve` pass: `to_avro_datum` validates it anyway.
-        let value = event.to_avro().map_err(schema_err)?;
-        let body = apache_avro::to_avro_datum(schema, value).map_err(schema_err)?;
+        })?;
+        let start = out.len();
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(fp);
-        out.extend_from_slice(&body);
-        Ok(())
+        out.extend_from_slice(&current.fingerprint);
+        datum::write(&value, &current.schema, &current.names, out).map_err(|source| {
+            out.truncate(start);
+            EncodeError::Datum {
+                kind: kind.name(),
+                source,
+            }
+        })
     }
 
     /// The kind of an encoded event, read from its header without decoding the body.
@@ -269,7 +291,7 @@ impl Codec {
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
         let writer = self.writer(bytes)?;
         let kind = writer.kind;
-        let (reader_schema, _) = &self.current[&kind];
+        let reader_schema = &self.current[&kind].schema;
         let body_err = |e: apache_avro::Error| DecodeError::Body {
             kind: kind.name(),
             source: Box::new(e),

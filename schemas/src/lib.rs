@@ -6,6 +6,7 @@
 
 mod codec;
 pub mod compact;
+mod datum;
 pub mod diff;
 mod events;
 mod ids;
@@ -19,6 +20,7 @@ pub use codec::{
     fingerprint, legacy_fingerprint, schema_files, Codec, DecodeError, EncodeError, SchemaFile,
     HISTORY, SCHEMA_VERSION,
 };
+pub use datum::DatumError;
 pub use events::*;
 pub use ids::event_id;
 pub use record::Received;

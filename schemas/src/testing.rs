@@ -301,3 +301,10 @@ pub fn growing_session(
     }
     out
 }
+
+/// `event` as `apache_avro`'s own datum writer encodes it (schema resolved and
+/// value validated): what [`crate::Codec`]'s writer must equal, byte for byte.
+pub fn apache_avro_datum(event: &Event) -> Vec<u8> {
+    let (schema, _) = crate::Codec::global().schema(event.kind());
+    apache_avro::to_avro_datum(schema, event.to_avro().expect("serializes")).expect("validates")
+}
