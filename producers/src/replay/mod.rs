@@ -136,6 +136,22 @@ pub fn chat_form(upstream_body: &Value) -> Value {
     })
 }
 
+/// [`chat_form`] as JSON text (`CallFinished.chat_request`), written from the
+/// body without copying its messages first.
+pub fn chat_form_text(upstream_body: &Value) -> String {
+    // Keys in `chat_form`'s order (a serde_json map's: sorted).
+    #[derive(serde::Serialize)]
+    struct ChatForm<'a> {
+        messages: &'a Value,
+        tools: &'a Value,
+    }
+    let form = ChatForm {
+        messages: &upstream_body["messages"],
+        tools: upstream_body.get("tools").unwrap_or(&Value::Null),
+    };
+    serde_json::to_string(&form).expect("a Value serializes")
+}
+
 /// The upstream answer a recorded `CallFinished` stands for, in the vLLM shape
 /// [`crate::upstream::read_response`] reads: the message, finish reason, token
 /// ids, logprobs, usage and policy version as they came, and the `created` time

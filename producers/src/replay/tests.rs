@@ -31,7 +31,7 @@ fn finished(run: &str, session: &str, index: i64, messages: Value) -> CallFinish
     c.finish_reason = Some("tool_calls".into());
     c.policy_version = Some(3);
     c.response_body = br#"{"id":"chatcmpl-x","created":1700000000}"#.to_vec();
-    c.chat_request = chat_form(&body(messages)).to_string();
+    c.chat_request = chat_form_text(&body(messages));
     c.chat_response = json!({"role": "assistant", "content": "hi", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]}).to_string();
     c
 }
@@ -369,4 +369,20 @@ fn calls_made_in_parallel_are_matched_by_what_they_ask_not_by_arrival() {
     // A new replay of the session starts over.
     rec.session_opened("s1");
     assert_eq!(text(rec.answer("s1", 1, &body(b)).unwrap()), "B done");
+}
+
+/// The chat form written as text is the chat form's own text, with tools or
+/// without, whatever else the body holds.
+#[test]
+fn the_chat_form_text_is_the_chat_form_as_text() {
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let messages = json!([{"role": "user", "content": "Hi \"there\"\n"}, {"role": "assistant", "content": null, "tool_calls": []}]);
+    for b in [
+        body(messages.clone()),
+        json!({"model": "m", "messages": messages, "tools": tools, "temperature": 1.0}),
+        json!({"model": "m"}),
+    ] {
+        assert_eq!(chat_form_text(&b), chat_form(&b).to_string());
+    }
 }
