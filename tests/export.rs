@@ -172,6 +172,21 @@ fn s3_export_is_byte_identical_to_the_file_export_and_loads_with_datasets() {
         assert_eq!(loaded["roles"][0], "system", "{loaded}");
     }
 
+    // The manifest and the card name the model that sampled and its versions
+    // (whose model folders hold the tokenizer and chat template).
+    assert_eq!(
+        manifest["models"],
+        serde_json::json!(["SmolLM2-135M-Instruct"]),
+        "{manifest}"
+    );
+    let versions = manifest["policy_versions"].as_array().unwrap();
+    assert!(!versions.is_empty(), "{manifest}");
+    let card = String::from_utf8(from_file[Path::new("README.md")].clone()).unwrap();
+    assert!(
+        card.contains("Sampled by `SmolLM2-135M-Instruct`: policy versions 0; "),
+        "{card}"
+    );
+
     // The dataset card: each harness a config of the tokenized Parquet, `all`
     // the default.
     let harnesses: Vec<&String> = manifest["rows"].as_object().unwrap().keys().collect();

@@ -29,7 +29,7 @@ use forgelog_dialects::hf::hf_message;
 use forgelog_schemas::{CallFinished, TrajectoryBuilt, UNKNOWN_POLICY_VERSION};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What an export is for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -126,6 +126,12 @@ pub struct Manifest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kto_examples: Option<usize>,
     pub filtered_out: usize,
+    /// The models that answered the exported rollouts' calls, as the engine
+    /// named them, and the policy versions that sampled the exported tokens:
+    /// `forgelog export model --run R --version V` writes a version's model
+    /// folder, with the tokenizer and chat template that made the ids.
+    pub models: BTreeSet<String>,
+    pub policy_versions: BTreeSet<i64>,
     /// The forgelog that wrote the export, and the log's schema version.
     pub forgelog_version: String,
     pub schema_version: u32,
@@ -133,6 +139,24 @@ pub struct Manifest {
     pub sha256: BTreeMap<String, String>,
     /// topic → partition → offset after the last message read.
     pub source_offsets: BTreeMap<String, BTreeMap<i32, i64>>,
+}
+
+impl Manifest {
+    /// Records which models answered `calls` and which known versions sampled.
+    fn note_sampling<'a>(
+        &mut self,
+        calls: &[CallFinished],
+        versions: impl IntoIterator<Item = &'a i64>,
+    ) {
+        self.models.extend(
+            calls
+                .iter()
+                .filter(|c| !c.model.is_empty())
+                .map(|c| c.model.clone()),
+        );
+        self.policy_versions
+            .extend(versions.into_iter().copied().filter(|&v| v >= 0));
+    }
 }
 
 /// Rows for `trajectories` (in log order), scores by rollout id (absent: no batch yet).
@@ -245,6 +269,7 @@ pub async fn export_run(
             for (name, document) in atif::trajectories(&[t], &calls, &batches.scores) {
                 documents.push(name, &document)?;
             }
+            manifest.note_sampling(&calls, []);
             Ok(())
         })?;
         documents.finish(&mut files, &mut manifest).await?;
@@ -256,6 +281,9 @@ pub async fn export_run(
             let group = t.group_id.clone();
             let (rows, filtered_out) = rows(&[t], &calls, &batches.scores, &filter);
             manifest.filtered_out += filtered_out;
+            if !rows.is_empty() {
+                manifest.note_sampling(&calls, rows.iter().flat_map(|r| &r.policy_versions));
+            }
             if let Some((pairs, kto)) = preferences.as_mut().and_then(|p| p.add(&group, &rows)) {
                 writer.preferences(&pairs, &kto)?;
             }

@@ -246,6 +246,17 @@ fn the_dataset_card_makes_each_harness_a_config() {
         !yaml.contains("opencode-messages"),
         "no JSONL rows, no config"
     );
+    assert!(!card.contains("Sampled by"), "no models, no line");
+    let sampled = Manifest {
+        models: ["smollm2".to_string()].into(),
+        policy_versions: [3, 0].into(),
+        ..manifest
+    };
+    let card = dataset_card(&sampled);
+    assert!(
+        card.contains("Sampled by `smollm2`: policy versions 0, 3; `forgelog export model --run r --version V`"),
+        "{card}"
+    );
 }
 
 /// The export streams from the log a rollout at a time: a tree that is in the
@@ -307,6 +318,20 @@ fn the_streamed_export_writes_what_rows_make_of_the_whole_run() {
     let (expected, _) = rows(&latest, &present, &Default::default(), &Default::default());
     let total: usize = manifest.rows.values().sum();
     assert_eq!(total, expected.len());
+    // The manifest names the models that answered and the versions that sampled.
+    let models: std::collections::BTreeSet<String> = present
+        .iter()
+        .map(|c| c.model.clone())
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(!models.is_empty());
+    assert_eq!(manifest.models, models);
+    let versions: std::collections::BTreeSet<i64> = expected
+        .iter()
+        .flat_map(|r| r.policy_versions.iter().copied())
+        .filter(|&v| v >= 0)
+        .collect();
+    assert_eq!(manifest.policy_versions, versions);
     let mut got: Vec<String> = Vec::new();
     for harness in manifest.rows.keys() {
         let bytes = std::fs::read(a.path().join(harness).join("sft.parquet")).unwrap();

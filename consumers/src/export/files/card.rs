@@ -36,6 +36,7 @@ pub fn dataset_card(manifest: &Manifest) -> String {
          Agent trajectories recorded by forgelog {version} (log schema v{schema}): one row per path of \
          each rollout's trajectory tree, with the exact token ids the model was given and sampled.\n\n\
          | harness (config) | rows (Parquet) | rows with messages (JSONL) |\n|---|---|---|\n{table}\n\
+         {sampled}\
          `load_dataset(\"path/to/export\", \"HARNESS\")` gives a harness's tokenized rows; \
          `load_dataset(\"json\", data_files=\"path/to/export/HARNESS/sft.jsonl\")` its conversations.\n\n\
          Columns: `input_ids`, `loss_mask` (= `assistant_masks`: 1 where the model sampled), `labels` \
@@ -53,6 +54,7 @@ pub fn dataset_card(manifest: &Manifest) -> String {
                 `prompt` messages both share) and `kto.jsonl` every scored rollout of such groups \
                 (`label`: reward above the group's mean), in TRL's conversational shapes.\n\n",
         },
+        sampled = sampled_by(manifest),
         run = manifest.run_id,
         version = manifest.forgelog_version,
         schema = manifest.schema_version,
@@ -65,4 +67,25 @@ pub(super) fn tokens_file(kind: ExportKind) -> &'static str {
         ExportKind::Sft => "sft.parquet",
         ExportKind::Rl | ExportKind::Atif => "paths.parquet",
     }
+}
+
+/// Which model made the ids, and where its tokenizer and chat template are.
+fn sampled_by(manifest: &Manifest) -> String {
+    if manifest.models.is_empty() {
+        return String::new();
+    }
+    let list = |names: Vec<String>| names.join(", ");
+    let models = list(manifest.models.iter().map(|m| format!("`{m}`")).collect());
+    let versions =
+        if manifest.policy_versions.is_empty() {
+            "policy versions unknown (an upstream that does not report them)".to_string()
+        } else {
+            format!(
+            "policy versions {}; `forgelog export model --run {} --version V` writes version V \
+             as a model folder with the tokenizer and chat template that made these ids",
+            list(manifest.policy_versions.iter().map(i64::to_string).collect()),
+            manifest.run_id
+        )
+        };
+    format!("Sampled by {models}: {versions}.\n\n")
 }
