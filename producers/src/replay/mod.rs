@@ -128,28 +128,34 @@ pub struct Recording {
 }
 
 /// The request in the form `CallFinished.chat_request` records and replay compares:
-/// the upstream body's `messages` and `tools` (OpenAI Chat form, whatever the dialect).
-pub fn chat_form(upstream_body: &Value) -> Value {
-    json!({
-        "messages": upstream_body["messages"],
-        "tools": upstream_body.get("tools").cloned().unwrap_or_default(),
-    })
+/// the upstream body's `messages` and `tools` (OpenAI Chat form, whatever the dialect),
+/// borrowed from the body.
+#[derive(serde::Serialize)]
+struct ChatForm<'a> {
+    // Fields in a serde_json map's (sorted) key order, so that the text and
+    // the value of a form serialize alike.
+    messages: &'a Value,
+    tools: &'a Value,
 }
 
-/// [`chat_form`] as JSON text (`CallFinished.chat_request`), written from the
-/// body without copying its messages first.
-pub fn chat_form_text(upstream_body: &Value) -> String {
-    // Keys in `chat_form`'s order (a serde_json map's: sorted).
-    #[derive(serde::Serialize)]
-    struct ChatForm<'a> {
-        messages: &'a Value,
-        tools: &'a Value,
+impl<'a> ChatForm<'a> {
+    fn of(upstream_body: &'a Value) -> ChatForm<'a> {
+        ChatForm {
+            messages: &upstream_body["messages"],
+            tools: upstream_body.get("tools").unwrap_or(&Value::Null),
+        }
     }
-    let form = ChatForm {
-        messages: &upstream_body["messages"],
-        tools: upstream_body.get("tools").unwrap_or(&Value::Null),
-    };
-    serde_json::to_string(&form).expect("a Value serializes")
+}
+
+/// The [`ChatForm`] of an upstream body, as a value (what replay compares).
+pub fn chat_form(upstream_body: &Value) -> Value {
+    serde_json::to_value(ChatForm::of(upstream_body)).expect("a Value serializes")
+}
+
+/// The [`ChatForm`] of an upstream body as JSON text (`CallFinished.chat_request`),
+/// written without copying the messages first.
+pub fn chat_form_text(upstream_body: &Value) -> String {
+    serde_json::to_string(&ChatForm::of(upstream_body)).expect("a Value serializes")
 }
 
 /// The upstream answer a recorded `CallFinished` stands for, in the vLLM shape

@@ -378,11 +378,22 @@ fn the_chat_form_text_is_the_chat_form_as_text() {
     let tools =
         json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     let messages = json!([{"role": "user", "content": "Hi \"there\"\n"}, {"role": "assistant", "content": null, "tool_calls": []}]);
-    for b in [
-        body(messages.clone()),
-        json!({"model": "m", "messages": messages, "tools": tools, "temperature": 1.0}),
-        json!({"model": "m"}),
+    for (b, form) in [
+        (
+            body(messages.clone()),
+            json!({"messages": messages, "tools": null}),
+        ),
+        (
+            json!({"model": "m", "messages": messages, "tools": tools, "temperature": 1.0}),
+            json!({"messages": messages, "tools": tools}),
+        ),
+        (
+            json!({"model": "m"}),
+            json!({"messages": null, "tools": null}),
+        ),
     ] {
+        assert_eq!(chat_form(&b), form);
+        assert_eq!(chat_form_text(&b), form.to_string());
         assert_eq!(chat_form_text(&b), chat_form(&b).to_string());
     }
 }
