@@ -1,0 +1,281 @@
+//! Reading an upstream chat completion: the answer the harness gets and the
+//! training data the log keeps (token ids, logprobs, policy version).
+
+use forgelog_dialects::canonical::*;
+use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAiChatDialect};
+use forgelog_dialects::hermes;
+use serde_json::Value;
+
+/// The training data of one upstream answer.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Sampled {
+    pub prompt_token_ids: Vec<u32>,
+    pub completion_token_ids: Vec<u32>,
+    pub completion_logprobs: Vec<f32>,
+    pub finish_reason: Option<String>,
+    pub policy_version: Option<i64>,
+    /// `None` when the answer is usable for training.
+    pub untrainable_reason: Option<String>,
+    /// Hermes tool-call text the proxy could not parse (left as text).
+    pub unparsed_tool_calls: usize,
+}
+
+/// An upstream chat completion: its JSON less the prompt's token ids, which
+/// are read straight into numbers. A long prompt's ids are most of an answer,
+/// and read as JSON values they were the largest part of the proxy's CPU per call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpstreamAnswer {
+    pub body: Value,
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+impl From<Value> for UpstreamAnswer {
+    fn from(mut body: Value) -> UpstreamAnswer {
+        let ids_value = body
+            .as_object_mut()
+            .and_then(|m| m.remove("prompt_token_ids"));
+        UpstreamAnswer {
+            prompt_token_ids: ids(ids_value.as_ref()),
+            body,
+        }
+    }
+}
+
+impl std::ops::Index<&str> for UpstreamAnswer {
+    type Output = Value;
+    fn index(&self, key: &str) -> &Value {
+        &self.body[key]
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for UpstreamAnswer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UpstreamAnswer;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chat completion object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UpstreamAnswer, A::Error> {
+                use serde::de::Error as _;
+                let mut answer = UpstreamAnswer::default();
+                let mut body = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "prompt_token_ids" {
+                        // Taken raw and split here: through serde's per-element
+                        // visitor a long prompt's ids cost ~200 instructions
+                        // each, most of the proxy's instructions per call.
+                        let raw: Box<serde_json::value::RawValue> = map.next_value()?;
+                        answer.prompt_token_ids = token_ids(raw.get()).ok_or_else(|| {
+                            A::Error::custom("prompt_token_ids: not an array of token ids")
+                        })?;
+                    } else {
+                        body.insert(key, map.next_value()?);
+                    }
+                }
+                answer.body = Value::Object(body);
+                Ok(answer)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// The ids of a JSON array of token ids (`[1,2,3]`, whitespace allowed);
+/// `Some(None)` for `null`; `None` for anything else. One pass over the bytes:
+/// `str::split` and `u32::from_str` cost ~180 instructions an id.
+fn token_ids(json: &str) -> Option<Option<Vec<u32>>> {
+    let json = json.trim_ascii();
+    if json == "null" {
+        return Some(None);
+    }
+    let items = json.strip_prefix('[')?.strip_suffix(']')?.as_bytes();
+    let mut ids = Vec::with_capacity(items.len() / 4 + 1);
+    let mut at = 0;
+    let skip_space = |at: &mut usize| {
+        while items.get(*at).is_some_and(|b| b.is_ascii_whitespace()) {
+            *at += 1;
+        }
+    };
+    skip_space(&mut at);
+    if at == items.len() {
+        return Some(Some(ids));
+    }
+    loop {
+        let start = at;
+        let mut id: u64 = 0;
+        while let Some(&b @ b'0'..=b'9') = items.get(at) {
+            id = id * 10 + u64::from(b - b'0');
+            if id > u64::from(u32::MAX) {
+                return None;
+            }
+            at += 1;
+        }
+        if at == start {
+            return None;
+        }
+        ids.push(id as u32);
+        skip_space(&mut at);
+        match items.get(at) {
+            None => return Some(Some(ids)),
+            Some(b',') => {
+                at += 1;
+                skip_space(&mut at);
+            }
+            Some(_) => return None,
+        }
+    }
+}
+
+fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
+    v?.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// Reads a vLLM (or forgelog engine) chat completion. `call_id_prefix` names
+/// the tool calls the proxy itself parses from Hermes text.
+pub fn read_response(
+    answer: &UpstreamAnswer,
+    call_id_prefix: &str,
+) -> Result<(ChatResponse, Sampled), DialectError> {
+    let bad = |m: &str| DialectError::new(ErrorKind::Upstream, format!("upstream answer: {m}"));
+    let body = &answer.body;
+    let mut resp = OpenAiChatDialect::decode_response(body).map_err(|e| bad(&e.message))?;
+    let choice = &body["choices"][0];
+    let mut sampled = Sampled {
+        prompt_token_ids: answer
+            .prompt_token_ids
+            .clone()
+            .or_else(|| ids(choice.get("prompt_token_ids")))
+            .unwrap_or_default(),
+        completion_token_ids: ids(choice.get("token_ids")).unwrap_or_default(),
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        policy_version: body["policy_version"].as_i64(),
+        ..Default::default()
+    };
+    let content = choice["logprobs"]["content"].as_array();
+    if let Some(content) = content {
+        sampled.completion_logprobs = content
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap_or(f64::NAN) as f32)
+            .collect();
+        // Without return_token_ids, `--return-tokens-as-token-ids` still names each token.
+        if sampled.completion_token_ids.is_empty() {
+            sampled.completion_token_ids = content
+                .iter()
+                .filter_map(|t| t["token"].as_str()?.strip_prefix("token_id:")?.parse().ok())
+                .collect();
+        }
+    }
+    sampled.untrainable_reason = if sampled.prompt_token_ids.is_empty() {
+        Some("upstream returned no prompt token ids".into())
+    } else if sampled.completion_token_ids.is_empty() && resp.usage.output > 0 {
+        Some("upstream returned no completion token ids".into())
+    } else if content.is_none() {
+        Some("upstream returned no logprobs".into())
+    } else if sampled.completion_logprobs.len() != sampled.completion_token_ids.len() {
+        Some(format!(
+            "{} logprobs for {} completion tokens",
+            sampled.completion_logprobs.len(),
+            sampled.completion_token_ids.len()
+        ))
+    } else if sampled.completion_logprobs.iter().any(|l| !l.is_finite()) {
+        Some("upstream returned a non-finite logprob".into())
+    } else {
+        None
+    };
+    if resp.usage.input == 0 {
+        resp.usage.input = sampled.prompt_token_ids.len() as u64;
+    }
+    if resp.usage.output == 0 {
+        resp.usage.output = sampled.completion_token_ids.len() as u64;
+    }
+    sampled.unparsed_tool_calls = hermes::parse_parts(&mut resp.parts, call_id_prefix);
+    if resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_)))
+        && resp.finish == FinishReason::Stop
+    {
+        resp.finish = FinishReason::ToolCalls;
+    }
+    Ok((resp, sampled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A completion's prompt ids read from its text are the ids the JSON holds,
+    /// however it is spaced; anything but an array of u32 (or null) is refused.
+    #[test]
+    fn prompt_ids_are_read_from_the_answer_text() {
+        let read = |text: &str| serde_json::from_str::<UpstreamAnswer>(text);
+        for (text, ids) in [
+            (
+                r#"{"prompt_token_ids": [1,2,3], "id": "x"}"#,
+                Some(vec![1, 2, 3]),
+            ),
+            (
+                r#"{"prompt_token_ids":[ 0 , 4294967295 ]}"#,
+                Some(vec![0, u32::MAX]),
+            ),
+            ("{\"prompt_token_ids\":[\n7\t]}", Some(vec![7])),
+            (r#"{"prompt_token_ids": []}"#, Some(vec![])),
+            (r#"{"prompt_token_ids": [ ]}"#, Some(vec![])),
+            (r#"{"prompt_token_ids": null}"#, None),
+            (r#"{"id": "x"}"#, None),
+        ] {
+            let answer = read(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(answer.prompt_token_ids, ids, "{text}");
+            assert_eq!(
+                answer,
+                UpstreamAnswer::from(serde_json::from_str::<Value>(text).unwrap())
+            );
+        }
+        assert_eq!(
+            read(r#"{"id": "x", "prompt_token_ids": [5]}"#).unwrap()["id"],
+            "x"
+        );
+        for bad in [
+            "[-1]",
+            "[4294967296]",
+            "[1.0]",
+            "[1e3]",
+            r#"["1"]"#,
+            "[[1,2]]",
+            "[1,null]",
+            "{}",
+            r#""1,2""#,
+            "7",
+        ] {
+            let text = format!(r#"{{"prompt_token_ids": {bad}}}"#);
+            let err = read(&text).expect_err(&text).to_string();
+            assert!(err.contains("prompt_token_ids"), "{text}: {err}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_ids_in_any_spacing_read_back(
+            ids in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..200),
+            spaces in proptest::collection::vec("[ \t\n\r]{0,2}", 0..400),
+        ) {
+            let mut text = String::from("{\"prompt_token_ids\":[");
+            for (i, id) in ids.iter().enumerate() {
+                let space = |k: usize| spaces.get(k).map(String::as_str).unwrap_or("");
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(space(2 * i));
+                text.push_str(&id.to_string());
+                text.push_str(space(2 * i + 1));
+            }
+            text.push_str("]}");
+            let answer: UpstreamAnswer = serde_json::from_str(&text).unwrap();
+            proptest::prop_assert_eq!(answer.prompt_token_ids, Some(ids));
+        }
+    }
+}
