@@ -206,10 +206,13 @@ impl SessionMemory {
         e.chat_request_splice = splice;
         e.chat_request =
             String::from_utf8(middle).expect("a text splice ends on character boundaries");
-        let mut tokens = prompt;
-        if !tokens.is_empty() {
-            tokens.extend_from_slice(&e.completion_token_ids);
-        }
+        // Built at its final size: growing the prompt's vector to fit the
+        // completion asked the allocator for a fresh page on most calls.
+        let tokens = if prompt.is_empty() {
+            prompt
+        } else {
+            [&prompt[..], &e.completion_token_ids[..]].concat()
+        };
         Whole::Finished {
             call: e.call_index,
             tokens,

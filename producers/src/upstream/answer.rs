@@ -6,6 +6,8 @@ use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAi
 use forgelog_dialects::hermes;
 use serde_json::Value;
 
+mod top_level;
+
 /// The training data of one upstream answer.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Sampled {
@@ -27,6 +29,31 @@ pub struct Sampled {
 pub struct UpstreamAnswer {
     pub body: Value,
     pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+impl UpstreamAnswer {
+    /// Reads an answer's JSON text. The prompt's ids, most of a long prompt's
+    /// answer, are found by the object's structure alone and read in one pass;
+    /// serde reads the rest with them cut out. Where that cannot be done
+    /// exactly (no such field, twice, an escaped key, ids that are not ids)
+    /// serde reads it all and has the last word.
+    pub fn from_json(text: &[u8]) -> serde_json::Result<UpstreamAnswer> {
+        let fast = top_level::top_level_field(text, "prompt_token_ids", token_ids_from).map(
+            |(ids, at)| {
+                let mut rest = Vec::with_capacity(text.len() - at.len() + 4);
+                rest.extend_from_slice(&text[..at.start]);
+                rest.extend_from_slice(b"null");
+                rest.extend_from_slice(&text[at.end..]);
+                (ids, rest)
+            },
+        );
+        let Some((ids, rest)) = fast else {
+            return serde_json::from_slice(text);
+        };
+        let mut answer: UpstreamAnswer = serde_json::from_slice(&rest)?;
+        answer.prompt_token_ids = ids;
+        Ok(answer)
+    }
 }
 
 impl From<Value> for UpstreamAnswer {
@@ -69,9 +96,10 @@ impl<'de> serde::Deserialize<'de> for UpstreamAnswer {
                         // visitor a long prompt's ids cost ~200 instructions
                         // each, most of the proxy's instructions per call.
                         let raw: Box<serde_json::value::RawValue> = map.next_value()?;
-                        answer.prompt_token_ids = token_ids(raw.get()).ok_or_else(|| {
-                            A::Error::custom("prompt_token_ids: not an array of token ids")
-                        })?;
+                        answer.prompt_token_ids =
+                            token_ids(raw.get().as_bytes()).ok_or_else(|| {
+                                A::Error::custom("prompt_token_ids: not an array of token ids")
+                            })?;
                     } else {
                         body.insert(key, map.next_value()?);
                     }
@@ -85,49 +113,77 @@ impl<'de> serde::Deserialize<'de> for UpstreamAnswer {
 }
 
 /// The ids of a JSON array of token ids (`[1,2,3]`, whitespace allowed);
-/// `Some(None)` for `null`; `None` for anything else. One pass over the bytes:
-/// `str::split` and `u32::from_str` cost ~180 instructions an id.
-fn token_ids(json: &str) -> Option<Option<Vec<u32>>> {
+/// `Some(None)` for `null`; `None` for anything else.
+fn token_ids(json: &[u8]) -> Option<Option<Vec<u32>>> {
     let json = json.trim_ascii();
-    if json == "null" {
-        return Some(None);
+    let (ids, len) = token_ids_from(json)?;
+    (len == json.len()).then_some(ids)
+}
+
+/// [`token_ids`] of the JSON value `text` starts with, and its length in bytes:
+/// one pass over the digits, a few instructions a byte. Through serde's
+/// per-element visitor a long prompt's ids cost ~200 instructions each, most
+/// of the proxy's instructions per call. Refuses what JSON refuses (`007`).
+fn token_ids_from(text: &[u8]) -> Option<(Option<Vec<u32>>, usize)> {
+    /// The smallest number of each count of digits: one below it has a leading 0.
+    const SMALLEST: [u64; 10] = [
+        0,
+        10,
+        100,
+        1_000,
+        10_000,
+        100_000,
+        1_000_000,
+        10_000_000,
+        100_000_000,
+        1_000_000_000,
+    ];
+    if text.starts_with(b"null") {
+        return Some((None, 4));
     }
-    let items = json.strip_prefix('[')?.strip_suffix(']')?.as_bytes();
-    let mut ids = Vec::with_capacity(items.len() / 4 + 1);
-    let mut at = 0;
-    let skip_space = |at: &mut usize| {
-        while items.get(*at).is_some_and(|b| b.is_ascii_whitespace()) {
-            *at += 1;
+    if text.first() != Some(&b'[') {
+        return None;
+    }
+    let mut ids = Vec::with_capacity(text.len().min(1 << 20) / 4);
+    let (mut id, mut digits, mut at) = (0u64, 0usize, 1);
+    while let Some(&b) = text.get(at) {
+        at += 1;
+        let digit = b.wrapping_sub(b'0');
+        if digit <= 9 {
+            // Wraps only past 19 digits, refused below (more than 10).
+            id = id.wrapping_mul(10).wrapping_add(u64::from(digit));
+            digits += 1;
+            continue;
         }
-    };
-    skip_space(&mut at);
-    if at == items.len() {
-        return Some(Some(ids));
-    }
-    loop {
-        let start = at;
-        let mut id: u64 = 0;
-        while let Some(&b @ b'0'..=b'9') = items.get(at) {
-            id = id * 10 + u64::from(b - b'0');
-            if id > u64::from(u32::MAX) {
-                return None;
+        match b {
+            b',' | b']' => {
+                if digits == 0 {
+                    // `[]` (or `[ ]`) is the one place no id comes before.
+                    return (b == b']' && ids.is_empty()).then_some((Some(ids), at));
+                }
+                if digits > 10 || id < SMALLEST[digits - 1] {
+                    return None;
+                }
+                ids.push(u32::try_from(id).ok()?);
+                if b == b']' {
+                    return Some((Some(ids), at));
+                }
+                (id, digits) = (0, 0);
             }
-            at += 1;
-        }
-        if at == start {
-            return None;
-        }
-        ids.push(id as u32);
-        skip_space(&mut at);
-        match items.get(at) {
-            None => return Some(Some(ids)),
-            Some(b',') => {
-                at += 1;
-                skip_space(&mut at);
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                at += text[at..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_whitespace())
+                    .count();
+                // Space ends an id: a comma or the end comes next.
+                if digits > 0 && !matches!(text.get(at), Some(b',' | b']')) {
+                    return None;
+                }
             }
-            Some(_) => return None,
+            _ => return None,
         }
     }
+    None
 }
 
 fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
@@ -208,11 +264,18 @@ pub fn read_response(
 mod tests {
     use super::*;
 
+    /// An answer read from its text, checked against serde's reading of it all.
+    fn read(text: &str) -> serde_json::Result<UpstreamAnswer> {
+        let answer = UpstreamAnswer::from_json(text.as_bytes());
+        let by_serde = serde_json::from_str::<UpstreamAnswer>(text);
+        assert_eq!(answer.as_ref().ok(), by_serde.as_ref().ok(), "{text}");
+        answer
+    }
+
     /// A completion's prompt ids read from its text are the ids the JSON holds,
     /// however it is spaced; anything but an array of u32 (or null) is refused.
     #[test]
     fn prompt_ids_are_read_from_the_answer_text() {
-        let read = |text: &str| serde_json::from_str::<UpstreamAnswer>(text);
         for (text, ids) in [
             (
                 r#"{"prompt_token_ids": [1,2,3], "id": "x"}"#,
@@ -227,6 +290,16 @@ mod tests {
             (r#"{"prompt_token_ids": [ ]}"#, Some(vec![])),
             (r#"{"prompt_token_ids": null}"#, None),
             (r#"{"id": "x"}"#, None),
+            // Twice: the last one, as serde_json's own maps keep.
+            (
+                r#"{"prompt_token_ids": [1], "prompt_token_ids": [2]}"#,
+                Some(vec![2]),
+            ),
+            (r#"{"prompt\u005ftoken_ids": [3]}"#, Some(vec![3])),
+            (
+                r#"{"prompt_token_ids": [4], "prompt\u005ftoken_ids": null}"#,
+                None,
+            ),
         ] {
             let answer = read(text).unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!(answer.prompt_token_ids, ids, "{text}");
@@ -255,9 +328,39 @@ mod tests {
             let err = read(&text).expect_err(&text).to_string();
             assert!(err.contains("prompt_token_ids"), "{text}: {err}");
         }
+        // Not JSON at all: refused as serde refuses it.
+        for bad in [
+            "[007]", "[01]", "[1,]", "[,1]", "[1 2]", "[1", "nul", "null1",
+        ] {
+            let text = format!(r#"{{"prompt_token_ids": {bad}}}"#);
+            read(&text).expect_err(&text);
+        }
     }
 
     proptest::proptest! {
+        /// Wherever the ids are among other fields (strings full of JSON's own
+        /// punctuation, nested objects), the answer read is serde's.
+        #[test]
+        fn an_answer_reads_as_serde_reads_it(
+            fields in proptest::collection::vec(("[a-z_]{1,8}", "[\\[\\]{}\",:\\\\a-z ]{0,12}"), 0..6),
+            ids in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..50),
+            at in 0usize..6,
+            pretty in proptest::prelude::any::<bool>(),
+        ) {
+            let mut object = serde_json::Map::new();
+            for (i, (key, text)) in fields.iter().enumerate() {
+                if i == at {
+                    object.insert("prompt_token_ids".into(), ids.clone().into());
+                }
+                object.insert(key.clone(), serde_json::json!({"text": text, "list": [text, 1.5, null]}));
+            }
+            object.entry("prompt_token_ids").or_insert_with(|| ids.clone().into());
+            let object = Value::Object(object);
+            let text = if pretty { serde_json::to_string_pretty(&object) } else { serde_json::to_string(&object) }.unwrap();
+            let answer = read(&text).unwrap();
+            proptest::prop_assert_eq!(answer.prompt_token_ids, Some(ids));
+        }
+
         #[test]
         fn any_ids_in_any_spacing_read_back(
             ids in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..200),
@@ -274,7 +377,7 @@ mod tests {
                 text.push_str(space(2 * i + 1));
             }
             text.push_str("]}");
-            let answer: UpstreamAnswer = serde_json::from_str(&text).unwrap();
+            let answer = read(&text).unwrap();
             proptest::prop_assert_eq!(answer.prompt_token_ids, Some(ids));
         }
     }

@@ -192,7 +192,15 @@ impl UpstreamClient {
 
     /// One chat completion.
     pub async fn chat(&self, body: &Value) -> Result<UpstreamAnswer, UpstreamError> {
-        self.post("/v1/chat/completions", body, read_json).await
+        self.post(
+            "/v1/chat/completions",
+            body,
+            async |r: reqwest::Response| {
+                UpstreamAnswer::from_json(&read_bytes(r).await?)
+                    .map_err(|e| UpstreamError::NotJson(e.to_string()))
+            },
+        )
+        .await
     }
 
     /// vLLM's `POST /tokenize` of a chat: its prompt's token count, no
@@ -258,10 +266,17 @@ pub const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// The JSON body of an upstream response; a non-2xx status is an error carrying
 /// (the start of) the body.
 async fn read_json<T: serde::de::DeserializeOwned>(
-    mut r: reqwest::Response,
+    r: reqwest::Response,
 ) -> Result<T, UpstreamError> {
+    serde_json::from_slice(&read_bytes(r).await?).map_err(|e| UpstreamError::NotJson(e.to_string()))
+}
+
+/// The body of an upstream response, within [`MAX_ANSWER_BYTES`]; a non-2xx
+/// status is an error carrying (the start of) the body.
+async fn read_bytes(mut r: reqwest::Response) -> Result<Vec<u8>, UpstreamError> {
     let status = r.status().as_u16();
-    let mut bytes = Vec::new();
+    let expected = r.content_length().unwrap_or(0) as usize;
+    let mut bytes = Vec::with_capacity(expected.min(MAX_ANSWER_BYTES));
     while let Some(chunk) = r
         .chunk()
         .await
@@ -278,7 +293,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
             body: String::from_utf8_lossy(&bytes[..bytes.len().min(2000)]).into_owned(),
         });
     }
-    serde_json::from_slice(&bytes).map_err(|e| UpstreamError::NotJson(e.to_string()))
+    Ok(bytes)
 }
 
 #[cfg(test)]
