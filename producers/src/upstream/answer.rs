@@ -144,46 +144,48 @@ fn token_ids_from(text: &[u8]) -> Option<(Option<Vec<u32>>, usize)> {
     if text.first() != Some(&b'[') {
         return None;
     }
-    let mut ids = Vec::with_capacity(text.len().min(1 << 20) / 4);
-    let (mut id, mut digits, mut at) = (0u64, 0usize, 1);
-    while let Some(&b) = text.get(at) {
-        at += 1;
-        let digit = b.wrapping_sub(b'0');
-        if digit <= 9 {
+    let space = |at: usize| {
+        at + text[at..]
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count()
+    };
+    // Every id takes two bytes at least (a digit, then `,` or `]`): no regrowth.
+    let mut ids = Vec::with_capacity(text.len().min(1 << 22) / 2);
+    let mut at = space(1);
+    if text.get(at) == Some(&b']') {
+        return Some((Some(ids), at + 1));
+    }
+    loop {
+        let start = at;
+        let mut id = 0u64;
+        while let Some(digit) = text.get(at).map(|b| b.wrapping_sub(b'0')) {
+            if digit > 9 {
+                break;
+            }
             // Wraps only past 19 digits, refused below (more than 10).
             id = id.wrapping_mul(10).wrapping_add(u64::from(digit));
-            digits += 1;
-            continue;
+            at += 1;
         }
-        match b {
-            b',' | b']' => {
-                if digits == 0 {
-                    // `[]` (or `[ ]`) is the one place no id comes before.
-                    return (b == b']' && ids.is_empty()).then_some((Some(ids), at));
-                }
-                if digits > 10 || id < SMALLEST[digits - 1] {
-                    return None;
-                }
-                ids.push(u32::try_from(id).ok()?);
-                if b == b']' {
-                    return Some((Some(ids), at));
-                }
-                (id, digits) = (0, 0);
-            }
-            b' ' | b'\t' | b'\n' | b'\r' => {
-                at += text[at..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_whitespace())
-                    .count();
-                // Space ends an id: a comma or the end comes next.
-                if digits > 0 && !matches!(text.get(at), Some(b',' | b']')) {
-                    return None;
-                }
-            }
+        let digits = at - start;
+        if digits == 0 || digits > 10 || id < SMALLEST[digits - 1] {
+            return None;
+        }
+        ids.push(u32::try_from(id).ok()?);
+        match text.get(at)? {
+            b',' => at += 1,
+            b']' => return Some((Some(ids), at + 1)),
+            b if b.is_ascii_whitespace() => match text.get(space(at))? {
+                b',' => at = space(at) + 1,
+                b']' => return Some((Some(ids), space(at) + 1)),
+                _ => return None,
+            },
             _ => return None,
         }
+        if text.get(at)?.is_ascii_whitespace() {
+            at = space(at);
+        }
     }
-    None
 }
 
 fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
