@@ -181,6 +181,24 @@ fn crc64_avro(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Whether a record schema's first field is `run_id`, a string.
+fn starts_with_run_id(schema: &Schema) -> bool {
+    matches!(schema, Schema::Record(r)
+        if r.fields.first().is_some_and(|f| f.name == "run_id" && f.schema == Schema::String))
+}
+
+/// An Avro `long` (zig-zag varint) at the start of `bytes`, and its length.
+fn read_long(bytes: &[u8]) -> Option<(i64, usize)> {
+    let mut n = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        n |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some(((n >> 1) as i64 ^ -((n & 1) as i64), i + 1));
+        }
+    }
+    None
+}
+
 fn parse(kind: EventKind, avsc: &str) -> Schema {
     Schema::parse_str(avsc).unwrap_or_else(|e| panic!("schema {} does not parse: {e}", kind.name()))
 }
@@ -204,6 +222,11 @@ impl Codec {
         // Each writer schema under the specification's fingerprint and, where
         // it differs, the one forgelog wrote before (old logs still decode).
         let mut register = |kind: EventKind, schema: Schema, is_current: bool| {
+            assert!(
+                starts_with_run_id(&schema),
+                "schema {} must start with `run_id` (a string): readers skip other runs' events by it",
+                kind.name()
+            );
             for fp in [fingerprint(&schema), legacy_fingerprint(&schema)] {
                 writers.insert(
                     u64::from_le_bytes(fp),
@@ -276,6 +299,18 @@ impl Codec {
     /// The kind of an encoded event, read from its header without decoding the body.
     pub fn peek_kind(&self, bytes: &[u8]) -> Result<EventKind, DecodeError> {
         Ok(self.writer(bytes)?.kind)
+    }
+
+    /// The run of an encoded event, read from the start of its body without
+    /// decoding the rest (every schema, in every version, starts with
+    /// `run_id`): a reader looking for one run skips the others' events at
+    /// this cost. `None` when `bytes` is not an event this codec knows.
+    pub fn peek_run_id<'a>(&self, bytes: &'a [u8]) -> Option<&'a str> {
+        self.writer(bytes).ok()?;
+        let body = &bytes[HEADER_LEN..];
+        let (len, at) = read_long(body)?;
+        let text = body.get(at..at.checked_add(usize::try_from(len).ok()?)?)?;
+        std::str::from_utf8(text).ok()
     }
 
     fn writer(&self, bytes: &[u8]) -> Result<&Writer, DecodeError> {

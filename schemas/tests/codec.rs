@@ -41,6 +41,7 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
             let bytes =
                 std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
             assert_eq!(codec().decode(&bytes).unwrap(), e, "{}", path.display());
+            assert_eq!(codec().peek_run_id(&bytes), Some(e.run_id()));
         }
     }
     // The versions differ where the schema did: v1's CallFinished carries its own fingerprint.
@@ -67,6 +68,44 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
         assert_ne!(v4[2..10], v5[2..10], "{kind}");
         assert_eq!(v5.len(), v4.len() + more, "{kind}: union indices more");
     }
+}
+
+/// A run id is read from an event's first bytes only when they are an event's:
+/// anything else gives `None` (the reader then decodes, and reports it).
+#[test]
+fn the_run_is_peeked_only_from_a_known_event() {
+    let e = &samples::all()[0];
+    let bytes = codec().encode(e).unwrap();
+    assert_eq!(codec().peek_run_id(&bytes), Some(e.run_id()));
+    let mut unknown = bytes.clone();
+    unknown[2] ^= 0xFF;
+    let len = e.run_id().len();
+    for bad in [
+        &unknown[..],
+        &bytes[..10],           // no body
+        &bytes[..10 + len],     // the run id cut short (1 byte of length)
+        &bytes[1..],            // no header
+        b"{\"run_id\": \"r\"}", // not Avro at all
+    ] {
+        assert_eq!(codec().peek_run_id(bad), None, "{bad:?}");
+    }
+    // A length past the end, or negative, is not a run id either.
+    let mut long = bytes[..10].to_vec();
+    long.extend([0xFE, 0xFF, 0xFF, 0xFF, 0x0F]);
+    assert_eq!(codec().peek_run_id(&long), None);
+    let mut negative = bytes[..10].to_vec();
+    negative.push(0x01);
+    assert_eq!(codec().peek_run_id(&negative), None);
+}
+
+/// Readers skip other runs by the first field: a schema without `run_id`
+/// first is refused when the codec is built, not found out in a reader.
+#[test]
+#[should_panic(expected = "must start with `run_id`")]
+fn a_schema_not_starting_with_run_id_is_refused() {
+    let avsc = r#"{"type": "record", "name": "CallStarted", "namespace": "forgelog.v1",
+        "fields": [{"name": "event_id", "type": "string"}, {"name": "run_id", "type": "string"}]}"#;
+    Codec::with_history(&[(EventKind::CallStarted, "v0", avsc)]);
 }
 
 #[test]
@@ -517,6 +556,7 @@ proptest! {
     #[test]
     fn any_event_round_trips(e in event()) {
         let bytes = codec().encode(&e).unwrap();
+        prop_assert_eq!(codec().peek_run_id(&bytes), Some(e.run_id()));
         prop_assert_eq!(codec().decode(&bytes).unwrap(), e);
     }
 

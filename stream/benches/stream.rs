@@ -1,9 +1,13 @@
 //! `cargo bench -p forgelog-stream`: prints encode, spool append and produce
-//! throughput, and the largest `send` latency while the broker is unreachable.
-//! Produce figures need a broker at FORGELOG_BROKERS (default 127.0.0.1:9092).
+//! throughput, the largest `send` latency while the broker is unreachable, and
+//! how fast a reader of one run reads its events and skips other runs'.
+//! Produce and read figures need a broker at FORGELOG_BROKERS (default
+//! 127.0.0.1:9092).
 
 use forgelog_schemas::{testing, Codec, Event};
-use forgelog_stream::{admin, EventProducer, Spool, SpoolOptions, StreamConfig};
+use forgelog_stream::{
+    admin, EventProducer, ReplayReader, Spool, SpoolOptions, StartAt, StreamConfig,
+};
 use std::time::{Duration, Instant};
 
 const PROMPT: usize = 2_000;
@@ -104,5 +108,32 @@ fn main() {
             sent.as_secs_f64()
         );
         report("produce to broker (acks=all)", n, bytes, t.elapsed());
+
+        // The partitions' ends before this bench's events: a run's reader
+        // fetches everything from the start it is given and keeps its run.
+        let reader = ReplayReader::new(&config).unwrap();
+        let topic = forgelog_schemas::Topic::Calls.name();
+        for (what, wanted) in [
+            ("read this run (decoded)", run.as_str()),
+            ("read another run (these skipped)", "another-run"),
+        ] {
+            let t = Instant::now();
+            let (mut seen, mut kept) = (0usize, 0usize);
+            for partition in reader.partitions(topic).unwrap() {
+                let (lo, hi) = reader.watermarks(topic, partition).unwrap();
+                seen += (hi - lo) as usize;
+            }
+            reader
+                .for_each(topic, StartAt::Beginning, Some(wanted), |_| {
+                    kept += 1;
+                    std::ops::ControlFlow::Continue(())
+                })
+                .unwrap();
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "{what:<34} {:>10.0} events/s  ({seen} events in {topic}, {kept} kept, {s:.2}s)",
+                seen as f64 / s
+            );
+        }
     });
 }

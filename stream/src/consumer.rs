@@ -2,7 +2,7 @@
 //! reader that reads a topic's history without joining any group.
 
 use crate::StreamConfig;
-use forgelog_schemas::{Received, Topic};
+use forgelog_schemas::{Codec, Received, Topic};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -18,6 +18,15 @@ fn received(msg: &BorrowedMessage<'_>) -> Received {
         msg.key().unwrap_or_default(),
         msg.payload().unwrap_or_default(),
     )
+}
+
+/// Whether the message is an event of a run other than `run`, by its first
+/// bytes: a reader of one run skips the others' events without decoding them.
+/// Anything not plainly another run's is decoded (and reported if it must be).
+fn of_another_run(msg: &BorrowedMessage<'_>, run: &str) -> bool {
+    msg.payload()
+        .and_then(|value| Codec::global().peek_run_id(value))
+        .is_some_and(|id| id != run)
 }
 
 /// Errors that say the broker cannot be reached now, which the client rides
@@ -194,7 +203,11 @@ impl ReplayReader {
                     }
                 }
             };
-            let flow = self.for_each_in(topic, partition, from, hi, |rec| {
+            let flow = self.for_each_message_in(topic, partition, from, hi, |msg| {
+                if run.is_some_and(|run| of_another_run(msg, run)) {
+                    return ControlFlow::Continue(());
+                }
+                let rec = received(msg);
                 if rec.in_run(run) {
                     f(rec)
                 } else {
@@ -232,6 +245,18 @@ impl ReplayReader {
         to: i64,
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError> {
+        self.for_each_message_in(topic, partition, from, to, |msg| f(received(msg)))
+    }
+
+    /// [`Self::for_each_in`] with the messages as the client has them, undecoded.
+    fn for_each_message_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(&BorrowedMessage<'_>) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
         if from >= to {
             return Ok(ControlFlow::Continue(()));
         }
@@ -249,7 +274,7 @@ impl ReplayReader {
                     if msg.offset() >= to {
                         break;
                     }
-                    if f(received(&msg)).is_break() {
+                    if f(&msg).is_break() {
                         self.consumer.unassign()?;
                         return Ok(ControlFlow::Break(()));
                     }
@@ -296,7 +321,11 @@ impl ReplayReader {
         self.consumer.assign(&tpl)?;
         loop {
             if let Some(msg) = self.consumer.poll(Duration::from_millis(500)) {
-                let rec = received(&msg?);
+                let msg = msg?;
+                if run.is_some_and(|run| of_another_run(&msg, run)) {
+                    continue;
+                }
+                let rec = received(&msg);
                 if rec.in_run(run) && f(rec).is_break() {
                     self.consumer.unassign()?;
                     return Ok(());

@@ -188,6 +188,57 @@ async fn replay_reader_returns_identical_sequences() {
     assert_exactly_once_in_order(&a, &run, 500, 50);
 }
 
+/// A reader of one run gets exactly that run's events, in log order, with
+/// other runs' interleaved (skipped by their first bytes) and a message that is
+/// no event at all (passed on, undecoded, to be reported).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_read_apart_from_other_runs_and_garbage_still_shows() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    forgelog_stream::admin::create_topics(&config, &Default::default())
+        .await
+        .unwrap();
+    let spool = tempfile::tempdir().unwrap();
+    let producer = EventProducer::start(&config, spool.path(), SpoolOptions::default()).unwrap();
+    for i in 0..120 {
+        let run = ["run-a", "run-b", "run-c"][i % 3];
+        producer.send(&event(run, i / 3, 10)).unwrap();
+    }
+    producer.close(Duration::from_secs(60)).await.unwrap();
+    let raw: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.brokers)
+        .create()
+        .unwrap();
+    raw.send(
+        BaseRecord::to(Topic::Calls.name())
+            .key("k")
+            .payload("not an event"),
+    )
+    .unwrap();
+    raw.flush(Duration::from_secs(30)).unwrap();
+    let read = move |run: Option<&str>| {
+        ReplayReader::new(&config)
+            .unwrap()
+            .read(Topic::Calls.name(), StartAt::Beginning, run)
+            .unwrap()
+    };
+    let (all, a) = tokio::task::spawn_blocking(move || (read(None), read(Some("run-a"))))
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 121);
+    let garbage = |r: &&Received| r.event.is_err();
+    assert_eq!(all.iter().filter(garbage).count(), 1);
+    let expected: Vec<&Received> = all
+        .iter()
+        .filter(|r| r.event.as_ref().map_or(true, |e| e.run_id() == "run-a"))
+        .collect();
+    assert_eq!(a.iter().collect::<Vec<_>>(), expected);
+    assert_eq!(a.iter().filter(garbage).count(), 1);
+    let events: Vec<Received> = a.iter().filter(|r| r.event.is_ok()).cloned().collect();
+    assert_exactly_once_in_order(&events, "run-a", 40, 10);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_killed_sends_never_wait_and_everything_arrives_once_in_order() {
     let mut broker = PrivateBroker::start().unwrap();
