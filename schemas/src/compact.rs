@@ -206,8 +206,8 @@ impl SessionMemory {
         e.chat_request_splice = splice;
         e.chat_request =
             String::from_utf8(middle).expect("a text splice ends on character boundaries");
-        // Built at its final size: growing the prompt's vector to fit the
-        // completion asked the allocator for a fresh page on most calls.
+        // Built at its final size: the prompt's vector comes exactly sized, so
+        // appending the completion to it reallocated and copied it every call.
         let tokens = if prompt.is_empty() {
             prompt
         } else {

@@ -275,8 +275,9 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 /// status is an error carrying (the start of) the body.
 async fn read_bytes(mut r: reqwest::Response) -> Result<Vec<u8>, UpstreamError> {
     let status = r.status().as_u16();
+    // Room for what the upstream announces, up to a few MiB: a claim is not a body.
     let expected = r.content_length().unwrap_or(0) as usize;
-    let mut bytes = Vec::with_capacity(expected.min(MAX_ANSWER_BYTES));
+    let mut bytes = Vec::with_capacity(expected.min(4 << 20));
     while let Some(chunk) = r
         .chunk()
         .await
