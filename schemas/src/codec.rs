@@ -187,18 +187,6 @@ fn starts_with_run_id(schema: &Schema) -> bool {
         if r.fields.first().is_some_and(|f| f.name == "run_id" && f.schema == Schema::String))
 }
 
-/// An Avro `long` (zig-zag varint) at the start of `bytes`, and its length.
-fn read_long(bytes: &[u8]) -> Option<(i64, usize)> {
-    let mut n = 0u64;
-    for (i, &b) in bytes.iter().enumerate().take(10) {
-        n |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some(((n >> 1) as i64 ^ -((n & 1) as i64), i + 1));
-        }
-    }
-    None
-}
-
 fn parse(kind: EventKind, avsc: &str) -> Schema {
     Schema::parse_str(avsc).unwrap_or_else(|e| panic!("schema {} does not parse: {e}", kind.name()))
 }
@@ -308,7 +296,7 @@ impl Codec {
     pub fn peek_run_id<'a>(&self, bytes: &'a [u8]) -> Option<&'a str> {
         self.writer(bytes).ok()?;
         let body = &bytes[HEADER_LEN..];
-        let (len, at) = read_long(body)?;
+        let (len, at) = datum::read_long(body)?;
         let text = body.get(at..at.checked_add(usize::try_from(len).ok()?)?)?;
         std::str::from_utf8(text).ok()
     }

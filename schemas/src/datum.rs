@@ -229,6 +229,19 @@ impl Writer<'_> {
     }
 }
 
+/// The long [`Writer::long`] writes, read from the start of `bytes`, and how
+/// many bytes it took; `None` if they end first or it runs past 10 bytes.
+pub(crate) fn read_long(bytes: &[u8]) -> Option<(i64, usize)> {
+    let mut z = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        z |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some(((z >> 1) as i64 ^ -((z & 1) as i64), i + 1));
+        }
+    }
+    None
+}
+
 fn mismatch(value: &Value, schema: &Schema) -> DatumError {
     let shown = format!("{value:?}");
     let shown = match shown.char_indices().nth(80) {
@@ -266,10 +279,15 @@ mod tests {
             (64, vec![0x80, 0x01]),
         ] {
             assert_eq!(encoded(Value::Long(n), r#""long""#), bytes, "{n}");
+            assert_eq!(read_long(&bytes), Some((n, bytes.len())), "{n}");
         }
         for n in [i64::MIN, i64::MAX, 1 << 40] {
-            encoded(Value::Long(n), r#""long""#);
+            let bytes = encoded(Value::Long(n), r#""long""#);
+            assert_eq!(read_long(&bytes), Some((n, bytes.len())), "{n}");
         }
+        // Cut short, or past a long's 10 bytes: not a long.
+        assert_eq!(read_long(&[0x80, 0x80]), None);
+        assert_eq!(read_long(&[0xff; 11]), None);
         assert_eq!(
             encoded(Value::String("foo".into()), r#""string""#),
             [0x06, b'f', b'o', b'o']
