@@ -1,5 +1,6 @@
 use super::*;
 use crate::upstream::read_response;
+use serde_json::json;
 
 fn rollout(run: &str, session: &str, rollout: &str) -> Event {
     RolloutStarted {
