@@ -370,6 +370,46 @@ async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
     );
 }
 
+/// A harness hanging up does not cut its call short: the upstream's answer
+/// still comes and is recorded, for a plain call and for a streaming one
+/// (whose hang-up the proxy sees at its next keep-alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_harness_hangs_up_is_still_recorded_in_full() {
+    let slow = fake_upstream::FakeOptions {
+        delay: Duration::from_millis(700),
+        ..Default::default()
+    };
+    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
+        run_id: Some("hung-up".into()),
+        keep_alive: Duration::from_millis(50),
+        ..c
+    })
+    .await;
+    let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
+    for stream in [false, true] {
+        let body = serde_json::json!({
+            "model": "m", "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}],
+        });
+        let read = async { chat(&proxy, &s.api_key, body).send().await?.bytes().await };
+        let hung_up = tokio::time::timeout(Duration::from_millis(200), read).await;
+        assert!(hung_up.is_err(), "the harness gave up before the answer");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !proxy.state.calls_in_flight.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let finished: Vec<_> = log
+        .events(Topic::Calls.name())
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some((c.status, c.completion_token_ids.is_empty())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, [(CallStatus::Ok, false), (CallStatus::Ok, false)]);
+}
+
 /// The wait for an upstream turn used to be outside the upstream timeout:
 /// queued calls outlived `/finish`'s wait, which then counted fewer calls
 /// than the log recorded. Now every call ends within the timeout.

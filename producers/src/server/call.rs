@@ -4,6 +4,7 @@
 
 use super::auth::api_key;
 use super::body::read_body;
+use super::finish::{FinishesAnyway, Panicked};
 use super::record::{failure_status, CallIds};
 use super::{clamp_max_tokens, error_response, now_ms, stream, ProxyState, BUDGET_EXHAUSTED};
 use crate::sessions::Session;
@@ -361,9 +362,9 @@ async fn serve<D: DialectAdapter>(
     };
     // Gemini's streamGenerateContent is answered as SSE, with or without `alt=sse`.
     let stream = req.stream;
-    // Spawned: the call is recorded in full even if the harness hangs up.
+    // Runs to its end, and is recorded, even if the harness hangs up.
     let within_budget = session.take_model_call();
-    let work = tokio::spawn(async move {
+    let work = FinishesAnyway::new(async move {
         let out = if within_budget {
             call.complete::<D>(&req).await
         } else {
@@ -383,9 +384,9 @@ async fn serve<D: DialectAdapter>(
             )
                 .into_response(),
             Ok((_, Err(err))) => error_response::<D>(&err),
-            Err(_) => error_response::<D>(&DialectError::new(
+            Err(Panicked) => error_response::<D>(&DialectError::new(
                 ErrorKind::Internal,
-                "the call task failed",
+                "the call failed inside the proxy",
             )),
         };
     }

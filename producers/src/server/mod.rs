@@ -8,6 +8,7 @@ mod admin;
 mod auth;
 mod body;
 mod call;
+mod finish;
 mod meta;
 pub mod record;
 mod replicas;

@@ -2,17 +2,17 @@
 //! works (harnesses give up on a silent stream), then the dialect's events.
 
 use super::call::Answered;
+use super::finish::FinishesAnyway;
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::Response;
 use forgelog_dialects::dialect::sse::KEEP_ALIVE;
 use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind};
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// The SSE response of a call whose answer `work` will give.
 pub(super) fn sse_response<D: DialectAdapter>(
-    mut work: JoinHandle<Answered>,
+    mut work: FinishesAnyway<Answered>,
     keep_alive: Duration,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
@@ -24,7 +24,7 @@ pub(super) fn sse_response<D: DialectAdapter>(
                 done = &mut work => break match done {
                     Ok((req, Ok((resp, _)))) => D::stream_events(&resp, &req),
                     Ok((_, Err(err))) => vec![D::stream_error(&err)],
-                    Err(_) => vec![D::stream_error(&DialectError::new(ErrorKind::Internal, "the call task failed"))],
+                    Err(_) => vec![D::stream_error(&DialectError::new(ErrorKind::Internal, "the call failed inside the proxy"))],
                 },
                 _ = tick.tick() => if tx.send(Bytes::from_static(KEEP_ALIVE)).await.is_err() { return },
             }
