@@ -7,6 +7,7 @@ use forgelog_dialects::hermes;
 use serde_json::Value;
 
 mod top_level;
+use top_level::is_json_space;
 
 /// The training data of one upstream answer.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -144,12 +145,7 @@ fn token_ids_from(text: &[u8]) -> Option<(Option<Vec<u32>>, usize)> {
     if text.first() != Some(&b'[') {
         return None;
     }
-    let space = |at: usize| {
-        at + text[at..]
-            .iter()
-            .take_while(|b| b.is_ascii_whitespace())
-            .count()
-    };
+    let space = |at: usize| at + text[at..].iter().take_while(|&&b| is_json_space(b)).count();
     // Every id takes two bytes at least (a digit, then `,` or `]`): no regrowth.
     let mut ids = Vec::with_capacity(text.len().min(1 << 22) / 2);
     let mut at = space(1);
@@ -175,14 +171,14 @@ fn token_ids_from(text: &[u8]) -> Option<(Option<Vec<u32>>, usize)> {
         match text.get(at)? {
             b',' => at += 1,
             b']' => return Some((Some(ids), at + 1)),
-            b if b.is_ascii_whitespace() => match text.get(space(at))? {
+            &b if is_json_space(b) => match text.get(space(at))? {
                 b',' => at = space(at) + 1,
                 b']' => return Some((Some(ids), space(at) + 1)),
                 _ => return None,
             },
             _ => return None,
         }
-        if text.get(at)?.is_ascii_whitespace() {
+        if is_json_space(*text.get(at)?) {
             at = space(at);
         }
     }
@@ -333,6 +329,8 @@ mod tests {
         // Not JSON at all: refused as serde refuses it.
         for bad in [
             "[007]", "[01]", "[1,]", "[,1]", "[1 2]", "[1", "nul", "null1",
+            // A form feed is ASCII whitespace, not JSON's.
+            "[\x0c]", "[1\x0c]", "[\x0c1]",
         ] {
             let text = format!(r#"{{"prompt_token_ids": {bad}}}"#);
             read(&text).expect_err(&text);
@@ -361,6 +359,28 @@ mod tests {
             let text = if pretty { serde_json::to_string_pretty(&object) } else { serde_json::to_string(&object) }.unwrap();
             let answer = read(&text).unwrap();
             proptest::prop_assert_eq!(answer.prompt_token_ids, Some(ids));
+        }
+
+        /// Ids of every count of digits, 0 to 10, read back exactly.
+        #[test]
+        fn ids_of_any_length_read_back(
+            ids in proptest::collection::vec((0u32..=10, proptest::prelude::any::<u32>()), 0..40),
+        ) {
+            let ids: Vec<u32> = ids.iter().map(|&(digits, n)| n % 10u32.saturating_pow(digits).max(1)).collect();
+            let text = format!("{{\"prompt_token_ids\":{}}}", serde_json::to_string(&ids).unwrap());
+            proptest::prop_assert_eq!(read(&text).unwrap().prompt_token_ids, Some(ids));
+        }
+
+        /// Whatever an array holds, JSON or not, it is read as serde reads it
+        /// (refused where serde refuses it).
+        #[test]
+        fn any_array_text_reads_as_serde_reads_it(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "0", "7", "42", "01", "12345678", "123456789", "4294967295", "4294967296",
+                "99999999999", ",", " ", "\t", "\n", "\r", "\x0c", "]", "-", "1.5", "1e3",
+            ]), 0..12),
+        ) {
+            let _ = read(&format!("{{\"prompt_token_ids\":[{}], \"id\": 1}}", pieces.concat()));
         }
 
         #[test]

@@ -53,6 +53,11 @@ pub fn top_level_field<T>(
     }
 }
 
+/// JSON's whitespace: not all of ASCII's (a form feed is not).
+pub(super) fn is_json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 struct Scan<'a> {
     text: &'a [u8],
     at: usize,
@@ -74,7 +79,7 @@ impl<'a> Scan<'a> {
     }
 
     fn space(&mut self) {
-        while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+        while self.peek().is_some_and(is_json_space) {
             self.at += 1;
         }
     }
@@ -129,7 +134,7 @@ impl<'a> Scan<'a> {
                 let start = self.at;
                 while self
                     .peek()
-                    .is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !b.is_ascii_whitespace())
+                    .is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !is_json_space(b))
                 {
                     self.at += 1;
                 }
@@ -180,6 +185,8 @@ mod tests {
             r#"{"ids": 1"#,
             r#"{"ids" 1}"#,
             r#"{"ids": }"#,
+            // A form feed is ASCII whitespace, not JSON's.
+            "{\x0c\"ids\": 1}",
             "{}",
             "",
         ] {
