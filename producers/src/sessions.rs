@@ -23,10 +23,7 @@ pub fn session_id(run_id: &str, rollout_id: &str) -> String {
 
 /// SHA-256 of an API key, in hex: how the table and the log know a key.
 pub fn key_sha256(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    forgelog_schemas::hex(&Sha256::digest(key.as_bytes()))
 }
 
 #[derive(Debug)]

@@ -22,7 +22,7 @@ pub use codec::{
 };
 pub use datum::DatumError;
 pub use events::*;
-pub use ids::event_id;
+pub use ids::{event_id, hex};
 pub use record::Received;
 pub use topics::Topic;
 

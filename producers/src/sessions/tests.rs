@@ -122,3 +122,13 @@ fn the_log_projects_to_the_open_sessions_with_their_calls() {
         Err(SessionError::Exists(_))
     ));
 }
+
+/// Restore finds a session by the hash its log recorded: the hash must not
+/// change (this one is Python's `hashlib.sha256`).
+#[test]
+fn a_key_hashes_as_it_always_has() {
+    assert_eq!(
+        key_sha256("sk-test"),
+        "f3abf2a6cc4f00987743db5f544ba345b4899ae31f326d8ee9c4816de153c9e0"
+    );
+}
