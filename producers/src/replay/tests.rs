@@ -58,7 +58,7 @@ fn recording() -> Recording {
 #[test]
 fn a_recorded_answer_reads_back_as_the_recorded_response() {
     let c = finished("run", "s1", 0, json!([]));
-    let (resp, sampled) = read_response(&recorded_answer(&c).into(), "p_").unwrap();
+    let (resp, sampled) = read_response(&mut recorded_answer(&c).into(), "p_").unwrap();
     assert_eq!(resp.created, 1_700_000_000);
     assert_eq!(resp.text(), "hi");
     assert_eq!(resp.tool_calls().next().unwrap().arguments, "{\"a\":1}");
@@ -349,8 +349,8 @@ fn calls_made_in_parallel_are_matched_by_what_they_ask_not_by_arrival() {
         call_b.into(),
     ];
     let rec = RecordedUpstream::new(Recording::from_events("run", &events), Matching::Strict);
-    let text = |answer: crate::upstream::UpstreamAnswer| {
-        let (resp, _) = read_response(&answer, "p_").unwrap();
+    let text = |mut answer: crate::upstream::UpstreamAnswer| {
+        let (resp, _) = read_response(&mut answer, "p_").unwrap();
         resp.text()
     };
     assert_eq!(text(rec.answer("s1", 0, &body(main)).unwrap()), "hi");

@@ -225,7 +225,7 @@ impl Call {
             .await;
         metrics::histogram!("forgelog_proxy_upstream_seconds")
             .record(asked.elapsed().as_secs_f64());
-        let answer = match answer {
+        let mut answer = match answer {
             Ok(a) => a,
             Err(e) => {
                 let err = e.dialect_error();
@@ -234,7 +234,7 @@ impl Call {
             }
         };
         let prefix = format!("call_{}_{}_", &self.session.id[..12], self.index);
-        let (mut resp, sampled) = match read_response(&answer, &prefix) {
+        let (mut resp, sampled) = match read_response(&mut answer, &prefix) {
             Ok(r) => r,
             Err(err) => {
                 self.fail(&err, Some(&req.sampling));

@@ -245,8 +245,8 @@ impl UpstreamClient {
             max_tokens: Some(1),
             ..rl_sampling(&req.sampling)
         };
-        let answer = self.chat(&upstream_body(&req, &sent, &model)).await?;
-        let untrainable = match read_response(&answer, "probe_") {
+        let mut answer = self.chat(&upstream_body(&req, &sent, &model)).await?;
+        let untrainable = match read_response(&mut answer, "probe_") {
             Ok((_, s)) => s.untrainable_reason,
             Err(e) => Some(e.message),
         };

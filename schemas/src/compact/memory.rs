@@ -24,13 +24,27 @@ impl<T> Recent<T> {
         self.0.push_back((call, value));
     }
 
-    /// The splice that leaves the least to store (latest on ties), if worth it.
-    fn best(&self, splice: impl Fn(i64, &T) -> Splice) -> Option<Splice> {
-        self.0
-            .iter()
-            .map(|(call, v)| splice(*call, v))
-            .filter(|s| s.shared() >= WORTH_SPLICING)
-            .max_by_key(|s| s.shared())
+    /// The splice of `new` that leaves the least to store (latest on ties),
+    /// if worth it. Newest first, and a call that could share no more than
+    /// the best so far (it is no longer than that) is not compared at all: a
+    /// growing session's latest call is its longest, so only that one is.
+    /// Each comparison reads a base of the whole conversation's size.
+    fn best<E>(&self, new: &[E], splice: impl Fn(i64, &T) -> Splice) -> Option<Splice>
+    where
+        T: AsRef<[E]>,
+    {
+        let mut best: Option<Splice> = None;
+        for (call, base) in self.0.iter().rev() {
+            let most = base.as_ref().len().min(new.len());
+            if most < WORTH_SPLICING || best.is_some_and(|b| most <= b.shared()) {
+                continue;
+            }
+            let s = splice(*call, base);
+            if s.shared() >= WORTH_SPLICING && best.is_none_or(|b| s.shared() > b.shared()) {
+                best = Some(s);
+            }
+        }
+        best
     }
 }
 
@@ -87,7 +101,7 @@ impl SessionMemory {
         let whole = std::mem::take(&mut e.raw_request);
         let best = self
             .raw_requests
-            .best(|call, base| Splice::between(call, base, &whole));
+            .best(&whole, |call, base| Splice::between(call, base, &whole));
         (e.raw_request_splice, e.raw_request) = stored(best, &whole);
         Whole::Started {
             call: e.call_index,
@@ -101,23 +115,22 @@ impl SessionMemory {
         let prompt = std::mem::take(&mut e.prompt_token_ids);
         let best = self
             .tokens
-            .best(|call, base| Splice::between(call, base, &prompt));
+            .best(&prompt, |call, base| Splice::between(call, base, &prompt));
         (e.prompt_splice, e.prompt_token_ids) = stored(best, &prompt);
         let chat = std::mem::take(&mut e.chat_request);
-        let best = self
-            .chat_requests
-            .best(|call, base| Splice::between_text(call, base, &chat));
+        let best = self.chat_requests.best(chat.as_bytes(), |call, base| {
+            Splice::between_text(call, base, &chat)
+        });
         let (splice, middle) = stored(best, chat.as_bytes());
         e.chat_request_splice = splice;
         e.chat_request =
             String::from_utf8(middle).expect("a text splice ends on character boundaries");
-        // Built at its final size: the prompt's vector comes exactly sized, so
-        // appending the completion to it reallocated and copied it every call.
-        let tokens = if prompt.is_empty() {
-            prompt
-        } else {
-            [&prompt[..], &e.completion_token_ids[..]].concat()
-        };
+        // The proxy's prompt ids come with room for the completion: appended
+        // in place, where a new vector for both copied the prompt every call.
+        let mut tokens = prompt;
+        if !tokens.is_empty() {
+            tokens.extend_from_slice(&e.completion_token_ids);
+        }
         Whole::Finished {
             call: e.call_index,
             tokens,
@@ -144,6 +157,55 @@ impl SessionMemory {
                     self.chat_requests.remember(call, chat);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// In a growing session every recent call is a prefix of the next: the
+    /// latest is compared, the shorter ones before it are not.
+    #[test]
+    fn a_growing_session_compares_only_its_latest_call() {
+        let whole: Vec<u32> = (0..100).collect();
+        let mut memory = Recent::default();
+        for call in 0..RECENT_CALLS {
+            memory.remember(call as i64, whole[..40 + 10 * call].to_vec());
+        }
+        let compared = std::cell::Cell::new(0);
+        let best = memory.best(&whole, |call, base| {
+            compared.set(compared.get() + 1);
+            Splice::between(call, base, &whole)
+        });
+        assert_eq!(best.map(|b| (b.base_call, b.prefix)), Some((3, 70)));
+        assert_eq!(compared.get(), 1);
+    }
+
+    proptest! {
+        /// Skipping calls too short to do better picks what comparing every
+        /// recent call picks: the most shared, the latest on ties.
+        #[test]
+        fn the_best_splice_is_the_one_comparing_them_all_finds(
+            new in prop::collection::vec(0u8..3, 0..60),
+            // Each recent call: how much of `new` it starts with, then its own.
+            recent in prop::collection::vec((0usize..60, prop::collection::vec(0u8..3, 0..20)), 0..7),
+        ) {
+            let mut memory = Recent::default();
+            for (call, (shared, own)) in recent.into_iter().enumerate() {
+                let base = [&new[..shared.min(new.len())], &own[..]].concat();
+                memory.remember(call as i64, base);
+            }
+            let all = memory
+                .0
+                .iter()
+                .map(|(call, base)| Splice::between(*call, base, &new))
+                .filter(|s| s.shared() >= WORTH_SPLICING)
+                .max_by_key(|s| s.shared());
+            let best = memory.best(&new, |call, base| Splice::between(call, base, &new));
+            prop_assert_eq!(best, all);
         }
     }
 }
