@@ -286,7 +286,7 @@ impl Call {
         e.response_body = response_body.to_vec();
         // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
         // the upstream request is already that form, and so is its answer.
-        e.chat_request = crate::replay::chat_form_text(&body);
+        e.chat_request = body.chat_form_text();
         e.chat_response = answer["choices"][0]["message"].to_string();
         self.record(e);
         Ok((resp, response_body))

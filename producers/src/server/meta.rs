@@ -61,6 +61,7 @@ pub(super) async fn count_tokens(
     let body = upstream_body(&req, &sent, &st.probed().await.model);
     let tokenized = match &st.upstream {
         Upstream::Live(client) => {
+            let body = &body.body;
             let ask = json!({"model": body["model"], "messages": body["messages"], "tools": body.get("tools")});
             client.tokenize(&ask).await
         }

@@ -3,8 +3,10 @@
 //! response reading (`answer.rs`) are pure; [`UpstreamClient`] is the thin HTTP part.
 
 mod answer;
+mod request;
 
 pub use answer::{read_response, Sampled, UpstreamAnswer};
+pub use request::UpstreamRequest;
 
 use forgelog_dialects::canonical::*;
 use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAiChatDialect};
@@ -30,8 +32,8 @@ pub fn rl_sampling(requested: &SamplingParams) -> SamplingParams {
     }
 }
 
-/// The upstream request body for `req` with `sent` sampling.
-pub fn upstream_body(req: &ChatRequest, sent: &SamplingParams, model: &str) -> Value {
+/// The upstream request for `req` with `sent` sampling.
+pub fn upstream_body(req: &ChatRequest, sent: &SamplingParams, model: &str) -> UpstreamRequest {
     let mut up = req.clone();
     up.sampling = sent.clone();
     up.stream = false;
@@ -44,7 +46,7 @@ pub fn upstream_body(req: &ChatRequest, sent: &SamplingParams, model: &str) -> V
     body["top_logprobs"] = json!(0);
     body["return_token_ids"] = json!(true);
     body["stream"] = json!(false);
-    body
+    UpstreamRequest::new(body)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,16 +112,18 @@ pub enum Upstream {
 }
 
 impl Upstream {
-    /// The answer to `body`; `call` is (session id, call index) of a session's
+    /// The answer to `request`; `call` is (session id, call index) of a session's
     /// model call, `None` for requests outside the session's calls (token counting).
     pub async fn chat(
         &self,
         call: Option<(&str, i64)>,
-        body: &Value,
+        request: &UpstreamRequest,
     ) -> Result<UpstreamAnswer, UpstreamError> {
         match (self, call) {
-            (Upstream::Live(client), _) => client.chat(body).await,
-            (Upstream::Recorded(rec), Some((session, index))) => rec.answer(session, index, body),
+            (Upstream::Live(client), _) => client.chat(request).await,
+            (Upstream::Recorded(rec), Some((session, index))) => {
+                rec.answer(session, index, &request.body)
+            }
             (Upstream::Recorded(_), None) => {
                 Err(crate::replay::ReplayError::NotACall("token counting").into())
             }
@@ -170,7 +174,7 @@ impl UpstreamClient {
     async fn post<T>(
         &self,
         path: &str,
-        body: &Value,
+        body: axum::body::Bytes,
         read: impl AsyncFnOnce(reqwest::Response) -> Result<T, UpstreamError>,
     ) -> Result<T, UpstreamError> {
         let answer = async {
@@ -179,7 +183,7 @@ impl UpstreamClient {
                 .http
                 .post(format!("{}{path}", self.base))
                 .header("content-type", "application/json")
-                .body(serde_json::to_vec(body).expect("JSON"))
+                .body(body)
                 .send()
                 .await
                 .map_err(|e| UpstreamError::Connect(e.to_string()))?;
@@ -191,10 +195,10 @@ impl UpstreamClient {
     }
 
     /// One chat completion.
-    pub async fn chat(&self, body: &Value) -> Result<UpstreamAnswer, UpstreamError> {
+    pub async fn chat(&self, request: &UpstreamRequest) -> Result<UpstreamAnswer, UpstreamError> {
         self.post(
             "/v1/chat/completions",
-            body,
+            request.text(),
             async |r: reqwest::Response| {
                 UpstreamAnswer::from_json(&read_bytes(r).await?)
                     .map_err(|e| UpstreamError::NotJson(e.to_string()))
@@ -206,6 +210,7 @@ impl UpstreamClient {
     /// vLLM's `POST /tokenize` of a chat: its prompt's token count, no
     /// generation. `None` when the upstream has no such route.
     pub async fn tokenize(&self, body: &Value) -> Result<Option<u64>, UpstreamError> {
+        let body = serde_json::to_vec(body).expect("a Value serializes").into();
         self.post("/tokenize", body, async |r: reqwest::Response| {
             if matches!(r.status().as_u16(), 404 | 405) {
                 return Ok(None);
