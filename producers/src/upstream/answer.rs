@@ -183,8 +183,8 @@ fn token_ids_from(text: &[u8]) -> Option<(Option<Vec<u32>>, usize)> {
 }
 
 /// The commas in `text`, counted in runs of 255 bytes with a byte-sized sum
-/// each: what the compiler vectorizes (a `usize` count per byte it did not:
-/// 14× slower, as many instructions a call as the rest of the ids' reading).
+/// each: that the compiler vectorizes. A `usize` count per byte it did not,
+/// and it took 14× as long (6 µs for a 4,000-token prompt's ids).
 fn count_commas(text: &[u8]) -> usize {
     text.chunks(255)
         .map(|run| usize::from(run.iter().fold(0u8, |n, &b| n + u8::from(b == b','))))

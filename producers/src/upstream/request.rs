@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::ops::Range;
 
 /// A chat request for the upstream.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct UpstreamRequest {
     /// What a recorded upstream compares (`replay serve`).
     pub body: Value,
