@@ -8,7 +8,7 @@ use super::finish::{FinishesAnyway, Panicked};
 use super::record::{failure_status, CallIds};
 use super::{clamp_max_tokens, error_response, now_ms, stream, ProxyState, BUDGET_EXHAUSTED};
 use crate::sessions::Session;
-use crate::upstream::{read_response, rl_sampling, upstream_body, Sampled};
+use crate::upstream::{read_response, rl_sampling, upstream_request, Sampled};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -216,12 +216,12 @@ impl Call {
             self.session.max_tokens,
             probe.context,
         );
-        let body = upstream_body(req, &sent, &probe.model);
+        let upstream = upstream_request(req, &sent, &probe.model);
         let asked = Instant::now();
         let answer = self
             .st
             .upstream
-            .chat(Some((&self.session.id, self.index)), &body)
+            .chat(Some((&self.session.id, self.index)), &upstream)
             .await;
         metrics::histogram!("forgelog_proxy_upstream_seconds")
             .record(asked.elapsed().as_secs_f64());
@@ -286,7 +286,7 @@ impl Call {
         e.response_body = response_body.to_vec();
         // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
         // the upstream request is already that form, and so is its answer.
-        e.chat_request = body.chat_form_text();
+        e.chat_request = upstream.chat_form_text();
         e.chat_response = answer["choices"][0]["message"].to_string();
         self.record(e);
         Ok((resp, response_body))

@@ -4,7 +4,7 @@
 use super::auth::api_key;
 use super::body::read_body;
 use super::{admin_error, error_response, ProxyState};
-use crate::upstream::{rl_sampling, upstream_body, Upstream};
+use crate::upstream::{rl_sampling, upstream_request, Upstream};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -58,10 +58,10 @@ pub(super) async fn count_tokens(
         max_tokens: Some(1),
         ..rl_sampling(&SamplingParams::default())
     };
-    let body = upstream_body(&req, &sent, &st.probed().await.model);
+    let upstream = upstream_request(&req, &sent, &st.probed().await.model);
     let tokenized = match &st.upstream {
         Upstream::Live(client) => {
-            let body = &body.body;
+            let body = &upstream.body;
             let ask = json!({"model": body["model"], "messages": body["messages"], "tools": body.get("tools")});
             client.tokenize(&ask).await
         }
@@ -75,7 +75,7 @@ pub(super) async fn count_tokens(
                 "this session's model calls are used up (counting tokens here takes one)",
             ))
         }
-        Ok(None) => st.upstream.chat(None, &body).await.map(|a| {
+        Ok(None) => st.upstream.chat(None, &upstream).await.map(|a| {
             a["usage"]["prompt_tokens"]
                 .as_u64()
                 .or_else(|| a.prompt_token_ids.as_ref().map(|v| v.len() as u64))

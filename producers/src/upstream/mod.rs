@@ -33,7 +33,7 @@ pub fn rl_sampling(requested: &SamplingParams) -> SamplingParams {
 }
 
 /// The upstream request for `req` with `sent` sampling.
-pub fn upstream_body(req: &ChatRequest, sent: &SamplingParams, model: &str) -> UpstreamRequest {
+pub fn upstream_request(req: &ChatRequest, sent: &SamplingParams, model: &str) -> UpstreamRequest {
     let mut up = req.clone();
     up.sampling = sent.clone();
     up.stream = false;
@@ -250,7 +250,7 @@ impl UpstreamClient {
             max_tokens: Some(1),
             ..rl_sampling(&req.sampling)
         };
-        let mut answer = self.chat(&upstream_body(&req, &sent, &model)).await?;
+        let mut answer = self.chat(&upstream_request(&req, &sent, &model)).await?;
         let untrainable = match read_response(&mut answer, "probe_") {
             Ok((_, s)) => s.untrainable_reason,
             Err(e) => Some(e.message),
