@@ -3,6 +3,8 @@
 //! response reading (`answer.rs`) are pure; [`UpstreamClient`] is the thin HTTP part.
 
 mod answer;
+#[cfg(test)]
+mod arbitrary;
 mod request;
 
 pub use answer::{read_response, Sampled, UpstreamAnswer};

@@ -78,34 +78,17 @@ impl UpstreamRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::arbitrary::json_value;
     use proptest::prelude::*;
-
-    fn json_text() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            // Text that needs escaping, and text that is not ASCII.
-            "\\PC{0,12}".prop_map(Value::from),
-            "[\"\\\\\n\t\u{1}a-z]{0,12}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-                prop::collection::btree_map("[a-z]{1,6}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
 
     proptest! {
         /// The text is serde_json's, and the chat form cut from it is the
         /// one written from the value, with or without either field.
         #[test]
         fn the_text_and_the_chat_form_are_as_serde_writes_them(
-            others in prop::collection::btree_map("[a-z_]{1,10}", json_text(), 0..5),
-            messages in prop::option::of(json_text()),
-            tools in prop::option::of(json_text()),
+            others in prop::collection::btree_map("[a-z_]{1,10}", json_value(), 0..5),
+            messages in prop::option::of(json_value()),
+            tools in prop::option::of(json_value()),
         ) {
             let mut body: serde_json::Map<String, Value> = others.into_iter().collect();
             body.extend(messages.map(|m| ("messages".to_string(), m)));
