@@ -53,6 +53,25 @@ fn chat(proxy: &RunningProxy, key: &str, body: serde_json::Value) -> reqwest::Re
         .json(&body)
 }
 
+/// A fake upstream that answers after `delay`.
+fn slow(delay: Duration) -> fake_upstream::FakeOptions {
+    fake_upstream::FakeOptions {
+        delay,
+        ..Default::default()
+    }
+}
+
+/// The calls `log` recorded as finished, each as `view` sees it.
+fn finished<T>(log: &MemoryLog, view: impl Fn(forgelog_schemas::CallFinished) -> T) -> Vec<T> {
+    log.events(Topic::Calls.name())
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c) => Some(view(c)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The fake upstream as a successful probe finds it (without asking it).
 fn probed() -> upstream::Probe {
     upstream::Probe {
@@ -111,13 +130,7 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
     proxy.shutdown(Duration::from_secs(5)).await.unwrap();
 
     let calls = log.events(Topic::Calls.name());
-    let finished: Vec<_> = calls
-        .iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some((c.call_index, c.status, c.trainable)),
-            _ => None,
-        })
-        .collect();
+    let finished = finished(&log, |c| (c.call_index, c.status, c.trainable));
     assert_eq!(calls.len(), 4, "started and finished, twice");
     assert_eq!(
         finished,
@@ -300,14 +313,7 @@ async fn a_call_too_large_for_the_log_is_recorded_without_its_bodies() {
         .unwrap();
     assert_eq!(done.model_calls, 1);
     proxy.shutdown(Duration::from_secs(5)).await.unwrap();
-    let finished: Vec<_> = log
-        .events(Topic::Calls.name())
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let finished = finished(&log, |c| c);
     let [call] = &finished[..] else {
         panic!("one CallFinished expected, got {}", finished.len())
     };
@@ -324,14 +330,12 @@ async fn a_call_too_large_for_the_log_is_recorded_without_its_bodies() {
 /// call is recorded as interrupted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
-    let slow = fake_upstream::FakeOptions {
-        delay: Duration::from_secs(120),
-        ..Default::default()
-    };
-    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
-        run_id: Some("interrupted".into()),
-        shutdown_grace: Duration::from_millis(500),
-        ..c
+    let (proxy, log, _) = fast_proxy(slow(Duration::from_secs(120)), Some(probed()), |c| {
+        ProxyConfig {
+            run_id: Some("interrupted".into()),
+            shutdown_grace: Duration::from_millis(500),
+            ..c
+        }
     })
     .await;
     let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
@@ -353,14 +357,7 @@ async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
         started.elapsed()
     );
     assert!(call.await.unwrap().is_err(), "the connection was closed");
-    let finished: Vec<_> = log
-        .events(Topic::Calls.name())
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some((c.status, c.error)),
-            _ => None,
-        })
-        .collect();
+    let finished = finished(&log, |c| (c.status, c.error));
     assert_eq!(
         finished,
         [(
@@ -375,14 +372,12 @@ async fn shutdown_is_bounded_and_records_a_hanging_call_as_interrupted() {
 /// (whose hang-up the proxy sees at its next keep-alive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_harness_hangs_up_is_still_recorded_in_full() {
-    let slow = fake_upstream::FakeOptions {
-        delay: Duration::from_millis(700),
-        ..Default::default()
-    };
-    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
-        run_id: Some("hung-up".into()),
-        keep_alive: Duration::from_millis(50),
-        ..c
+    let (proxy, log, _) = fast_proxy(slow(Duration::from_millis(700)), Some(probed()), |c| {
+        ProxyConfig {
+            run_id: Some("hung-up".into()),
+            keep_alive: Duration::from_millis(50),
+            ..c
+        }
     })
     .await;
     let s = session(&proxy, NewSession::new("r1", "t", "sdk", "g")).await;
@@ -399,14 +394,7 @@ async fn a_call_whose_harness_hangs_up_is_still_recorded_in_full() {
     while !proxy.state.calls_in_flight.is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let finished: Vec<_> = log
-        .events(Topic::Calls.name())
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some((c.status, c.completion_token_ids.is_empty())),
-            _ => None,
-        })
-        .collect();
+    let finished = finished(&log, |c| (c.status, c.completion_token_ids.is_empty()));
     assert_eq!(finished, [(CallStatus::Ok, false), (CallStatus::Ok, false)]);
 }
 
@@ -415,15 +403,13 @@ async fn a_call_whose_harness_hangs_up_is_still_recorded_in_full() {
 /// than the log recorded. Now every call ends within the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_calls_end_within_the_upstream_timeout_and_finish_counts_them_all() {
-    let slow = fake_upstream::FakeOptions {
-        delay: Duration::from_millis(800),
-        ..Default::default()
-    };
-    let (proxy, log, _) = fast_proxy(slow, Some(probed()), |c| ProxyConfig {
-        run_id: Some("queued".into()),
-        upstream_timeout: Duration::from_millis(1200),
-        max_upstream_requests: 1,
-        ..c
+    let (proxy, log, _) = fast_proxy(slow(Duration::from_millis(800)), Some(probed()), |c| {
+        ProxyConfig {
+            run_id: Some("queued".into()),
+            upstream_timeout: Duration::from_millis(1200),
+            max_upstream_requests: 1,
+            ..c
+        }
     })
     .await;
     let sessions = SessionClient::new(proxy.url(), None);
@@ -550,14 +536,7 @@ async fn sampling_no_engine_can_honour_is_a_client_error() {
         "nothing went upstream"
     );
     proxy.shutdown(Duration::from_secs(5)).await.unwrap();
-    let statuses: Vec<(CallStatus, bool)> = log
-        .events(Topic::Calls.name())
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::CallFinished(c) => Some((c.status, c.trainable)),
-            _ => None,
-        })
-        .collect();
+    let statuses: Vec<(CallStatus, bool)> = finished(&log, |c| (c.status, c.trainable));
     assert_eq!(
         statuses,
         [
