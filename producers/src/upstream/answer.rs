@@ -6,7 +6,9 @@ use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAi
 use forgelog_dialects::hermes;
 use serde_json::Value;
 
+mod choice;
 mod top_level;
+pub use choice::{ChoiceTokens, TokenLogprob};
 use top_level::is_json_space;
 
 /// The training data of one upstream answer.
@@ -23,13 +25,16 @@ pub struct Sampled {
     pub unparsed_tool_calls: usize,
 }
 
-/// An upstream chat completion: its JSON less the prompt's token ids, which
-/// are read straight into numbers. A long prompt's ids are most of an answer,
-/// and read as JSON values they were the largest part of the proxy's CPU per call.
+/// An upstream chat completion: its JSON less the token ids and logprobs,
+/// which are read straight into numbers. A long prompt's ids are most of an
+/// answer, and read as JSON values they were the largest part of the proxy's
+/// CPU per call; a completion's logprobs, an object a token, the next.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct UpstreamAnswer {
     pub body: Value,
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// Taken out of `body["choices"][0]`.
+    pub first_choice: ChoiceTokens,
 }
 
 impl UpstreamAnswer {
@@ -62,8 +67,14 @@ impl From<Value> for UpstreamAnswer {
         let ids_value = body
             .as_object_mut()
             .and_then(|m| m.remove("prompt_token_ids"));
+        let first_choice = body
+            .get_mut("choices")
+            .and_then(|c| c.get_mut(0))
+            .map(ChoiceTokens::take_from)
+            .unwrap_or_default();
         UpstreamAnswer {
             prompt_token_ids: ids(ids_value.as_ref()),
+            first_choice,
             body,
         }
     }
@@ -101,6 +112,9 @@ impl<'de> serde::Deserialize<'de> for UpstreamAnswer {
                             token_ids(raw.get().as_bytes()).ok_or_else(|| {
                                 A::Error::custom("prompt_token_ids: not an array of token ids")
                             })?;
+                    } else if key == "choices" {
+                        let choices = choice::Choices(&mut answer.first_choice);
+                        body.insert(key, map.next_value_seed(choices)?);
                     } else {
                         body.insert(key, map.next_value()?);
                     }
@@ -209,29 +223,24 @@ pub fn read_response(
     let body = &answer.body;
     let mut resp = OpenAiChatDialect::decode_response(body).map_err(|e| bad(&e.message))?;
     let choice = &body["choices"][0];
+    let tokens = std::mem::take(&mut answer.first_choice);
     let mut sampled = Sampled {
         prompt_token_ids: answer
             .prompt_token_ids
             .take()
             .or_else(|| ids(choice.get("prompt_token_ids")))
             .unwrap_or_default(),
-        completion_token_ids: ids(choice.get("token_ids")).unwrap_or_default(),
+        completion_token_ids: tokens.token_ids.unwrap_or_default(),
         finish_reason: choice["finish_reason"].as_str().map(str::to_string),
         policy_version: body["policy_version"].as_i64(),
         ..Default::default()
     };
-    let content = choice["logprobs"]["content"].as_array();
-    if let Some(content) = content {
-        sampled.completion_logprobs = content
-            .iter()
-            .map(|t| t["logprob"].as_f64().unwrap_or(f64::NAN) as f32)
-            .collect();
+    let content = tokens.logprobs;
+    if let Some(content) = &content {
+        sampled.completion_logprobs = content.iter().map(|t| t.logprob as f32).collect();
         // Without return_token_ids, `--return-tokens-as-token-ids` still names each token.
         if sampled.completion_token_ids.is_empty() {
-            sampled.completion_token_ids = content
-                .iter()
-                .filter_map(|t| t["token"].as_str()?.strip_prefix("token_id:")?.parse().ok())
-                .collect();
+            sampled.completion_token_ids = content.iter().filter_map(|t| t.token_id).collect();
         }
     }
     sampled.untrainable_reason = if sampled.prompt_token_ids.is_empty() {

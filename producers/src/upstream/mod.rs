@@ -7,7 +7,7 @@ mod answer;
 mod arbitrary;
 mod request;
 
-pub use answer::{read_response, Sampled, UpstreamAnswer};
+pub use answer::{read_response, ChoiceTokens, Sampled, TokenLogprob, UpstreamAnswer};
 pub use request::UpstreamRequest;
 
 use forgelog_dialects::canonical::*;
