@@ -312,6 +312,67 @@ async fn flush_waits_for_the_broker_and_the_checkpoint_follows_once_quiet() {
     assert_eq!(saved.acked_through, 30);
 }
 
+/// A killed drainer's last produce requests can still be queued at the broker
+/// when the next owner of its spool starts. They land while it waits out the
+/// recovery grace, its scan of the tails finds them, and nothing is sent
+/// twice; read at once, they used to be sent again (a scaled-out consumer,
+/// its instances killed at random under load, once wrote 5 outputs twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_writers_late_requests_are_found_not_sent_twice() {
+    let config = shared_broker().await;
+    let run = unique_run_id("late-requests");
+    let dir = tempfile::tempdir().unwrap();
+    let events: Vec<Event> = (0..SESSIONS).map(|i| event(&run, i, 10)).collect();
+    // What the killed drainer left: its scan base, and records past its
+    // checkpoint that it had sent but never heard back about.
+    {
+        let spool = forgelog_stream::Spool::open(dir.path(), SpoolOptions::default()).unwrap();
+        for e in &events {
+            let value = Codec::global().encode(e).unwrap();
+            spool
+                .append(e.topic().name(), e.key().as_bytes(), &value)
+                .unwrap();
+        }
+        let reader = ReplayReader::new(&config).unwrap();
+        let topic = Topic::Calls.name();
+        let ends = reader
+            .partitions(topic)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p, reader.end(topic, p).unwrap()))
+            .collect();
+        let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
+        checkpoint.scan_from.insert(topic.to_string(), ends);
+        checkpoint.store(dir.path()).unwrap();
+    }
+    let options = SpoolOptions {
+        recovery_grace: Duration::from_secs(10),
+        ..SpoolOptions::default()
+    };
+    let started = Instant::now();
+    let next_owner = EventProducer::start(&config, dir.path(), options).unwrap();
+    // The dead writer's queued requests land: the same records, from a producer
+    // of their own.
+    let queued = tempfile::tempdir().unwrap();
+    let late = EventProducer::start(&config, queued.path(), SpoolOptions::default()).unwrap();
+    for e in &events {
+        late.send(e).unwrap();
+    }
+    late.close(Duration::from_secs(30)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the late requests took longer than the grace: {:?}",
+        started.elapsed()
+    );
+    next_owner.flush(Duration::from_secs(60)).await.unwrap();
+    next_owner.close(Duration::from_secs(30)).await.unwrap();
+    let got = ReplayReader::new(&config)
+        .unwrap()
+        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+        .unwrap();
+    assert_exactly_once_in_order(&got, &run, SESSIONS, 10);
+}
+
 /// An event over the message limit used to enter the spool, be refused by the
 /// client on every retry, and hold back every event behind it, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

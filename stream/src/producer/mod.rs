@@ -3,10 +3,11 @@
 //! `send` encodes the event and appends it to the spool: no network, no await.
 //! A drainer task reads the spool in order and produces to Kafka with an
 //! idempotent producer, a bounded window of messages in flight. After any
-//! failure, or a restart after `kill -9`, the drainer reads the topics' tails
-//! past its checkpoint and matches them, byte for byte (by digest), against its
-//! unacknowledged records: those already there are not sent again. Nothing
-//! lost, nothing twice. Events carry deterministic ids, so two identical
+//! failure, or a restart after `kill -9`, the drainer waits out a grace for
+//! the requests the writer before it left queued at the broker, then reads the
+//! topics' tails past its checkpoint and matches them, byte for byte (by
+//! digest), against its unacknowledged records: those already there are not
+//! sent again. Nothing lost, nothing twice. Events carry deterministic ids, so two identical
 //! messages are the same event by definition.
 //!
 //! Messages carry no headers: tansu 0.6 looks headers up with a full scan of
@@ -104,9 +105,10 @@ impl EventProducer {
         spool_dir: impl Into<PathBuf>,
         options: SpoolOptions,
     ) -> Result<Self, SpoolError> {
+        let grace = options.recovery_grace;
         let spool = Arc::new(Spool::open(spool_dir, options)?);
         let (stop, stop_rx) = watch::channel(false);
-        let drainer = Drainer::new(config, spool.clone())?;
+        let drainer = Drainer::new(config, spool.clone(), grace)?;
         let drainer = tokio::spawn(drainer.run(stop_rx));
         Ok(EventProducer {
             spool,
@@ -169,6 +171,8 @@ struct Drainer {
     stream: StreamConfig,
     spool: Arc<Spool>,
     checkpoint: Checkpoint,
+    /// [`SpoolOptions::recovery_grace`].
+    grace: Duration,
 }
 
 /// A record's fate, unless the drain must stop and retry.
@@ -192,7 +196,11 @@ fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 impl Drainer {
-    fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
+    fn new(
+        config: &StreamConfig,
+        spool: Arc<Spool>,
+        grace: Duration,
+    ) -> Result<Drainer, SpoolError> {
         let io = |source| SpoolError::Io {
             dir: spool.dir().to_path_buf(),
             source,
@@ -203,6 +211,7 @@ impl Drainer {
             stream: config.clone(),
             spool,
             checkpoint,
+            grace,
         })
     }
 
@@ -390,6 +399,11 @@ impl Drainer {
         {
             return Ok(Arrived::default());
         }
+        // The writer before (a killed process, or this one's producer before
+        // a failure) may have produce requests still queued at the broker:
+        // read the tails before they land and they would be sent twice.
+        tracing::info!(grace = ?self.grace, pending = self.spool.pending(), "spool recovery: waiting for a dead writer's requests to land");
+        tokio::time::sleep(self.grace).await;
         let scan_from = self.checkpoint.scan_from.clone();
         let config = self.stream.clone();
         let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {

@@ -25,6 +25,7 @@ use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// When appended records are forced to disk. The data survives a killed process
 /// in every mode (it is in the page cache); only `Always` survives power loss
@@ -43,6 +44,12 @@ pub struct SpoolOptions {
     /// `send` fails with [`SpoolError::Full`] rather than grow past this.
     pub max_bytes: u64,
     pub fsync: FsyncPolicy,
+    /// After a crash, how long the drainer waits before it reads the topics'
+    /// tails for records already delivered. The dead writer's produce
+    /// requests still queued at the broker land in that time, are found, and
+    /// are not sent twice. Kafka bounds nothing here: this is the longest the
+    /// broker is assumed to take with a request it has received.
+    pub recovery_grace: Duration,
 }
 
 impl Default for SpoolOptions {
@@ -51,6 +58,7 @@ impl Default for SpoolOptions {
             segment_bytes: 64 << 20,
             max_bytes: 8 << 30,
             fsync: FsyncPolicy::Never,
+            recovery_grace: Duration::from_secs(3),
         }
     }
 }

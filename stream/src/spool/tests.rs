@@ -7,6 +7,7 @@ fn options(segment_bytes: u64) -> SpoolOptions {
         segment_bytes,
         max_bytes: 1 << 30,
         fsync: FsyncPolicy::Never,
+        ..SpoolOptions::default()
     }
 }
 
