@@ -7,8 +7,8 @@
 //! the requests the writer before it left queued at the broker, then reads the
 //! topics' tails past its checkpoint and matches them, byte for byte (by
 //! digest), against its unacknowledged records: those already there are not
-//! sent again. Nothing lost, nothing twice. Events carry deterministic ids, so two identical
-//! messages are the same event by definition.
+//! sent again. Nothing lost, nothing twice. Events carry deterministic ids, so
+//! two identical messages are the same event by definition.
 //!
 //! Messages carry no headers: tansu 0.6 looks headers up with a full scan of
 //! its header table for every record fetched, which makes reads quadratic.
