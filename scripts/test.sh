@@ -67,7 +67,12 @@ junit="$CARGO_TARGET_DIR/nextest/default/junit.xml"
 rm -f "$junit"
 t0=$SECONDS
 status=0
-cargo nextest run --workspace --config-file "$budgets" "$@" || status=$?
+# `-p CRATE` runs that crate's tests: with `--workspace` beside it, cargo ran them all.
+scope=(--workspace)
+for arg in "$@"; do
+  case "$arg" in -p | -p* | --package | --package=*) scope=() ;; esac
+done
+cargo nextest run "${scope[@]}" --config-file "$budgets" "$@" || status=$?
 echo "test: tests took $((SECONDS - t0)) s" >&2
 if [ -f "$junit" ]; then
   python3 scripts/test-budgets.py report "$junit" "${soak[@]}" || status=1
