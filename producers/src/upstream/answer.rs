@@ -8,6 +8,7 @@ use serde_json::Value;
 
 mod choice;
 mod top_level;
+use choice::ids_of;
 pub use choice::{ChoiceTokens, TokenLogprob};
 use top_level::is_json_space;
 
@@ -73,7 +74,7 @@ impl From<Value> for UpstreamAnswer {
             .map(ChoiceTokens::take_from)
             .unwrap_or_default();
         UpstreamAnswer {
-            prompt_token_ids: ids(ids_value.as_ref()),
+            prompt_token_ids: ids_value.as_ref().and_then(ids_of),
             first_choice,
             body,
         }
@@ -205,13 +206,6 @@ fn count_commas(text: &[u8]) -> usize {
         .sum()
 }
 
-fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
-    v?.as_array()?
-        .iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
-}
-
 /// Reads a vLLM (or forgelog engine) chat completion. `call_id_prefix` names
 /// the tool calls the proxy itself parses from Hermes text. The prompt's ids
 /// are taken out of `answer`, not copied: they are most of a long call's answer.
@@ -228,7 +222,7 @@ pub fn read_response(
         prompt_token_ids: answer
             .prompt_token_ids
             .take()
-            .or_else(|| ids(choice.get("prompt_token_ids")))
+            .or_else(|| choice.get("prompt_token_ids").and_then(ids_of))
             .unwrap_or_default(),
         completion_token_ids: tokens.token_ids.unwrap_or_default(),
         finish_reason: choice["finish_reason"].as_str().map(str::to_string),

@@ -49,13 +49,18 @@ impl ChoiceTokens {
         };
         let mut tokens = ChoiceTokens::default();
         if let Some(ids) = choice.remove("token_ids") {
-            tokens.token_ids = Lax::<Ids>::deserialize(ids).map_or(None, |l| l.0 .0);
+            tokens.token_ids = ids_of(&ids);
         }
         if let Some(logprobs) = choice.remove("logprobs") {
             tokens.logprobs = Lax::<Logprobs>::deserialize(logprobs).map_or(None, |l| l.0 .0);
         }
         tokens
     }
+}
+
+/// `value` as token ids, if it is an array of u32.
+pub fn ids_of(value: &Value) -> Option<Vec<u32>> {
+    Lax::<Ids>::deserialize(value).map_or(None, |l| l.0 .0)
 }
 
 /// Reads the `choices` array as a value, less its first choice's
