@@ -28,17 +28,18 @@ fn python(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn hex(fp: [u8; 8]) -> String {
-    fp.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[test]
 fn every_schema_has_the_fingerprint_fastavro_computes() {
     let theirs: Value = serde_json::from_str(&python(&["fingerprints"])).unwrap();
     let ours = schema_files();
     assert_eq!(theirs.as_object().unwrap().len(), ours.len(), "{theirs}");
     for f in ours {
-        assert_eq!(theirs[&f.file], hex(f.fingerprint).as_str(), "{}", f.file);
+        assert_eq!(
+            theirs[&f.file],
+            forgelog_schemas::hex(&f.fingerprint).as_str(),
+            "{}",
+            f.file
+        );
     }
 }
 

@@ -687,11 +687,10 @@ fn events_carry_the_specifications_fingerprint_and_old_ones_still_decode() {
 /// old fingerprint differs. `FORGELOG_WRITE_FIXTURES=1` rewrites it.
 #[test]
 fn the_legacy_fingerprint_table_is_complete() {
-    let hex = |fp: [u8; 8]| fp.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let table: std::collections::BTreeMap<String, String> = schema_files()
         .into_iter()
         .filter(|f| f.fingerprint != f.legacy_fingerprint)
-        .map(|f| (hex(f.legacy_fingerprint), f.file))
+        .map(|f| (forgelog_schemas::hex(&f.legacy_fingerprint), f.file))
         .collect();
     let want = serde_json::to_string_pretty(&table).unwrap() + "\n";
     let path =
