@@ -117,8 +117,8 @@ impl StreamConfig {
     /// spool already, and each batch costs the client's broker thread a
     /// request per partition whatever its size. At 200 calls a second that
     /// thread took 0.07–0.11 ms of the proxy's CPU per call at 50 ms and
-    /// 0.03 at 100 ms (librdkafka's 5 ms cost more still). `flush` sends at
-    /// once whatever the linger.
+    /// 0.03 at 100 ms (librdkafka's 5 ms cost more still). The price: events
+    /// reach the broker, and `EventProducer::flush` returns, up to 100 ms later.
     pub(crate) fn producer(&self) -> ClientConfig {
         let mut c = self.client("forgelog-producer");
         c.set("enable.idempotence", "true")
