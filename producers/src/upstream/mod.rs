@@ -239,7 +239,7 @@ impl UpstreamClient {
     pub async fn models(&self) -> Result<Value, UpstreamError> {
         let r = self
             .http
-            .get(format!("{}/v1/models", self.base))
+            .get(url(&self.base, "/v1/models").map_err(UpstreamError::Connect)?)
             .timeout(self.timeout)
             .send()
             .await

@@ -105,10 +105,9 @@ impl EventProducer {
         spool_dir: impl Into<PathBuf>,
         options: SpoolOptions,
     ) -> Result<Self, SpoolError> {
-        let grace = options.recovery_grace;
         let spool = Arc::new(Spool::open(spool_dir, options)?);
         let (stop, stop_rx) = watch::channel(false);
-        let drainer = Drainer::new(config, spool.clone(), grace)?;
+        let drainer = Drainer::new(config, spool.clone())?;
         let drainer = tokio::spawn(drainer.run(stop_rx));
         Ok(EventProducer {
             spool,
@@ -171,8 +170,6 @@ struct Drainer {
     stream: StreamConfig,
     spool: Arc<Spool>,
     checkpoint: Checkpoint,
-    /// [`SpoolOptions::recovery_grace`].
-    grace: Duration,
 }
 
 /// A record's fate, unless the drain must stop and retry.
@@ -196,11 +193,7 @@ fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 impl Drainer {
-    fn new(
-        config: &StreamConfig,
-        spool: Arc<Spool>,
-        grace: Duration,
-    ) -> Result<Drainer, SpoolError> {
+    fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
         let io = |source| SpoolError::Io {
             dir: spool.dir().to_path_buf(),
             source,
@@ -211,7 +204,6 @@ impl Drainer {
             stream: config.clone(),
             spool,
             checkpoint,
-            grace,
         })
     }
 
@@ -402,8 +394,13 @@ impl Drainer {
         // The writer before (a killed process, or this one's producer before
         // a failure) may have produce requests still queued at the broker:
         // read the tails before they land and they would be sent twice.
-        tracing::info!(grace = ?self.grace, pending = self.spool.pending(), "spool recovery: waiting for a dead writer's requests to land");
-        tokio::time::sleep(self.grace).await;
+        let grace = self.spool.options().recovery_grace;
+        tracing::info!(
+            ?grace,
+            pending = self.spool.pending(),
+            "spool recovery: waiting for a dead writer's requests to land"
+        );
+        tokio::time::sleep(grace).await;
         let scan_from = self.checkpoint.scan_from.clone();
         let config = self.stream.clone();
         let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {

@@ -206,6 +206,10 @@ impl Spool {
         &self.dir
     }
 
+    pub fn options(&self) -> &SpoolOptions {
+        &self.options
+    }
+
     /// Appends one record; returns its seq. Local disk only: never waits on the broker.
     pub fn append(&self, topic: &str, key: &[u8], value: &[u8]) -> Result<u64, SpoolError> {
         let io_err = |source| SpoolError::Io {
