@@ -22,6 +22,7 @@ mod run;
 mod spool;
 mod tail;
 mod tasks;
+mod token_in;
 mod topics;
 mod up;
 mod view;
@@ -258,7 +259,10 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Tail(args) => tail::run(args),
         Command::Consume(args) => consume::run(&rt, args),
         Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
-        Command::Proxy(args) => Ok(rt.block_on(forgelog_producers::run(args))?),
+        Command::Proxy(args) => {
+            let token_in = token_in::load(args.tokenizer.as_deref())?;
+            Ok(rt.block_on(forgelog_producers::run(args, token_in))?)
+        }
         Command::Train(args) => Ok(rt.block_on(forgelog_trainer::run(args))?),
         Command::Replay { action } => replay::run(&rt, action),
         Command::Export { action } => export::run(&rt, action),

@@ -29,6 +29,11 @@ pub struct UpArgs {
     /// The model the local engine serves
     #[arg(long, default_value = "smollm2")]
     pub model: String,
+    /// The model whose tokenizer and chat template the proxy renders prompts
+    /// with (token in: follow-up calls spliced onto the sampled ids; default:
+    /// --model when the local engine serves it; `none`: the engine renders)
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     /// Where the local engine listens (its OpenAI-compatible API)
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub engine_listen: SocketAddr,
@@ -226,9 +231,14 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     // The session API is not left open: anyone who reaches the proxy could
     // create sessions and post rewards. `up`'s own clients hold this token.
     let admin_token = forgelog_http::random_token();
+    let tokenizer = args
+        .tokenizer
+        .clone()
+        .or(engine.as_ref().map(|_| args.model.clone()));
     let proxy_config = ProxyConfig {
         run_id: Some(run.clone()),
         admin_token: Some(admin_token.clone()),
+        token_in: crate::token_in::load(tokenizer.as_deref())?,
         ..ProxyConfig::new(&upstream)
     };
     let spool = args.home.join("proxy-spool");

@@ -123,15 +123,28 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
         .output()
         .unwrap();
     assert!(tail.status.success());
-    let logged: u64 = String::from_utf8_lossy(&tail.stdout)
+    let trajectories: Vec<serde_json::Value> = String::from_utf8_lossy(&tail.stdout)
         .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["tool_calls"]
-                .as_u64()
-                .unwrap()
-        })
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let logged: u64 = trajectories
+        .iter()
+        .map(|t| t["tool_calls"].as_u64().unwrap())
         .sum();
     assert_eq!(tools, logged as f64, "{stdout}");
+    // Token in: the proxy spliced each follow-up call onto the ids the model
+    // sampled, so no prompt re-tokenized them and every rollout (no
+    // sub-agents, no compaction here) is one path through all its calls.
+    for t in &trajectories {
+        let drift: Vec<_> = t["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["kind"] == "drift")
+            .collect();
+        assert!(drift.is_empty(), "{drift:?}");
+        assert_eq!(t["sequences"].as_array().unwrap().len(), 1, "{t}");
+    }
     assert!(
         said.contains(&format!(
             "identical: 16 trajectories, 4 batches of run {run}"

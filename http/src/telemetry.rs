@@ -30,6 +30,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("forgelog_proxy_sessions", Kind::Gauge, "Sessions the proxy holds open"),
     ("forgelog_proxy_events_refused_total", Kind::Counter, "Calls refused because their events could not be recorded"),
     ("forgelog_proxy_unparsed_tool_calls_total", Kind::Counter, "Tool-call texts the proxy could not parse and passed on as text"),
+    ("forgelog_proxy_prompts_total", Kind::Counter, "Prompts the proxy made itself (token in), by how: spliced onto an earlier call's ids, or rendered afresh"),
     ("forgelog_proxy_token_counts_total", Kind::Counter, "count_tokens requests answered"),
     ("forgelog_replay_refused_total", Kind::Counter, "Calls replay serve refused because they differ from the recording"),
     // engine

@@ -1,9 +1,12 @@
 //! The model's chat template (Jinja, as in Hugging Face `tokenizer_config.json`
 //! or GGUF `tokenizer.chat_template`), rendered with minijinja.
 
+use forgelog_dialects::splice::ChatRenderer;
 use forgelog_dialects::{hermes, hf};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokenizers::Tokenizer;
 
 /// ChatML, for models that ship no template.
 pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -84,6 +87,72 @@ impl ChatTemplate {
                 eos_token => self.eos_token,
             })
             .map_err(|e| TemplateError(format!("{e:#}")))
+    }
+}
+
+/// The model's tokenizer, chat template and stop tokens: how a prompt's ids
+/// are made from a conversation, as the engine makes them. The proxy renders
+/// with it ([`forgelog_dialects::splice`]).
+#[derive(Clone)]
+pub struct ChatCodec {
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Tokens that end a completion.
+    pub stop_token_ids: Vec<u32>,
+    stops: Vec<(u32, String)>,
+}
+
+impl ChatCodec {
+    pub fn new(
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        stop_token_ids: Vec<u32>,
+    ) -> ChatCodec {
+        let stops = stop_token_ids
+            .iter()
+            .filter_map(|&id| Some((id, tokenizer.id_to_token(id)?)))
+            .collect();
+        ChatCodec {
+            tokenizer,
+            template,
+            stop_token_ids,
+            stops,
+        }
+    }
+
+    /// SHA-256 (hex) of the tokenizer as `tokenizer.json` writes it, and of
+    /// the template's source: what a call's log records it was rendered with.
+    pub fn sha256s(&self) -> (String, String) {
+        let hex = |bytes: &[u8]| forgelog_schemas::hex(&Sha256::digest(bytes));
+        let tokenizer = self.tokenizer.to_string(false).unwrap_or_default();
+        (
+            hex(tokenizer.as_bytes()),
+            hex(self.template.source().as_bytes()),
+        )
+    }
+}
+
+impl ChatRenderer for ChatCodec {
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        self.template
+            .render(messages, tools, add_generation_prompt)
+            .map_err(|e| e.to_string())
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("tokenizer: {e}"))
+    }
+
+    fn stop_tokens(&self) -> &[(u32, String)] {
+        &self.stops
     }
 }
 

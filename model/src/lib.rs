@@ -15,13 +15,13 @@ pub mod load;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use chat::{ChatTemplate, TemplateError};
+pub use chat::{ChatCodec, ChatTemplate, TemplateError};
 pub use config::LlamaConfig;
 pub use kv_cache::KvCache;
 pub use llama::Llama;
 pub use llama::Logits;
 pub use load::{
-    default_gguf_path, load_gguf, load_hf_dir, load_policy, load_tokenizer,
+    default_gguf_path, load_chat_codec, load_gguf, load_hf_dir, load_policy, load_tokenizer,
     weights_from_safetensors, LoadError, Policy,
 };
 

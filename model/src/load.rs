@@ -2,7 +2,7 @@
 //! (SmolLM2-135M-Instruct, dequantized to f32), any llama/qwen2 GGUF, or a
 //! Hugging Face directory; and weights from a safetensors checkpoint.
 
-use crate::{ChatTemplate, Llama, LlamaConfig};
+use crate::{ChatCodec, ChatTemplate, Llama, LlamaConfig};
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use candle_core::{DType, Device, Tensor};
@@ -159,26 +159,16 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         &config,
     )?;
 
-    let tokenizer = gguf_tokenizer(&content)?;
-    let token = |key: &str| -> String {
-        meta(key)
-            .and_then(|v| Ok(v.to_u32()?))
-            .ok()
-            .and_then(|id| tokenizer.id_to_token(id))
-            .unwrap_or_default()
-    };
-    let (bos, eos) = (
-        token("tokenizer.ggml.bos_token_id"),
-        token("tokenizer.ggml.eos_token_id"),
-    );
-    let source = meta("tokenizer.chat_template")
-        .and_then(|v| Ok(v.to_string()?.clone()))
-        .unwrap_or_else(|_| crate::chat::CHATML.to_string());
-    let stop_token_ids = stop_tokens(&tokenizer, &[eos.as_str()]);
+    let ChatCodec {
+        tokenizer,
+        template: chat_template,
+        stop_token_ids,
+        ..
+    } = gguf_chat(&content)?;
     Ok(Policy {
         name: file_name(path),
         model,
-        chat_template: ChatTemplate::new(source, &bos, &eos),
+        chat_template,
         tokenizer,
         stop_token_ids,
         weights,
@@ -195,6 +185,54 @@ fn gguf_tokenizer(content: &gguf_file::Content) -> Result<Tokenizer, LoadError> 
         .and_then(|v| v.to_string().ok());
     fix_gpt2_pre_tokenizer(&mut tokenizer, pre.map(String::as_str));
     Ok(tokenizer)
+}
+
+/// The tokenizer, template and stop tokens a GGUF's metadata describes.
+fn gguf_chat(content: &gguf_file::Content) -> Result<ChatCodec, LoadError> {
+    let tokenizer = gguf_tokenizer(content)?;
+    let meta = |key: &str| content.metadata.get(key);
+    let token = |key: &str| -> String {
+        meta(key)
+            .and_then(|v| v.to_u32().ok())
+            .and_then(|id| tokenizer.id_to_token(id))
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    );
+    let source = meta("tokenizer.chat_template")
+        .and_then(|v| v.to_string().ok().cloned())
+        .unwrap_or_else(|| crate::chat::CHATML.to_string());
+    let stop_token_ids = stop_tokens(&tokenizer, &[eos.as_str()]);
+    Ok(ChatCodec::new(
+        tokenizer,
+        ChatTemplate::new(source, &bos, &eos),
+        stop_token_ids,
+    ))
+}
+
+/// The tokenizer and chat template of what [`load_policy`] would load,
+/// without its weights: what the proxy renders prompts with.
+pub fn load_chat_codec(spec: &str, models: &Path) -> Result<ChatCodec, LoadError> {
+    let path = match spec {
+        "smollm2" => default_gguf_path(models),
+        _ => PathBuf::from(spec),
+    };
+    if path.is_dir() {
+        let raw_config = read_json(&path.join("config.json"))?;
+        return hf_chat(&path, &raw_config);
+    }
+    if !path.is_file() {
+        return Err(match spec {
+            "smollm2" => LoadError::DefaultModelMissing(path),
+            _ => LoadError::Invalid(format!(
+                "model {spec:?} is neither `smollm2`, a .gguf file nor a model directory"
+            )),
+        });
+    }
+    let mut file = std::fs::File::open(&path).map_err(io_err(&path))?;
+    gguf_chat(&gguf_file::Content::read(&mut file)?)
 }
 
 /// Only the tokenizer of what [`load_policy`] would load (`smollm2`, a
@@ -364,6 +402,28 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         &config,
     )?;
 
+    let ChatCodec {
+        tokenizer,
+        template: chat_template,
+        stop_token_ids,
+        ..
+    } = hf_chat(dir, &raw_config)?;
+    Ok(Policy {
+        name: dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        model,
+        tokenizer,
+        chat_template,
+        stop_token_ids,
+        weights,
+    })
+}
+
+/// A Hugging Face directory's tokenizer (`tokenizer.json`), template
+/// (`tokenizer_config.json` or `chat_template.jinja`) and stop tokens.
+fn hf_chat(dir: &Path, raw_config: &Value) -> Result<ChatCodec, LoadError> {
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
     let tokenizer_config = match dir.join("tokenizer_config.json") {
@@ -395,15 +455,9 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
     }
     stop_token_ids.sort();
     stop_token_ids.dedup();
-    Ok(Policy {
-        name: dir
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        model,
+    Ok(ChatCodec::new(
         tokenizer,
-        chat_template: ChatTemplate::new(source, &bos, &eos),
+        ChatTemplate::new(source, &bos, &eos),
         stop_token_ids,
-        weights,
-    })
+    ))
 }

@@ -80,7 +80,8 @@ fn main() -> anyhow::Result<()> {
             std::future::pending::<()>().await;
             Ok(())
         }),
-        Cmd::Proxy(args) => rt.block_on(async { Ok(forgelog_producers::run(args).await?) }),
+        // The fake upstream renders no chats of its own: the engine-rendered path.
+        Cmd::Proxy(args) => rt.block_on(async { Ok(forgelog_producers::run(args, None).await?) }),
         Cmd::Run(args) => rt.block_on(run(args)),
     }
 }

@@ -77,6 +77,12 @@ pub struct ProxyArgs {
     /// $HOSTNAME, as a StatefulSet names its pods)
     #[arg(long, env = "FORGELOG_REPLICA_INDEX")]
     pub replica_index: Option<usize>,
+    /// The model whose tokenizer and chat template the proxy renders prompts
+    /// with (`smollm2`, a .gguf file or a Hugging Face folder): follow-up
+    /// calls are spliced onto the ids the model sampled and the engine is
+    /// asked with token ids. Without it the engine renders each chat
+    #[arg(long, env = "FORGELOG_TOKENIZER")]
+    pub tokenizer: Option<String>,
 }
 
 impl ServeArgs {
@@ -124,6 +130,7 @@ impl ProxyArgs {
             max_upstream_requests: self.max_upstream_requests,
             shutdown_grace: ProxyConfig::SHUTDOWN_GRACE,
             replicas: self.replicas()?,
+            token_in: None,
         })
     }
 }
@@ -236,6 +243,8 @@ pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("token in: {0}")]
+    Rendering(String),
     #[error("--replicas: {0}")]
     Replicas(String),
     #[error("--volatile: {0}")]
@@ -307,8 +316,8 @@ impl RunningProxy {
         spool: PathBuf,
         listen: SocketAddr,
     ) -> Result<RunningProxy, ProxyError> {
-        let probe = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
-        let probe = match probe.probe().await {
+        let client = upstream::UpstreamClient::new(&config.upstream, Duration::from_secs(30), 1);
+        let probe = match client.probe().await {
             Ok(p) => {
                 if p.untrainable.is_none() {
                     tracing::info!(model = %p.model, "upstream returns token ids and logprobs: calls are trainable");
@@ -320,6 +329,17 @@ impl RunningProxy {
                 ..Default::default()
             },
         };
+        if let Some(token_in) = &config.token_in {
+            if probe.model.is_empty() {
+                tracing::warn!("upstream down at start: the proxy's rendering is not checked against the engine's /tokenize");
+            } else {
+                upstream::check_rendering(&client, token_in)
+                    .await
+                    .map_err(ProxyError::Rendering)?;
+                tracing::info!(tokenizer = %token_in.tokenizer_sha256, template = %token_in.chat_template_sha256,
+                    "token in: the proxy renders prompts as the engine does");
+            }
+        }
         let warning = probe.untrainable.clone();
         if let Some(w) = &warning {
             let line = "!".repeat(78);
@@ -429,11 +449,15 @@ fn print_admin_token(args: &ServeArgs, config: &ProxyConfig) {
 }
 
 /// `forgelog proxy`: serves until Ctrl-C or SIGTERM, then flushes the spool.
-pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+/// `token_in`: the tokenizer and template `--tokenizer` named, loaded.
+pub async fn run(args: ProxyArgs, token_in: Option<upstream::TokenIn>) -> Result<(), ProxyError> {
     let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
     raise_fd_limit();
-    let config = args.config()?;
+    let config = ProxyConfig {
+        token_in,
+        ..args.config()?
+    };
     let proxy = RunningProxy::start(
         config.clone(),
         &stream,

@@ -14,6 +14,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Semaphore;
 
 pub use forgelog_api::NewSession;
+use forgelog_dialects::splice::AnsweredCall;
+use std::collections::VecDeque;
+
+/// How many answered calls of a session the proxy keeps to splice onto.
+pub const RECENT_ANSWERS: usize = 8;
 
 /// The session id of rollout `rollout_id` of run `run_id`: deterministic, so
 /// the same rollout of the same run is the same session.
@@ -53,11 +58,29 @@ pub struct Session {
     pub(crate) max_in_flight: u32,
     /// Its recent calls, to record the next ones as what is new in them.
     memory: Mutex<SessionMemory>,
+    /// Its recent answered calls, to splice the next prompts onto (token in).
+    answered: Mutex<VecDeque<AnsweredCall>>,
 }
 
 impl Session {
     pub(crate) fn memory(&self) -> std::sync::MutexGuard<'_, SessionMemory> {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its recent answered calls, oldest first: what a next prompt is spliced onto.
+    pub(crate) fn answered(&self) -> std::sync::MutexGuard<'_, VecDeque<AnsweredCall>> {
+        self.answered.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `call` to splice later prompts onto, with the
+    /// [`RECENT_ANSWERS`] - 1 before it: a sub-agent or a title call
+    /// interleaved with the main conversation does not push its base out.
+    pub(crate) fn remember_answer(&self, call: AnsweredCall) {
+        let mut answered = self.answered();
+        if answered.len() == RECENT_ANSWERS {
+            answered.pop_front();
+        }
+        answered.push_back(call);
     }
 
     /// The next call's index: 0, 1, 2... in arrival order.
@@ -188,6 +211,7 @@ impl Sessions {
             in_flight: Arc::new(Semaphore::new(max_in_flight as usize)),
             max_in_flight,
             memory: Mutex::default(),
+            answered: Mutex::default(),
         });
         let mut t = self.tables.write().expect("sessions lock");
         if t.by_id.contains_key(&id) || t.ended.contains(&id) {
@@ -310,6 +334,7 @@ impl OpenSession {
             max_in_flight,
             // A restarted proxy records its next call of the session whole.
             memory: Mutex::default(),
+            answered: Mutex::default(),
         }
     }
 }

@@ -54,6 +54,7 @@ async fn main() {
             max_upstream_requests: 8,
             shutdown_grace: Duration::from_secs(5),
             replicas: None,
+            token_in: None,
         },
         &config,
         spool.path().to_path_buf(),

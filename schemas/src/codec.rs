@@ -10,7 +10,7 @@ const MAGIC: [u8; 2] = [0xC3, 0x01];
 const HEADER_LEN: usize = 10;
 
 /// The version of the schemas in `avro/`: one more than the newest in [`HISTORY`].
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Schemas of earlier versions, still readable: `(kind, version, avsc text)`,
 /// the file being `avro/history/<version>/<kind>.avsc`.
@@ -42,6 +42,11 @@ pub const HISTORY: &[(EventKind, &str, &str)] = &[
         EventKind::CallFinished,
         "v4",
         include_str!("../avro/history/v4/CallFinished.avsc"),
+    ),
+    (
+        EventKind::CallFinished,
+        "v5",
+        include_str!("../avro/history/v5/CallFinished.avsc"),
     ),
 ];
 

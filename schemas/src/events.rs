@@ -145,6 +145,24 @@ pub struct CallFinished {
     /// as text (schema v2; 0 in events written by v1).
     #[serde(default)]
     pub unparsed_tool_calls: i64,
+    /// How the proxy made the prompt's ids (schema v6); `None`: the engine
+    /// rendered the chat itself, as every call before v6.
+    #[serde(default)]
+    pub prompt_made: Option<PromptMade>,
+}
+
+/// The prompt of a call the proxy asked the engine with token ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptMade {
+    /// The call of the session whose prompt and sampled ids this prompt
+    /// starts with; `None`: the chat template over the whole request.
+    #[serde(default)]
+    pub spliced_from: Option<i64>,
+    /// Why it was rendered afresh (the first call, an edited history, …).
+    #[serde(default)]
+    pub why_rendered: Option<String>,
+    pub tokenizer_sha256: String,
+    pub chat_template_sha256: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -57,6 +57,7 @@ pub fn call_finished(
         unparsed_tool_calls: 0,
         prompt_splice: None,
         chat_request_splice: None,
+        prompt_made: None,
     }
 }
 

@@ -29,7 +29,7 @@ fn every_kind_has_a_sample_and_round_trips() {
 #[test]
 fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for version in ["v1", "v2", "v3", "v4", "v5"] {
+    for version in ["v1", "v2", "v3", "v4", "v5", "v6"] {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
@@ -68,6 +68,11 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
         assert_ne!(v4[2..10], v5[2..10], "{kind}");
         assert_eq!(v5.len(), v4.len() + more, "{kind}: union indices more");
     }
+    // v6 adds CallFinished.prompt_made (older calls read null: the engine rendered them).
+    let v5 = std::fs::read(root.join("v5/CallFinished.avro")).unwrap();
+    let v6 = std::fs::read(root.join("v6/CallFinished.avro")).unwrap();
+    assert_ne!(v5[2..10], v6[2..10]);
+    assert_eq!(v6.len(), v5.len() + 1, "one union index more");
 }
 
 /// A run id is read from an event's first bytes only when they are an event's:
@@ -280,6 +285,17 @@ fn status() -> impl Strategy<Value = CallStatus> {
     ]
 }
 
+fn prompt_made() -> impl Strategy<Value = PromptMade> {
+    (opt(any::<i64>()), opt(text()), text(), text()).prop_map(
+        |(spliced_from, why_rendered, tokenizer_sha256, chat_template_sha256)| PromptMade {
+            spliced_from,
+            why_rendered,
+            tokenizer_sha256,
+            chat_template_sha256,
+        },
+    )
+}
+
 fn splice() -> impl Strategy<Value = compact::Splice> {
     any::<(i64, i64, i64)>().prop_map(|(base_call, prefix, suffix)| compact::Splice {
         base_call,
@@ -349,7 +365,7 @@ fn event() -> impl Strategy<Value = Event> {
                 opt(text()),
                 any::<(i64, i64, i64, i64)>()
             ),
-            (opt(splice()), opt(splice()))
+            (opt(splice()), opt(splice()), opt(prompt_made()))
         )
             .prop_map(
                 |(
@@ -366,7 +382,7 @@ fn event() -> impl Strategy<Value = Event> {
                         untrainable_reason,
                         (latency_ms, finished_at_ms, call_index, unparsed_tool_calls),
                     ),
-                    (prompt_splice, chat_request_splice),
+                    (prompt_splice, chat_request_splice, prompt_made),
                 )| {
                     CallFinished {
                         run_id,
@@ -398,6 +414,7 @@ fn event() -> impl Strategy<Value = Event> {
                         unparsed_tool_calls,
                         prompt_splice,
                         chat_request_splice,
+                        prompt_made,
                     }
                     .into()
                 }

@@ -242,9 +242,12 @@ async fn orchestrate(
             };
             // Sandboxes reach the proxy: its session API must refuse them.
             let token = forgelog_http::random_token();
+            // The embedded engine's model: the proxy renders its prompts (token in).
+            let tokenizer = engine.as_ref().map(|_| args.model.as_str());
             let proxy_config = ProxyConfig {
                 run_id: Some(run_id.clone()),
                 admin_token: Some(token.clone()),
+                token_in: crate::token_in::load(tokenizer)?,
                 ..ProxyConfig::new(&upstream)
             };
             let proxy =

@@ -8,14 +8,17 @@ use super::finish::{FinishesAnyway, Panicked};
 use super::record::{failure_status, CallIds};
 use super::{clamp_max_tokens, error_response, now_ms, stream, ProxyState, BUDGET_EXHAUSTED};
 use crate::sessions::Session;
-use crate::upstream::{read_response, rl_sampling, upstream_request, Sampled};
+use crate::upstream::{
+    completion_request, read_response, rl_sampling, upstream_request, Sampled, TokenIn, Upstream,
+};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use forgelog_dialects::canonical::{ChatRequest, ChatResponse, FinishReason, Part};
 use forgelog_dialects::dialect::*;
-use forgelog_schemas::{CallFinished, CallStatus, SamplingParams, Usage};
+use forgelog_dialects::splice::{self, AnsweredCall, Made};
+use forgelog_schemas::{CallFinished, CallStatus, PromptMade, SamplingParams, Usage};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -124,6 +127,28 @@ fn query_pairs(q: &str) -> HashMap<String, String> {
         .collect()
 }
 
+fn messages_of(chat: &Value) -> &[Value] {
+    chat["messages"].as_array().map_or(&[], Vec::as_slice)
+}
+
+fn tools_of(chat: &Value) -> Option<&Value> {
+    chat.get("tools").filter(|t| !t.is_null())
+}
+
+/// How a prompt was made, as `CallFinished` records it.
+fn made(made: &Made, token_in: &TokenIn) -> PromptMade {
+    let (spliced_from, why_rendered) = match made {
+        Made::Spliced { base_call } => (Some(*base_call), None),
+        Made::Rendered { why } => (None, Some(why.clone())),
+    };
+    PromptMade {
+        spliced_from,
+        why_rendered,
+        tokenizer_sha256: token_in.tokenizer_sha256.clone(),
+        chat_template_sha256: token_in.chat_template_sha256.clone(),
+    }
+}
+
 /// One recorded harness call, from arrival to the answer.
 struct Call {
     st: Arc<ProxyState>,
@@ -218,11 +243,29 @@ impl Call {
         );
         let upstream = upstream_request(req, &sent, &probe.model);
         let asked = Instant::now();
-        let answer = self
-            .st
-            .upstream
-            .chat(Some((&self.session.id, self.index)), &upstream)
-            .await;
+        let token_in = match (&self.st.config.token_in, &self.st.upstream) {
+            (Some(t), Upstream::Live(client)) => Some((t, client)),
+            _ => None,
+        };
+        let (answer, prompt) = match token_in {
+            Some((token_in, client)) => match self.prompt(token_in, &upstream.body) {
+                Ok(prompt) => {
+                    let body = completion_request(&prompt.ids, &upstream.body);
+                    (client.complete_tokens(&body).await, Some(prompt))
+                }
+                Err(err) => {
+                    self.fail(&err, Some(&req.sampling));
+                    return Err(err);
+                }
+            },
+            None => (
+                self.st
+                    .upstream
+                    .chat(Some((&self.session.id, self.index)), &upstream)
+                    .await,
+                None,
+            ),
+        };
         metrics::histogram!("forgelog_proxy_upstream_seconds")
             .record(asked.elapsed().as_secs_f64());
         let mut answer = match answer {
@@ -233,6 +276,10 @@ impl Call {
                 return Err(err);
             }
         };
+        if let Some(p) = &prompt {
+            // The engine was asked with these ids, whether or not it echoes them.
+            answer.prompt_token_ids.get_or_insert_with(|| p.ids.clone());
+        }
         let prefix = format!("call_{}_{}_", &self.session.id[..12], self.index);
         let (mut resp, sampled) = match read_response(&mut answer, &prefix) {
             Ok(r) => r,
@@ -287,9 +334,48 @@ impl Call {
         // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
         // the upstream request is already that form, and so is its answer.
         e.chat_request = upstream.chat_form_text();
-        e.chat_response = answer["choices"][0]["message"].to_string();
+        match (prompt, token_in) {
+            (Some(prompt), Some((token_in, _))) => {
+                // What the harness got, tool calls parsed: what it sends back.
+                let message =
+                    OpenAiChatDialect::encode_response(&resp)["choices"][0]["message"].take();
+                e.chat_response = message.to_string();
+                e.prompt_made = Some(made(&prompt.made, token_in));
+                if e.trainable {
+                    self.session.remember_answer(AnsweredCall {
+                        call: self.index,
+                        messages: messages_of(&upstream.body).to_vec(),
+                        tools: tools_of(&upstream.body).cloned(),
+                        answer: message,
+                        prompt_ids: e.prompt_token_ids.clone(),
+                        sampled_ids: e.completion_token_ids.clone(),
+                    });
+                }
+            }
+            _ => e.chat_response = answer["choices"][0]["message"].to_string(),
+        }
         self.record(e);
         Ok((resp, response_body))
+    }
+
+    /// The call's prompt ids, spliced onto an earlier call of the session
+    /// where it extends one; a template that cannot render it is the
+    /// harness's bad request.
+    fn prompt(&self, token_in: &TokenIn, chat: &Value) -> Result<splice::Prompt, DialectError> {
+        let mut answered = self.session.answered();
+        let prompt = splice::prompt(
+            answered.make_contiguous(),
+            messages_of(chat),
+            tools_of(chat),
+            token_in.renderer.as_ref(),
+        )
+        .map_err(|e| DialectError::invalid(format!("the model's chat template: {e}")))?;
+        let kind = match prompt.made {
+            Made::Spliced { .. } => "spliced",
+            Made::Rendered { .. } => "rendered",
+        };
+        metrics::counter!("forgelog_proxy_prompts_total", "made" => kind).increment(1);
+        Ok(prompt)
     }
 }
 

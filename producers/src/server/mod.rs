@@ -81,6 +81,10 @@ pub struct ProxyConfig {
     /// One of several replicas behind one address: each holds the sessions it
     /// owns and passes the others' requests on ([`replicas`]).
     pub replicas: Option<Replicas>,
+    /// The model's tokenizer and chat template: with them the proxy makes
+    /// the prompts' ids itself, splicing follow-up calls onto what the model
+    /// sampled, and asks the engine with ids; without, the engine renders chats.
+    pub token_in: Option<crate::upstream::TokenIn>,
 }
 
 impl ProxyConfig {
@@ -109,6 +113,7 @@ impl ProxyConfig {
             max_upstream_requests: Self::MAX_UPSTREAM_REQUESTS,
             shutdown_grace: Self::SHUTDOWN_GRACE,
             replicas: None,
+            token_in: None,
         }
     }
 }

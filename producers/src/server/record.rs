@@ -97,6 +97,7 @@ impl<'a> CallIds<'a> {
             unparsed_tool_calls: 0,
             prompt_splice: None,
             chat_request_splice: None,
+            prompt_made: None,
         }
     }
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 mod choice;
 mod top_level;
-use choice::ids_of;
+pub(crate) use choice::ids_of;
 pub use choice::{ChoiceTokens, TokenLogprob};
 use top_level::is_json_space;
 

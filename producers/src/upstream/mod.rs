@@ -6,9 +6,11 @@ mod answer;
 #[cfg(test)]
 mod arbitrary;
 mod request;
+mod token_in;
 
 pub use answer::{read_response, ChoiceTokens, Sampled, TokenLogprob, UpstreamAnswer};
 pub use request::UpstreamRequest;
+pub use token_in::{check_rendering, completion_request, TokenIn};
 
 use forgelog_dialects::canonical::*;
 use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAiChatDialect};
@@ -149,13 +151,20 @@ fn url(base: &str, path: &str) -> Result<reqwest::Url, String> {
     reqwest::Url::parse(&format!("{base}{path}")).map_err(|e| format!("{base}{path}: {e}"))
 }
 
+/// The routes a call asks, parsed once.
+struct Urls {
+    chat: Result<reqwest::Url, String>,
+    /// Token in: a prompt of token ids.
+    completions: Result<reqwest::Url, String>,
+}
+
 /// The HTTP client for one upstream base URL.
 #[derive(Clone)]
 pub struct UpstreamClient {
     http: reqwest::Client,
     base: String,
     /// Parsed once, not on every call (0.7% of a call's instructions).
-    chat_url: Result<reqwest::Url, String>,
+    urls: Arc<Urls>,
     timeout: Duration,
     /// Bounds requests (so connections and fds) in flight to the upstream; calls beyond wait their turn.
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -172,7 +181,10 @@ impl UpstreamClient {
         let base = base.trim_end_matches('/').to_string();
         UpstreamClient {
             http,
-            chat_url: url(&base, "/v1/chat/completions"),
+            urls: Arc::new(Urls {
+                chat: url(&base, "/v1/chat/completions"),
+                completions: url(&base, "/v1/completions"),
+            }),
             base,
             timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
@@ -209,7 +221,7 @@ impl UpstreamClient {
     /// One chat completion.
     pub async fn chat(&self, request: &UpstreamRequest) -> Result<UpstreamAnswer, UpstreamError> {
         self.post(
-            self.chat_url.clone(),
+            self.urls.chat.clone(),
             request.text(),
             async |r: reqwest::Response| {
                 UpstreamAnswer::from_json(&read_bytes(r).await?)

@@ -39,6 +39,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         max_upstream_requests: 64,
         shutdown_grace: Duration::from_secs(5),
         replicas: None,
+        token_in: None,
     }
 }
 

@@ -82,6 +82,7 @@ pub fn all() -> Vec<Event> {
             unparsed_tool_calls: 0,
             prompt_splice: None,
             chat_request_splice: None,
+            prompt_made: None,
         }
         .into(),
         RolloutStarted {
