@@ -6,6 +6,7 @@ use forgelog_dialects::{hermes, hf};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 /// ChatML, for models that ship no template.
@@ -15,9 +16,12 @@ pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + messag
 #[error("chat template: {0}")]
 pub struct TemplateError(String);
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ChatTemplate {
     source: String,
+    /// Compiled once: the proxy renders every call's conversation (three
+    /// times to splice it), and compiling per render was most of that.
+    compiled: Arc<Result<Environment<'static>, String>>,
     bos_token: String,
     eos_token: String,
     /// Whether the template shows assistant `tool_calls` itself. When it does
@@ -32,6 +36,7 @@ impl ChatTemplate {
         let source = source.into();
         ChatTemplate {
             renders_tool_calls: source.contains("tool_calls"),
+            compiled: Arc::new(compile(&source)),
             source,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
@@ -61,17 +66,13 @@ impl ChatTemplate {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let mut env = Environment::new();
-        // Hugging Face renders with these Jinja options.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        let env = self
+            .compiled
+            .as_ref()
+            .as_ref()
+            .map_err(|e| TemplateError(e.clone()))?;
         let template = env
-            .template_from_str(&self.source)
+            .get_template(NAME)
             .map_err(|e| TemplateError(e.to_string()))?;
         let messages: Vec<Value> = messages
             .iter()
@@ -88,6 +89,35 @@ impl ChatTemplate {
             })
             .map_err(|e| TemplateError(format!("{e:#}")))
     }
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish()
+    }
+}
+
+/// The template's name in its environment.
+const NAME: &str = "chat";
+
+/// The environment `source` renders in, as Hugging Face sets it up.
+fn compile(source: &str) -> Result<Environment<'static>, String> {
+    let mut env = Environment::new();
+    // Hugging Face renders with these Jinja options.
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template_owned(NAME, source.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok(env)
 }
 
 /// The model's tokenizer, chat template and stop tokens: how a prompt's ids

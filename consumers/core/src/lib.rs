@@ -7,6 +7,7 @@
 //! - [`rebuild`]: both again over a recorded run, and the comparison with what was stored
 //! - [`report`]: a run per policy version and harness (`forgelog report`)
 
+pub mod clean;
 mod processor;
 pub mod rebuild;
 pub mod recent;

@@ -3,6 +3,7 @@
 //! call (what the engine stamped on it), or the one its session started
 //! under when it made none. Pure: events in, tables out.
 
+use crate::clean::{clean_rates, CleanRate};
 use forgelog_schemas::Event;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -54,6 +55,9 @@ pub struct Published {
 pub struct Report {
     pub rows: Vec<VersionRow>,
     pub published: Vec<Published>,
+    /// Per harness: follow-up calls, and those whose prompt held the earlier
+    /// call's sampled ids exactly ([`crate::clean`]).
+    pub clean: BTreeMap<String, CleanRate>,
 }
 
 #[derive(Default)]
@@ -157,6 +161,7 @@ impl Report {
         Report {
             rows: rows.into_values().collect(),
             published: published.into_values().collect(),
+            clean: clean_rates(events),
         }
     }
 
@@ -220,6 +225,15 @@ impl fmt::Display for Report {
                 r.sampled_tokens,
                 r.tokens_per_second()
                     .map_or("-".into(), |t| format!("{t:.1}"))
+            )?;
+        }
+        for (harness, c) in self.clean.iter().filter(|(_, c)| c.follow_ups > 0) {
+            writeln!(
+                f,
+                "CLEAN {harness}: {} of {} follow-up calls hold the earlier call's sampled ids ({})",
+                c.clean,
+                c.follow_ups,
+                c.rate().map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
             )?;
         }
         if self.published.is_empty() {

@@ -1,0 +1,110 @@
+//! The CLEAN rate of a run: of the follow-up calls (a call whose prompt goes
+//! on from an earlier call's whole prompt), the share whose prompt holds that
+//! call's prompt *and* the tokens it sampled, exactly. Below 1 the history
+//! was re-tokenized somewhere (drift): those turns train as separate
+//! fragments. Read from the recorded ids alone, whoever made the prompts.
+
+use forgelog_schemas::compact::expand_finished;
+use forgelog_schemas::{CallFinished, CallStatus, Event};
+use std::collections::BTreeMap;
+
+/// Follow-up calls and the clean ones among them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CleanRate {
+    pub follow_ups: usize,
+    pub clean: usize,
+}
+
+impl CleanRate {
+    pub fn rate(&self) -> Option<f64> {
+        (self.follow_ups > 0).then(|| self.clean as f64 / self.follow_ups as f64)
+    }
+}
+
+/// The CLEAN rate per harness of one run's events (any order).
+pub fn clean_rates(events: &[Event]) -> BTreeMap<String, CleanRate> {
+    let mut harness_of: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut sessions: BTreeMap<&str, Vec<CallFinished>> = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::RolloutStarted(s) => {
+                harness_of.insert(&s.rollout_id, &s.harness);
+            }
+            Event::CallFinished(c) => sessions.entry(&c.session_id).or_default().push(c.clone()),
+            _ => {}
+        }
+    }
+    let mut rates: BTreeMap<String, CleanRate> = BTreeMap::new();
+    for calls in sessions.values_mut() {
+        // Calls stored as splices of earlier ones are made whole; one whose
+        // base is missing stays empty and counts for nothing.
+        expand_finished(calls);
+        calls.sort_by_key(|c| c.call_index);
+        calls.dedup_by_key(|c| c.call_index);
+        let harness = harness_of
+            .get(calls[0].rollout_id.as_str())
+            .copied()
+            .unwrap_or_default();
+        let rate = rates.entry(harness.to_string()).or_default();
+        let answered: Vec<&CallFinished> = calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Ok && !c.prompt_token_ids.is_empty())
+            .collect();
+        for (k, call) in answered.iter().enumerate() {
+            let prompt = &call.prompt_token_ids;
+            // The earlier call it goes on from: the longest whole prompt it starts with.
+            let base = answered[..k]
+                .iter()
+                .filter(|b| {
+                    prompt.len() > b.prompt_token_ids.len()
+                        && prompt.starts_with(&b.prompt_token_ids)
+                })
+                .max_by_key(|b| b.prompt_token_ids.len());
+            if let Some(base) = base {
+                rate.follow_ups += 1;
+                let sampled = &prompt[base.prompt_token_ids.len()..];
+                rate.clean += usize::from(sampled.starts_with(&base.completion_token_ids));
+            }
+        }
+    }
+    rates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forgelog_schemas::testing::call_finished;
+
+    fn call(index: i64, prompt: &[u32], completion: &[u32]) -> Event {
+        let mut c = call_finished("run", "s", index, 0, 0);
+        c.prompt_token_ids = prompt.to_vec();
+        c.completion_token_ids = completion.to_vec();
+        c.completion_logprobs = vec![-0.5; completion.len()];
+        c.into()
+    }
+
+    #[test]
+    fn follow_ups_are_clean_when_they_hold_the_sampled_ids() {
+        let events = vec![
+            call(0, &[1, 2], &[3, 4]),
+            // Goes on from call 0 with its sampled ids: clean.
+            call(1, &[1, 2, 3, 4, 5], &[6]),
+            // Goes on from call 1 with its sampled id re-tokenized: drift.
+            call(2, &[1, 2, 3, 4, 5, 7, 8], &[9]),
+            // A title call with another prompt: no follow-up.
+            call(3, &[10], &[11]),
+            // A retry of call 0's prompt: no follow-up either.
+            call(4, &[1, 2], &[3]),
+        ];
+        let rates = clean_rates(&events);
+        assert_eq!(
+            rates[""],
+            CleanRate {
+                follow_ups: 2,
+                clean: 1
+            }
+        );
+        assert_eq!(rates[""].rate(), Some(0.5));
+        assert_eq!(clean_rates(&events[..1])[""].rate(), None);
+    }
+}
