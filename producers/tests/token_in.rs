@@ -134,7 +134,7 @@ async fn follow_up_calls_are_spliced_onto_the_sampled_ids() {
         .collect();
     assert_eq!(
         made[0].why_rendered.as_deref(),
-        Some("the session's first call")
+        Some("no earlier call to splice onto (the session's first, or its first since the proxy started)")
     );
     assert_eq!(made[1].spliced_from, Some(0));
     assert_eq!(made[2].spliced_from, Some(1));

@@ -82,7 +82,7 @@ pub fn prompt(
         .max_by_key(|b| b.messages.len());
     let Some(base) = base else {
         return fresh(match history.last() {
-            None => "the session's first call".to_string(),
+            None => "no earlier call to splice onto (the session's first, or its first since the proxy started)".to_string(),
             Some(latest) => why_not_extending(messages, tools, latest),
         });
     };
