@@ -234,6 +234,15 @@ impl UpstreamClient {
     /// vLLM's `POST /tokenize` of a chat: its prompt's token count, no
     /// generation. `None` when the upstream has no such route.
     pub async fn tokenize(&self, body: &Value) -> Result<Option<u64>, UpstreamError> {
+        Ok(self
+            .tokenize_answer(body)
+            .await?
+            .and_then(|a| a["count"].as_u64()))
+    }
+
+    /// `POST /tokenize`'s answer (`count`, `tokens`, …); `None` when the
+    /// upstream has no such route.
+    async fn tokenize_answer(&self, body: &Value) -> Result<Option<Value>, UpstreamError> {
         let body = serde_json::to_vec(body).expect("a Value serializes").into();
         self.post(
             url(&self.base, "/tokenize"),
@@ -242,7 +251,7 @@ impl UpstreamClient {
                 if matches!(r.status().as_u16(), 404 | 405) {
                     return Ok(None);
                 }
-                Ok(read_json::<Value>(r).await?["count"].as_u64())
+                Ok(Some(read_json::<Value>(r).await?))
             },
         )
         .await

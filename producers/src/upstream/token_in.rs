@@ -123,13 +123,15 @@ pub async fn check_rendering(client: &UpstreamClient, token_in: &TokenIn) -> Res
         .render(&messages, None, true)
         .and_then(|text| renderer.encode(&text))?;
     let body = json!({"messages": messages, "add_generation_prompt": true});
-    let theirs = match client.tokenize_ids(&body).await {
-        Ok(Some(ids)) => ids,
-        Ok(None) => {
-            return Err("the engine has no POST /tokenize to check the rendering against".into())
-        }
-        Err(e) => return Err(format!("the engine's POST /tokenize failed: {e}")),
-    };
+    let theirs =
+        match client.tokenize_ids(&body).await {
+            Ok(Some(ids)) => ids,
+            Ok(None) => return Err(
+                "the engine gave no token ids from POST /tokenize to check the rendering against"
+                    .into(),
+            ),
+            Err(e) => return Err(format!("the engine's POST /tokenize failed: {e}")),
+        };
     match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
         None if ours.len() == theirs.len() => Ok(()),
         at => {
@@ -164,19 +166,10 @@ impl UpstreamClient {
     /// vLLM's `POST /tokenize` of a chat: the prompt's ids. `None` when the
     /// upstream has no such route.
     pub async fn tokenize_ids(&self, body: &Value) -> Result<Option<Vec<u32>>, UpstreamError> {
-        let body = serde_json::to_vec(body).expect("a Value serializes").into();
-        self.post(
-            super::url(&self.base, "/tokenize"),
-            body,
-            async |r: reqwest::Response| {
-                if matches!(r.status().as_u16(), 404 | 405) {
-                    return Ok(None);
-                }
-                let answer: Value = super::read_json(r).await?;
-                Ok(answer.get("tokens").and_then(super::answer::ids_of))
-            },
-        )
-        .await
+        Ok(self
+            .tokenize_answer(body)
+            .await?
+            .and_then(|a| a.get("tokens").and_then(super::answer::ids_of)))
     }
 }
 
