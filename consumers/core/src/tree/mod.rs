@@ -7,8 +7,11 @@
 //! of its prompt (the harness continued that branch), or as a root when there is
 //! none (a sub-agent's different system prompt, a compacted history). Then:
 //! - if its prompt diverges inside a sibling's *sampled* tokens, that is drift:
-//!   the harness re-tokenized the model's output. It is reported, never
-//!   repaired: the re-sent tokens are context, the originals keep their path;
+//!   the model's output was re-tokenized. The tree reports it and does not
+//!   repair it (the re-sent tokens are context, the originals keep their
+//!   path): the repair is upstream, where a token-in proxy splices follow-up
+//!   prompts onto the sampled ids (`forgelog_dialects::splice`), so drift is
+//!   left to engine-rendered calls;
 //! - otherwise earlier siblings were abandoned (the session went back to the
 //!   same point: a retry) and their branches are discarded. At the top level
 //!   only a root re-sent with its whole prompt counts as a retry.
