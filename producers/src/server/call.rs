@@ -250,7 +250,7 @@ impl Call {
         let (answer, prompt) = match token_in {
             Some((token_in, client)) => match self.prompt(token_in, &upstream.body) {
                 Ok(prompt) => {
-                    let body = completion_request(&prompt.ids, &upstream.body);
+                    let body = completion_request(&prompt.ids, &upstream.body, probe.context);
                     (client.complete_tokens(&body).await, Some(prompt))
                 }
                 Err(err) => {

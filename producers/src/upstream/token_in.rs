@@ -44,12 +44,20 @@ const SAMPLING_FIELDS: &[&str] = &[
 
 /// `POST /v1/completions` with `prompt` as token ids, sampled as `chat` (the
 /// chat request the call would otherwise send) says, asking for the sampled
-/// ids and their logprobs.
-pub fn completion_request(prompt: &[u32], chat: &Value) -> Value {
+/// ids and their logprobs. With no `max_tokens` it may fill the `context`
+/// (as a chat completion may): vLLM's completions stop at 16 tokens otherwise.
+pub fn completion_request(prompt: &[u32], chat: &Value, context: Option<i64>) -> Value {
     let mut body: Map<String, Value> = SAMPLING_FIELDS
         .iter()
         .filter_map(|&k| Some((k.to_string(), chat.get(k)?.clone())))
+        .filter(|(_, v)| !v.is_null())
         .collect();
+    if let (false, Some(context)) = (body.contains_key("max_tokens"), context) {
+        let room = context - prompt.len() as i64;
+        if room > 0 {
+            body.insert("max_tokens".into(), json!(room));
+        }
+    }
     body.insert("prompt".into(), json!(prompt));
     body.insert("logprobs".into(), json!(0));
     body.insert("return_token_ids".into(), json!(true));
@@ -212,11 +220,20 @@ mod tests {
         let chat = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "tools": [], "temperature": 0.5, "max_tokens": 9, "stop": ["\n"], "logprobs": true,
             "top_logprobs": 0, "stream": false});
-        let body = completion_request(&[5, 6], &chat);
+        let body = completion_request(&[5, 6], &chat, Some(100));
         assert_eq!(
             body,
             json!({"model": "m", "prompt": [5, 6], "temperature": 0.5, "max_tokens": 9,
                 "stop": ["\n"], "logprobs": 0, "return_token_ids": true, "stream": false})
         );
+        // No max_tokens: the rest of the context, not the engine's default.
+        let open = json!({"model": "m", "max_tokens": null});
+        assert_eq!(
+            completion_request(&[5, 6], &open, Some(100))["max_tokens"],
+            98
+        );
+        assert!(completion_request(&[5, 6], &open, None)
+            .get("max_tokens")
+            .is_none());
     }
 }
