@@ -72,11 +72,31 @@ pub enum DecodeError {
     UnknownFingerprint(u64),
     #[error("corrupt {kind}: {len} bytes left after the record")]
     TrailingBytes { kind: &'static str, len: usize },
+    #[error("corrupt {kind}: the body ends inside the record")]
+    Truncated { kind: &'static str },
     #[error("corrupt {kind} body: {source}")]
     Body {
         kind: &'static str,
         source: Box<apache_avro::Error>,
     },
+}
+
+/// A body as the datum reader reads it, noting a read past its end: a whole
+/// record is never read past, but apache-avro reads a nullable union it
+/// finds no bytes for as null, so a body cut just before a trailing optional
+/// field would decode, the field lost.
+struct Body<'a> {
+    rest: &'a [u8],
+    ran_out: bool,
+}
+
+impl std::io::Read for Body<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.rest.len() < buf.len() {
+            self.ran_out = true;
+        }
+        self.rest.read(buf)
+    }
 }
 
 struct Writer {
@@ -324,15 +344,21 @@ impl Codec {
             kind: kind.name(),
             source: Box::new(e),
         };
-        let mut body = &bytes[HEADER_LEN..];
+        let mut body = Body {
+            rest: &bytes[HEADER_LEN..],
+            ran_out: false,
+        };
         // Resolution only for events written by an older schema version.
         let resolve = (!writer.current).then_some(reader_schema);
         let value =
             apache_avro::from_avro_datum(&writer.schema, &mut body, resolve).map_err(body_err)?;
-        if !body.is_empty() {
+        if body.ran_out {
+            return Err(DecodeError::Truncated { kind: kind.name() });
+        }
+        if !body.rest.is_empty() {
             return Err(DecodeError::TrailingBytes {
                 kind: kind.name(),
-                len: body.len(),
+                len: body.rest.len(),
             });
         }
         kind.decode_value(value).map_err(body_err)

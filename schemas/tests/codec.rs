@@ -733,3 +733,32 @@ fn the_schema_version_is_one_past_the_newest_in_history() {
         .unwrap();
     assert_eq!(forgelog_schemas::SCHEMA_VERSION, newest + 1);
 }
+
+/// A body cut just before a trailing optional field is refused: apache-avro
+/// reads a nullable union it finds no bytes for as null, so without the
+/// codec's check the event decoded with the field lost (found by
+/// `truncated_events_never_panic` once `CallFinished` ended with one, v6).
+#[test]
+fn a_body_cut_before_a_trailing_optional_field_is_refused() {
+    let mut call = samples::all()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::CallFinished(c) => Some(c),
+            _ => None,
+        })
+        .unwrap();
+    call.prompt_made = None;
+    let without = codec().encode(&call.clone().into()).unwrap();
+    call.prompt_made = Some(PromptMade {
+        spliced_from: Some(3),
+        why_rendered: None,
+        tokenizer_sha256: "ab".into(),
+        chat_template_sha256: "cd".into(),
+    });
+    let with = codec().encode(&call.into()).unwrap();
+    // Cut before the union's index: every field before it is whole.
+    match codec().decode(&with[..without.len() - 1]) {
+        Err(DecodeError::Truncated { kind }) => assert_eq!(kind, "CallFinished"),
+        other => panic!("{other:?}"),
+    }
+}
