@@ -87,13 +87,13 @@ pub fn prompt(
         });
     };
     let n = base.messages.len();
-    let mut answered = base.messages.clone();
-    answered.push(base.answer.clone());
     // The earlier turns as they were sent, the new messages as they come.
-    let mut joined = answered.clone();
+    let mut joined = Vec::with_capacity(messages.len());
+    joined.extend_from_slice(&base.messages);
+    joined.push(base.answer.clone());
     joined.extend_from_slice(&messages[n + 1..]);
-    let asked = renderer.render(&base.messages, tools, true)?;
-    let with_answer = renderer.render(&answered, tools, false)?;
+    let asked = renderer.render(&joined[..n], tools, true)?;
+    let with_answer = renderer.render(&joined[..=n], tools, false)?;
     let whole = renderer.render(&joined, tools, true)?;
     let call = base.call;
     let Some(turn) = with_answer.strip_prefix(asked.as_str()) else {
