@@ -46,6 +46,110 @@ fn derive(events: &[Event]) -> (Vec<Event>, Vec<TrainingBatch>) {
     (trees, batches)
 }
 
+/// Token in, per harness: every follow-up call that extends its rollout's
+/// history is spliced onto the ids the model sampled (CLEAN >= 99%), and a
+/// rollout without sub-agents is one path: one root, one sequence, every
+/// call on it. Prints the table (calls, follow-ups, clean, rendered and why).
+fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
+    let rates = forgelog_consumers::core::clean::clean_rates(events);
+    let harness_of: BTreeMap<&str, &str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(r) => Some((r.rollout_id.as_str(), r.harness.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut rendered: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut calls: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in finished_calls(events).iter().filter(|c| c.trainable) {
+        let h = harness_of[c.rollout_id.as_str()];
+        *calls.entry(h).or_default() += 1;
+        let made = c.prompt_made.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{}: call {} was not made by the proxy",
+                c.rollout_id, c.call_index
+            )
+        });
+        if let Some(why) = &made.why_rendered {
+            // The reason's kind, not the call numbers in it.
+            let kind: String = why.chars().filter(|c| !c.is_ascii_digit()).collect();
+            *rendered.entry(h).or_default().entry(kind).or_default() += 1;
+        }
+    }
+    eprintln!("| harness | calls | follow-ups | clean | rendered afresh (why) |");
+    for (h, n) in &calls {
+        let rate = rates[*h];
+        eprintln!(
+            "| {h} | {n} | {} | {} | {:?} |",
+            rate.follow_ups,
+            rate.clean,
+            rendered.get(h).cloned().unwrap_or_default()
+        );
+        // aider gives the model no tools: one exchange, nothing to follow up.
+        assert!(
+            rate.follow_ups > 0 || *h == "aider",
+            "{h}: no follow-up calls"
+        );
+        assert!(
+            rate.clean * 100 >= rate.follow_ups * 99,
+            "{h}: CLEAN {} of {}",
+            rate.clean,
+            rate.follow_ups
+        );
+    }
+    // The calls that offered the model tools: the main conversation's
+    // (OpenCode's title call offers none and is a root of its own).
+    let with_tools: BTreeSet<(String, i64)> = finished_calls(events)
+        .into_iter()
+        .filter(|c| {
+            let request: serde_json::Value =
+                serde_json::from_str(&c.chat_request).unwrap_or_default();
+            request["tools"].as_array().is_some_and(|t| !t.is_empty())
+        })
+        .map(|c| (c.rollout_id, c.call_index))
+        .collect();
+    for t in trees {
+        let Event::TrajectoryBuilt(t) = t else {
+            panic!("{t:?}")
+        };
+        if t.calls == 0 {
+            continue; // the reference solutions, the intruder
+        }
+        let id = &t.rollout_id;
+        let main_call = |i: &i64| with_tools.contains(&(id.clone(), *i));
+        // Paths still standing (a retry's abandoned branch is discarded).
+        let standing: Vec<&Vec<i64>> = t
+            .sequences
+            .iter()
+            .filter(|s| !s.discarded)
+            .map(|s| &s.call_indices)
+            .collect();
+        let main: Vec<&&Vec<i64>> = standing
+            .iter()
+            .filter(|p| {
+                p.iter().any(main_call)
+                    || !t
+                        .sequences
+                        .iter()
+                        .any(|s| s.call_indices.iter().any(main_call))
+            })
+            .collect();
+        assert_eq!(
+            main.len(),
+            1,
+            "{id}: one path of the main conversation: {standing:?}"
+        );
+        for s in &t.sequences {
+            if !std::ptr::eq(&s.call_indices, *main[0]) {
+                assert!(
+                    s.discarded || !s.call_indices.iter().any(main_call),
+                    "{id}: a call with tools off the main path: {standing:?}"
+                );
+            }
+        }
+    }
+}
+
 fn verdicts(events: &[Event]) -> BTreeMap<String, VerifierResult> {
     events
         .iter()
@@ -156,6 +260,7 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
         assert_eq!(t.calls, finished[&t.rollout_id].1, "{}", t.rollout_id);
     }
     assert_eq!(batches.len(), verdicts.len());
+    assert_one_clean_path_per_rollout(&events, &trees);
 
     // From inside: the only route is the veth's /30, no default route.
     let routes = std::fs::read_to_string(
@@ -182,7 +287,8 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
 
 /// The kit's four newer harnesses (Gemini CLI, Qwen Code, pi, aider) from
 /// their bundles, each in its sandbox, on two shipped tasks: every rollout
-/// exits 0 and is scored, every call recorded with the ids the upstream gave.
+/// exits 0 and is scored, every call recorded with the ids the upstream gave,
+/// each rollout one clean path.
 #[test]
 fn the_newer_kit_harnesses_run_in_sandboxes() {
     let f = fixture();
@@ -224,6 +330,8 @@ fn the_newer_kit_harnesses_run_in_sandboxes() {
     let calls = finished_calls(&events);
     let answers = f.fake.answers.lock().unwrap().clone();
     fake_upstream::assert_calls_match(&calls, &answers, fake_upstream::POLICY_VERSION);
+    let (trees, _) = derive(&events);
+    assert_one_clean_path_per_rollout(&events, &trees);
     assert_eq!(containers_of(&run), 0, "sandboxes left behind");
 }
 

@@ -1,10 +1,10 @@
 //! The model's chat template (Jinja, as in Hugging Face `tokenizer_config.json`
 //! or GGUF `tokenizer.chat_template`), rendered with minijinja.
 
+use forgelog_dialects::hf;
 use forgelog_dialects::splice::ChatRenderer;
-use forgelog_dialects::{hermes, hf};
 use minijinja::{Environment, Error, ErrorKind};
-use serde_json::{json, Value};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tokenizers::Tokenizer;
@@ -189,36 +189,17 @@ impl ChatRenderer for ChatCodec {
 /// What Hugging Face templates expect of a message ([`hf::hf_message`]);
 /// with `!renders_tool_calls`, the calls appended to the content as Hermes text.
 fn normalize_message(message: &Value, renders_tool_calls: bool) -> Value {
-    let mut message = hf::hf_message(message);
     if renders_tool_calls {
-        return message;
+        hf::hf_message(message)
+    } else {
+        hf::hf_message_with_hermes_calls(message)
     }
-    let Some(fields) = message.as_object_mut() else {
-        return message;
-    };
-    if let Some(Value::Array(calls)) = fields.get("tool_calls") {
-        let hermes: String = calls
-            .iter()
-            .map(|c| {
-                let f = &c["function"];
-                hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        let content = fields["content"].as_str().unwrap_or_default().to_string();
-        let joined = [content, hermes]
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n");
-        fields.insert("content".into(), json!(joined));
-    }
-    message
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn chatml_renders_messages_and_generation_prompt() {

@@ -10,6 +10,10 @@
 //! `--upstream URL --proxy URL [--proxy-pid PID] [--no-sessions]` the same load
 //! goes to servers already running: forgelog's or any other proxy, for comparison.
 //!
+//! `--token-in`: the proxy renders the prompts itself with the fake model's
+//! tokenizer and template and splices each follow-up call onto the ids of the
+//! one before (token in, as it runs for the embedded engine and vLLM).
+//!
 //! A real harness runs tools between its calls. `--think-ms` models that
 //! pause: with it, the N sessions start spread over one call-and-think cycle
 //! and N / (delay + think) calls per second are offered; with 0 every session
@@ -80,10 +84,23 @@ fn main() -> anyhow::Result<()> {
             std::future::pending::<()>().await;
             Ok(())
         }),
-        // The fake upstream renders no chats of its own: the engine-rendered path.
-        Cmd::Proxy(args) => rt.block_on(async { Ok(forgelog_producers::run(args, None).await?) }),
+        Cmd::Proxy(args) => {
+            let token_in = args.tokenizer.as_deref().map(token_in).transpose()?;
+            rt.block_on(async { Ok(forgelog_producers::run(args, token_in).await?) })
+        }
         Cmd::Run(args) => rt.block_on(run(args)),
     }
+}
+
+/// The tokenizer and template of the model folder `dir` (the fake model's).
+fn token_in(dir: &str) -> anyhow::Result<forgelog_producers::upstream::TokenIn> {
+    let codec = forgelog_model::load_chat_codec(dir, std::path::Path::new(dir))?;
+    let (tokenizer_sha256, chat_template_sha256) = codec.sha256s();
+    Ok(forgelog_producers::upstream::TokenIn {
+        renderer: std::sync::Arc::new(codec),
+        tokenizer_sha256,
+        chat_template_sha256,
+    })
 }
 
 #[derive(clap::Args)]
@@ -103,6 +120,10 @@ struct RunArgs {
     /// Delay of the fake upstream started here
     #[arg(long, default_value_t = 50)]
     delay_ms: u64,
+    /// The proxy started here renders prompts and splices follow-up calls
+    /// (token in), with the fake model's tokenizer and template
+    #[arg(long, conflicts_with = "proxy")]
+    token_in: bool,
     /// Load this upstream instead of starting a fake one
     #[arg(long)]
     upstream: Option<String>,
@@ -364,6 +385,7 @@ async fn post(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Opt
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let spool = tempfile::tempdir()?;
+    let model = tempfile::tempdir()?;
     let mut children = Children(Vec::new());
     let http = client();
     let (upstream, upstream_pid) = match &args.upstream {
@@ -390,8 +412,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => {
             let addr = free_addr();
             let run_id = forgelog_stream::testing::unique_run_id("proxy-load");
-            let child = Command::new(&exe)
-                .args(["proxy", "--upstream", &upstream])
+            let mut proxy = Command::new(&exe);
+            proxy.args(["proxy", "--upstream", &upstream]);
+            if args.token_in {
+                fake_upstream::write_model_dir(model.path())?;
+                proxy.arg("--tokenizer").arg(model.path());
+            }
+            let child = proxy
                 .args(["--listen", &addr.to_string(), "--brokers", &args.brokers])
                 .args(["--run-id", &run_id, "--admin-token", ADMIN])
                 .args(["--spool", &spool.path().display().to_string()])

@@ -3,6 +3,13 @@
 //! with token ids and logprobs the way vLLM does with `return_token_ids` and
 //! `--return-tokens-as-token-ids`, plus our engine's `policy_version`.
 //!
+//! Its "model" has a chat template ([`CHAT_TEMPLATE`]) and a tokenizer (one
+//! token per byte, and [`END`] for the end of a turn) that
+//! [`write_model_dir`] writes as a Hugging Face folder, so the proxy can render
+//! its prompts (token in) through its real loading code; `/v1/completions`
+//! takes those ids, reads the conversation back from them and answers as the
+//! chat route would, its tool calls as Hermes text ending in [`END`].
+//!
 //! Behaviour is steered by the last user message, so tests need no setup:
 //! with tools offered it calls the first tool (`[hermes]` in the message: as
 //! Hermes `<tool_call>` text instead of `tool_calls`; `[badtool]`: such text
@@ -61,23 +68,115 @@ fn text_of(content: &Value) -> String {
     }
 }
 
-/// The chat template: what the "engine" sees, one byte per token.
-pub fn render_prompt(messages: &[Value]) -> String {
+/// The end of a turn: the one token that is not a byte.
+pub const END: &str = "<|end|>";
+pub const END_ID: u32 = 256;
+
+/// The fake model's chat template, as its `tokenizer_config.json` carries it:
+/// the tools as JSON, then each message's role and text (tool calls as Hermes
+/// text, as a template that shows none is given them), each closed by [`END`].
+pub const CHAT_TEMPLATE: &str = "{% if tools %}<|tools|>{{ tools | tojson }}<|end|>\n{% endif %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+/// [`CHAT_TEMPLATE`] rendered here, with a generation prompt (the tools'
+/// JSON aside: Jinja's `tojson` escapes `<`, `>`, `&` and `'`).
+pub fn render_prompt(messages: &[Value], tools: Option<&Value>) -> String {
     let mut s = String::new();
+    if let Some(tools) = tools.filter(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
+        s.push_str(&format!("<|tools|>{tools}{END}\n"));
+    }
     for m in messages {
-        s.push_str("<|");
-        s.push_str(m["role"].as_str().unwrap_or("?"));
-        s.push_str("|>");
-        s.push_str(&text_of(&m["content"]));
-        if let Some(calls) = m["tool_calls"].as_array() {
-            for c in calls {
-                s.push_str(&c["function"].to_string());
-            }
-        }
-        s.push('\n');
+        let m = forgelog_dialects::hf::hf_message_with_hermes_calls(m);
+        let role = m["role"].as_str().unwrap_or("?");
+        let content = m["content"].as_str().unwrap_or_default();
+        s.push_str(&format!("<|{role}|>{content}{END}\n"));
     }
     s.push_str("<|assistant|>");
     s
+}
+
+/// The fake tokenizer: a byte a token, [`END`] one of its own.
+pub fn encode(text: &str) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(text.len());
+    for (i, piece) in text.split(END).enumerate() {
+        if i > 0 {
+            ids.push(END_ID);
+        }
+        ids.extend(piece.bytes().map(u32::from));
+    }
+    ids
+}
+
+pub fn decode(ids: &[u32]) -> String {
+    let mut bytes = Vec::with_capacity(ids.len());
+    for &id in ids {
+        match u8::try_from(id) {
+            Ok(b) => bytes.push(b),
+            Err(_) => bytes.extend_from_slice(END.as_bytes()),
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The conversation and tools a prompt of [`CHAT_TEMPLATE`] holds.
+fn parse_prompt(text: &str) -> (Vec<Value>, Option<Value>) {
+    let mut tools = None;
+    let mut messages = Vec::new();
+    let closed = format!("{END}\n");
+    for turn in text.split(&closed).filter(|t| *t != "<|assistant|>") {
+        let Some((role, content)) = turn.strip_prefix("<|").and_then(|t| t.split_once("|>")) else {
+            continue;
+        };
+        match role {
+            "tools" => tools = serde_json::from_str(content).ok(),
+            _ => messages.push(json!({"role": role, "content": content})),
+        }
+    }
+    (messages, tools)
+}
+
+/// The fake model as a Hugging Face folder (`config.json`, `tokenizer.json`,
+/// `tokenizer_config.json`): what `forgelog proxy --tokenizer DIR` loads to
+/// render this upstream's prompts. The tokenizer is a byte-level BPE with no
+/// merges, so its ids are the bytes (GPT-2's byte-to-character map) and
+/// [`END`] is [`END_ID`].
+pub fn write_model_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    // GPT-2's map: printable Latin-1 bytes are their own character, the rest
+    // are 256, 257, ... in byte order.
+    let printable = |b: u32| matches!(b, 33..=126 | 161..=172 | 174..=255);
+    let mut vocab = serde_json::Map::new();
+    let mut shifted = 256;
+    for b in 0..256u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            shifted += 1;
+            shifted - 1
+        };
+        let c = char::from_u32(c).expect("a Latin-1 or shifted code point");
+        vocab.insert(c.to_string(), json!(b));
+    }
+    vocab.insert(END.into(), json!(END_ID));
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": END_ID, "content": END, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
+    });
+    let config = json!({"model_type": MODEL, "eos_token_id": END_ID});
+    let tokenizer_config =
+        json!({"chat_template": CHAT_TEMPLATE, "eos_token": END, "bos_token": null});
+    std::fs::create_dir_all(dir)?;
+    for (name, value) in [
+        ("config.json", config),
+        ("tokenizer.json", tokenizer),
+        ("tokenizer_config.json", tokenizer_config),
+    ] {
+        std::fs::write(dir.join(name), serde_json::to_vec_pretty(&value)?)?;
+    }
+    Ok(())
 }
 
 /// The sampled logprob of the `i`-th completion token: exact in f32.
@@ -160,8 +259,16 @@ fn arguments_for(schema: &Value, command: &str) -> Value {
     Value::Object(args)
 }
 
+/// What the fake model says next: its text, tool calls (or null) and why it stopped.
+struct Turn {
+    text: String,
+    tool_calls: Value,
+    finish: &'static str,
+}
+
 impl FakeUpstream {
-    pub fn answer(&self, req: &Value) -> Result<Value, (StatusCode, String)> {
+    /// The next turn of the conversation in `req` (`messages`, `tools`).
+    fn turn(&self, req: &Value) -> Result<Turn, (StatusCode, String)> {
         let messages = req["messages"].as_array().cloned().unwrap_or_default();
         let last_user = messages
             .iter()
@@ -181,7 +288,7 @@ impl FakeUpstream {
         let agent = agent_steps(&messages)
             .or(self.options.agent_steps)
             .map(|n| agent_turn(req, &messages, n));
-        let mut text = match (first_tool, last_is_tool) {
+        let text = match (first_tool, last_is_tool) {
             _ if agent.is_some() => {
                 let (text, calls) = agent.expect("checked");
                 tool_calls = calls;
@@ -207,11 +314,42 @@ impl FakeUpstream {
                 format!("Echo: {words}")
             }
         };
-        let mut finish = if tool_calls.is_null() {
+        let finish = if tool_calls.is_null() {
             "stop"
         } else {
             "tool_calls"
         };
+        Ok(Turn {
+            text,
+            tool_calls,
+            finish,
+        })
+    }
+
+    /// Refuses a prompt of `prompt` tokens (plus the `max_tokens` asked) over
+    /// the context, as vLLM does.
+    fn within_context(&self, prompt: usize, req: &Value) -> Result<(), (StatusCode, String)> {
+        let Some(context) = self.options.context else {
+            return Ok(());
+        };
+        let asked = req["max_tokens"].as_u64().unwrap_or(0) as usize;
+        if prompt >= context || prompt + asked > context {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!("This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.", prompt + asked),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A chat completion (`/v1/chat/completions`): the engine renders the
+    /// prompt and parses the tool calls itself.
+    pub fn answer(&self, req: &Value) -> Result<Value, (StatusCode, String)> {
+        let Turn {
+            mut text,
+            mut tool_calls,
+            mut finish,
+        } = self.turn(req)?;
         if let Some(max) = req["max_tokens"].as_u64() {
             if (text.len() as u64) > max {
                 text.truncate(max as usize);
@@ -219,17 +357,9 @@ impl FakeUpstream {
                 tool_calls = Value::Null;
             }
         }
-        let prompt = render_prompt(&messages);
-        if let Some(context) = self.options.context {
-            let asked = req["max_tokens"].as_u64().unwrap_or(0) as usize;
-            if prompt.len() >= context || prompt.len() + asked > context {
-                return Err((
-                    StatusCode::BAD_REQUEST,
-                    format!("This model's maximum context length is {context} tokens. However, you requested {} tokens ({} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.", prompt.len() + asked, prompt.len()),
-                ));
-            }
-        }
-        let prompt_ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let prompt_ids = encode(&render_prompt(&messages, req.get("tools")));
+        self.within_context(prompt_ids.len(), req)?;
         let completion_ids: Vec<u32> = text.bytes().map(u32::from).collect();
         let mut message = json!({"role": "assistant", "content": text});
         if !tool_calls.is_null() {
@@ -238,8 +368,7 @@ impl FakeUpstream {
         let mut answer = json!({
             "id": "chatcmpl-fake", "object": "chat.completion", "created": 1_700_000_000, "model": MODEL,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": prompt_ids.len(), "completion_tokens": completion_ids.len(),
-                      "total_tokens": prompt_ids.len() + completion_ids.len()},
+            "usage": usage(&prompt_ids, &completion_ids),
         });
         if !self.options.without_ids {
             let content: Vec<Value> = completion_ids.iter().enumerate()
@@ -252,6 +381,59 @@ impl FakeUpstream {
         }
         Ok(answer)
     }
+
+    /// A completion of a token-id prompt (`/v1/completions`, token in): the
+    /// conversation is read back from the ids; the model writes its tool calls
+    /// as Hermes text and ends its turn with [`END`]. Also returns the answer
+    /// in chat form, as [`assert_calls_match`] reads answers.
+    fn complete(&self, req: &Value) -> Result<(Value, Value), (StatusCode, String)> {
+        let prompt_ids = req["prompt"]
+            .as_array()
+            .and_then(|ids| {
+                ids.iter()
+                    .map(|v| v.as_u64().map(|n| n as u32))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or((
+                StatusCode::BAD_REQUEST,
+                "`prompt` must be token ids".to_string(),
+            ))?;
+        let (messages, tools) = parse_prompt(&decode(&prompt_ids));
+        let turn = self.turn(&json!({"messages": messages, "tools": tools}))?;
+        self.within_context(prompt_ids.len(), req)?;
+        let chat_form =
+            json!({"role": "assistant", "content": turn.text, "tool_calls": turn.tool_calls});
+        let said = forgelog_dialects::hf::hf_message_with_hermes_calls(&chat_form);
+        let mut completion_ids = encode(said["content"].as_str().unwrap_or_default());
+        completion_ids.push(END_ID);
+        let mut finish = "stop";
+        if let Some(max) = req["max_tokens"].as_u64() {
+            if completion_ids.len() as u64 > max {
+                completion_ids.truncate(max as usize);
+                finish = "length";
+            }
+        }
+        let text = decode(&completion_ids);
+        let text = text.strip_suffix(END).unwrap_or(&text);
+        let logprobs: Vec<f32> = (0..completion_ids.len()).map(logprob).collect();
+        let content: Vec<Value> = logprobs.iter().map(|l| json!({"logprob": l})).collect();
+        let chat = json!({"prompt_token_ids": prompt_ids,
+            "choices": [{"token_ids": completion_ids, "logprobs": {"content": content}}]});
+        let answer = json!({
+            "id": "cmpl-fake", "object": "text_completion", "created": 1_700_000_000, "model": MODEL,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                "prompt_token_ids": prompt_ids, "token_ids": completion_ids,
+                "logprobs": {"token_logprobs": logprobs}}],
+            "usage": usage(&prompt_ids, &completion_ids),
+            "policy_version": POLICY_VERSION,
+        });
+        Ok((answer, chat))
+    }
+}
+
+fn usage(prompt: &[u32], completion: &[u32]) -> Value {
+    json!({"prompt_tokens": prompt.len(), "completion_tokens": completion.len(),
+           "total_tokens": prompt.len() + completion.len()})
 }
 
 /// vLLM's `/tokenize` of a chat: one token per byte of the rendered prompt,
@@ -261,39 +443,60 @@ async fn tokenize(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -
         return StatusCode::NOT_FOUND.into_response();
     }
     let messages = req["messages"].as_array().cloned().unwrap_or_default();
-    let count = render_prompt(&messages).len();
-    Json(json!({"count": count, "max_model_len": up.options.context, "tokens": []})).into_response()
+    let tokens = encode(&render_prompt(&messages, req.get("tools")));
+    Json(json!({"count": tokens.len(), "max_model_len": up.options.context, "tokens": tokens}))
+        .into_response()
 }
 
 async fn chat(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Response {
     if req["stream"] == true {
         return (StatusCode::BAD_REQUEST, "the fake upstream does not stream").into_response();
     }
-    let slow = req["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .is_some_and(|m| text_of(&m["content"]).contains("[slow]"));
-    let delay = if slow {
-        Duration::from_secs(3)
-    } else {
-        up.options.delay
-    };
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+    let messages = req["messages"].as_array().cloned().unwrap_or_default();
+    up.wait(&messages).await;
+    up.respond(up.answer(&req).map(|a| (a.clone(), a)))
+}
+
+async fn completions(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>) -> Response {
+    if req["stream"] == true {
+        return (StatusCode::BAD_REQUEST, "the fake upstream does not stream").into_response();
     }
-    match up.answer(&req) {
-        Ok(a) => {
-            if up.options.keep_answers {
-                up.answers.lock().expect("answers lock").push(a.clone());
-            }
-            Json(a).into_response()
+    let prompt: Vec<u32> = serde_json::from_value(req["prompt"].clone()).unwrap_or_default();
+    up.wait(&parse_prompt(&decode(&prompt)).0).await;
+    up.respond(up.complete(&req))
+}
+
+impl FakeUpstream {
+    /// The configured delay, or 3 s where the last message says `[slow]`.
+    async fn wait(&self, messages: &[Value]) {
+        let slow = messages
+            .last()
+            .is_some_and(|m| text_of(&m["content"]).contains("[slow]"));
+        let delay = if slow {
+            Duration::from_secs(3)
+        } else {
+            self.options.delay
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
-        // vLLM's error shape.
-        Err((status, msg)) => (
-            status,
-            Json(json!({"object": "error", "message": msg, "type": "BadRequestError", "param": null, "code": status.as_u16()})),
-        )
-            .into_response(),
+    }
+
+    /// The answer on the wire (kept in chat form), or the error in vLLM's shape.
+    fn respond(&self, answered: Result<(Value, Value), (StatusCode, String)>) -> Response {
+        match answered {
+            Ok((wire, kept)) => {
+                if self.options.keep_answers {
+                    self.answers.lock().expect("answers lock").push(kept);
+                }
+                Json(wire).into_response()
+            }
+            Err((status, msg)) => (
+                status,
+                Json(json!({"object": "error", "message": msg, "type": "BadRequestError", "param": null, "code": status.as_u16()})),
+            )
+                .into_response(),
+        }
     }
 }
 
@@ -310,6 +513,7 @@ pub fn router(up: Arc<FakeUpstream>) -> Router {
             }),
         )
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
         .route("/tokenize", post(tokenize))
         // Takes what a real engine takes: the proxy's limits are under test.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))

@@ -53,6 +53,11 @@ pub struct RunArgs {
     /// embedded engine, on the CPU)
     #[arg(long)]
     pub upstream: Option<String>,
+    /// The model whose tokenizer and chat template the proxy renders prompts
+    /// with (token in: a rollout's calls spliced into one sequence; default:
+    /// --model when the embedded engine serves it; `none`: the engine renders)
+    #[arg(long, conflicts_with = "proxy")]
+    pub tokenizer: Option<String>,
     /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
     #[arg(long, conflicts_with = "upstream")]
     pub proxy: Option<String>,
@@ -243,7 +248,10 @@ async fn orchestrate(
             // Sandboxes reach the proxy: its session API must refuse them.
             let token = forgelog_http::random_token();
             // The embedded engine's model: the proxy renders its prompts (token in).
-            let tokenizer = engine.as_ref().map(|_| args.model.as_str());
+            let tokenizer = args
+                .tokenizer
+                .as_deref()
+                .or(engine.as_ref().map(|_| args.model.as_str()));
             let proxy_config = ProxyConfig {
                 run_id: Some(run_id.clone()),
                 admin_token: Some(token.clone()),

@@ -1,5 +1,7 @@
 //! `forgelog run` against the fake upstream (a two-step agent) and the
-//! shared broker: the fixture of the sandboxed end-to-end tests.
+//! shared broker: the fixture of the sandboxed end-to-end tests. The run's
+//! proxy renders the prompts with the fake model's tokenizer and template
+//! (token in), as it does for the embedded engine.
 
 use forgelog_producers::fake_upstream::{self, FakeOptions};
 use forgelog_schemas::{Event, Topic};
@@ -16,6 +18,8 @@ pub struct Fixture {
     pub stream: StreamConfig,
     pub upstream: String,
     pub fake: std::sync::Arc<fake_upstream::FakeUpstream>,
+    /// The fake model's folder (`--tokenizer`).
+    pub model: tempfile::TempDir,
 }
 
 pub fn fixture() -> Fixture {
@@ -31,11 +35,14 @@ pub fn fixture() -> Fixture {
             },
         ))
         .unwrap();
+    let model = tempfile::tempdir().unwrap();
+    fake_upstream::write_model_dir(model.path()).unwrap();
     Fixture {
         _rt: rt,
         stream,
         upstream: format!("http://{addr}"),
         fake,
+        model,
     }
 }
 
@@ -52,6 +59,8 @@ impl Fixture {
                 "--brokers",
                 &self.stream.brokers,
             ])
+            .arg("--tokenizer")
+            .arg(self.model.path())
             .args(["--max-model-calls", "8"]);
         cmd
     }

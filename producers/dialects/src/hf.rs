@@ -38,6 +38,30 @@ pub fn hf_message(message: &Value) -> Value {
     message
 }
 
+/// `message` as Hugging Face templates read it, its tool calls (if any)
+/// written into the content as Hermes text, joined to the text by a newline:
+/// what a template that shows no tool calls is given, as the model writes them.
+pub fn hf_message_with_hermes_calls(message: &Value) -> Value {
+    let mut message = hf_message(message);
+    let Some(fields) = message.as_object_mut() else {
+        return message;
+    };
+    if let Some(Value::Array(calls)) = fields.get("tool_calls") {
+        let hermes = calls.iter().map(|c| {
+            let f = &c["function"];
+            crate::hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
+        });
+        let content = fields["content"].as_str().unwrap_or_default().to_string();
+        let joined = std::iter::once(content)
+            .chain(hermes)
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        fields.insert("content".into(), json!(joined));
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

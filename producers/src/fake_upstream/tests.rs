@@ -60,3 +60,83 @@ fn with_delegate_the_first_step_goes_to_a_sub_agent() {
     assert_eq!(agent_steps(&sub), Some(1));
     assert_eq!(agent_turn(&req, &sub, 1).1[0]["function"]["name"], "bash");
 }
+
+#[test]
+fn the_model_folder_renders_and_tokenizes_as_the_fake_does() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model_dir(dir.path()).unwrap();
+    let codec = forgelog_model::load_chat_codec(dir.path().to_str().unwrap(), dir.path())
+        .expect("the folder loads as a model's tokenizer and template");
+    use forgelog_dialects::splice::ChatRenderer;
+    assert_eq!(codec.stop_tokens(), &[(END_ID, END.to_string())]);
+    let tools = json!([tool(
+        "bash",
+        json!({"type": "object", "required": ["command"]})
+    )]);
+    let messages = vec![
+        json!({"role": "system", "content": "Be brief. ünïcode ✓"}),
+        json!({"role": "user", "content": [{"type": "text", "text": "Run it.\n[agent:1]"}]}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "a\nb"}),
+    ];
+    let text = codec.render(&messages, Some(&tools), true).unwrap();
+    assert_eq!(text, render_prompt(&messages, Some(&tools)));
+    let ids = codec.encode(&text).unwrap();
+    assert_eq!(ids, encode(&text));
+    assert_eq!(ids.iter().filter(|&&id| id == END_ID).count(), 5);
+    assert_eq!(decode(&ids), text);
+    // The conversation reads back from the ids: roles, text, the tools.
+    let (read, read_tools) = parse_prompt(&decode(&ids));
+    assert_eq!(read_tools, Some(tools));
+    let roles: Vec<&str> = read.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+    assert_eq!(read[3]["content"], "a\nb");
+}
+
+#[test]
+fn a_token_id_prompt_is_answered_as_the_chat_route_would_in_hermes_text() {
+    let up = FakeUpstream::default();
+    let tools = json!([tool(
+        "bash",
+        json!({"type": "object", "required": ["command"],
+        "properties": {"command": {"type": "string"}}})
+    )]);
+    let mut messages = vec![json!({"role": "user", "content": "Go. [agent:1]"})];
+    let prompt = encode(&render_prompt(&messages, Some(&tools)));
+    let (wire, kept) = up
+        .complete(&json!({"prompt": prompt, "max_tokens": 500}))
+        .unwrap();
+    let choice = &wire["choices"][0];
+    assert_eq!(
+        choice["text"],
+        "Running step 1.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\":\"echo forgelog step 1\"}}\n</tool_call>"
+    );
+    let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+    assert_eq!(
+        ids.last(),
+        Some(&END_ID),
+        "the turn ends with its end token"
+    );
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["prompt_token_ids"], json!(prompt));
+    assert_eq!(kept["choices"][0]["token_ids"], choice["token_ids"]);
+    assert_eq!(
+        choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        ids.len()
+    );
+    // After the step's result: plain text, and a cut by max_tokens has no end token.
+    messages.push(json!({"role": "assistant", "content": "x"}));
+    messages.push(json!({"role": "tool", "content": "forgelog step 1"}));
+    let prompt = encode(&render_prompt(&messages, Some(&tools)));
+    let (wire, _) = up
+        .complete(&json!({"prompt": prompt, "max_tokens": 4}))
+        .unwrap();
+    assert_eq!(wire["choices"][0]["text"], "Done");
+    assert_eq!(wire["choices"][0]["finish_reason"], "length");
+    let bad = up.complete(&json!({"prompt": "text"})).unwrap_err();
+    assert_eq!(bad.0, StatusCode::BAD_REQUEST);
+}
