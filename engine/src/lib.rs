@@ -212,7 +212,7 @@ impl Engine {
         let encoding = self
             .0
             .tokenizer
-            .encode(text, false)
+            .encode_fast(text, false)
             .map_err(|e| EngineError::Tokenize(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }

@@ -175,8 +175,9 @@ impl ChatRenderer for ChatCodec {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        // The ids alone: without offsets, about twice as fast.
         self.tokenizer
-            .encode(text, false)
+            .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| format!("tokenizer: {e}"))
     }

@@ -156,7 +156,9 @@ pub fn write_model_dir(dir: &std::path::Path) -> std::io::Result<()> {
         vocab.insert(c.to_string(), json!(b));
     }
     vocab.insert(END.into(), json!(END_ID));
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    // GPT-2's word split first (as real byte-level tokenizers do): with no
+    // merges the ids are the bytes either way, and words are what BPE caches.
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
     let tokenizer = json!({
         "version": "1.0", "truncation": null, "padding": null,
         "added_tokens": [{"id": END_ID, "content": END, "single_word": false, "lstrip": false,

@@ -276,10 +276,6 @@ impl Call {
                 return Err(err);
             }
         };
-        if let Some(p) = &prompt {
-            // The engine was asked with these ids, whether or not it echoes them.
-            answer.prompt_token_ids.get_or_insert_with(|| p.ids.clone());
-        }
         let prefix = format!("call_{}_{}_", &self.session.id[..12], self.index);
         let (mut resp, sampled) = match read_response(&mut answer, &prefix) {
             Ok(r) => r,

@@ -7,6 +7,7 @@
 use super::answer::{ChoiceTokens, TokenLogprob, UpstreamAnswer};
 use super::{UpstreamClient, UpstreamError};
 use forgelog_dialects::splice::ChatRenderer;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -42,71 +43,146 @@ const SAMPLING_FIELDS: &[&str] = &[
     "frequency_penalty",
 ];
 
-/// `POST /v1/completions` with `prompt` as token ids, sampled as `chat` (the
-/// chat request the call would otherwise send) says, asking for the sampled
-/// ids and their logprobs. With no `max_tokens` it may fill the `context`
-/// (as a chat completion may): vLLM's completions stop at 16 tokens otherwise.
-pub fn completion_request(prompt: &[u32], chat: &Value, context: Option<i64>) -> Value {
-    let mut body: Map<String, Value> = SAMPLING_FIELDS
+/// `POST /v1/completions` with `prompt` as token ids, sampled as the chat
+/// request says, asking for the sampled ids and their logprobs. Serialized
+/// as it stands: a long prompt's ids are written straight from the slice.
+#[derive(Debug, Serialize)]
+pub struct CompletionRequest<'a> {
+    #[serde(flatten)]
+    sampling: Map<String, Value>,
+    prompt: &'a [u32],
+    logprobs: u32,
+    return_token_ids: bool,
+    stream: bool,
+}
+
+/// The completion request for `prompt`, sampled as `chat` (the chat request
+/// the call would otherwise send) says. With no `max_tokens` it may fill the
+/// `context` (as a chat completion may): vLLM's completions stop at 16
+/// tokens otherwise.
+pub fn completion_request<'a>(
+    prompt: &'a [u32],
+    chat: &Value,
+    context: Option<i64>,
+) -> CompletionRequest<'a> {
+    let mut sampling: Map<String, Value> = SAMPLING_FIELDS
         .iter()
         .filter_map(|&k| Some((k.to_string(), chat.get(k)?.clone())))
         .filter(|(_, v)| !v.is_null())
         .collect();
-    if let (false, Some(context)) = (body.contains_key("max_tokens"), context) {
+    if let (false, Some(context)) = (sampling.contains_key("max_tokens"), context) {
         let room = context - prompt.len() as i64;
         if room > 0 {
-            body.insert("max_tokens".into(), json!(room));
+            sampling.insert("max_tokens".into(), json!(room));
         }
     }
-    body.insert("prompt".into(), json!(prompt));
-    body.insert("logprobs".into(), json!(0));
-    body.insert("return_token_ids".into(), json!(true));
-    body.insert("stream".into(), json!(false));
-    Value::Object(body)
+    CompletionRequest {
+        sampling,
+        prompt,
+        logprobs: 0,
+        return_token_ids: true,
+        stream: false,
+    }
 }
 
-/// A completion answer as the chat completion it stands for: the choice's
-/// text becomes the assistant message, its `token_ids` and `logprobs`
-/// (`token_logprobs`) the sampled tokens; the prompt's ids come from the body
-/// or, as vLLM answers, the choice.
-pub fn as_chat_answer(mut body: Value) -> UpstreamAnswer {
-    let mut choice = body
-        .get_mut("choices")
-        .and_then(|c| c.get_mut(0))
-        .map(Value::take)
-        .unwrap_or(Value::Null);
-    let token_ids = choice.get("token_ids").and_then(super::answer::ids_of);
-    let logprobs = choice["logprobs"]["token_logprobs"].as_array().map(|l| {
-        l.iter()
+/// A completion answer: its first choice typed, the rest as JSON. The
+/// prompt's ids it echoes (on the body, or on the choice as vLLM writes them)
+/// are skipped unread: the proxy sent them, and read as JSON values they
+/// would be most of the proxy's CPU per call.
+#[derive(Debug, Default)]
+struct Completion {
+    body: Map<String, Value>,
+    choice: Option<CompletionChoice>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct CompletionChoice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Value,
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    logprobs: Option<LegacyLogprobs>,
+}
+
+/// Legacy completions' logprobs: a list per sampled token.
+#[derive(Debug, Default, Deserialize)]
+struct LegacyLogprobs {
+    #[serde(default)]
+    token_logprobs: Option<Vec<Option<f64>>>,
+}
+
+impl<'de> Deserialize<'de> for Completion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Completion;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a completion object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Completion, A::Error> {
+                let mut out = Completion::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "prompt_token_ids" => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                        "choices" => {
+                            let choices: Vec<CompletionChoice> = map.next_value()?;
+                            out.choice = choices.into_iter().next();
+                        }
+                        _ => {
+                            out.body.insert(key, map.next_value()?);
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// A completion answer to `prompt` as the chat completion it stands for: the
+/// choice's text becomes the assistant message, its `token_ids` and
+/// `token_logprobs` the sampled tokens, `prompt` the prompt's ids, unless the
+/// engine counts another number of prompt tokens (then it did not sample
+/// from exactly these, and the call is not trainable).
+pub fn read_completion(text: &[u8], prompt: &[u32]) -> serde_json::Result<UpstreamAnswer> {
+    let Completion { mut body, choice } = serde_json::from_slice(text)?;
+    let choice = choice.unwrap_or_default();
+    let counted = body
+        .get("usage")
+        .and_then(|u| u.get("prompt_tokens"))
+        .and_then(Value::as_u64);
+    let prompt_token_ids =
+        (counted.is_none_or(|n| n == prompt.len() as u64)).then(|| prompt.to_vec());
+    let logprobs = choice.logprobs.and_then(|l| l.token_logprobs).map(|l| {
+        l.into_iter()
             .map(|v| TokenLogprob {
-                logprob: v.as_f64().unwrap_or(f64::NAN),
+                logprob: v.unwrap_or(f64::NAN),
                 token_id: None,
             })
             .collect()
     });
-    let prompt_token_ids = body
-        .get("prompt_token_ids")
-        .filter(|v| !v.is_null())
-        .or_else(|| choice.get("prompt_token_ids"))
-        .and_then(super::answer::ids_of);
-    let text = choice["text"].take();
-    let message = json!({"role": "assistant", "content": text});
-    let finish = choice["finish_reason"].take();
-    if let Some(fields) = body.as_object_mut() {
-        fields.remove("prompt_token_ids");
-        fields.insert(
-            "choices".into(),
-            json!([{"index": 0, "message": message, "finish_reason": finish}]),
-        );
-    }
-    UpstreamAnswer {
-        body,
+    let message = json!({"role": "assistant", "content": choice.text});
+    body.insert(
+        "choices".into(),
+        json!([{"index": 0, "message": message, "finish_reason": choice.finish_reason}]),
+    );
+    Ok(UpstreamAnswer {
+        body: Value::Object(body),
         prompt_token_ids,
         first_choice: ChoiceTokens {
-            token_ids,
+            token_ids: choice.token_ids,
             logprobs,
         },
-    }
+    })
 }
 
 /// The conversation the start-up check renders: a system prompt, two user
@@ -158,14 +234,20 @@ pub async fn check_rendering(client: &UpstreamClient, token_in: &TokenIn) -> Res
 
 impl UpstreamClient {
     /// One completion of a token-id prompt, read as a chat completion.
-    pub async fn complete_tokens(&self, body: &Value) -> Result<UpstreamAnswer, UpstreamError> {
-        let text = serde_json::to_vec(body).expect("a Value serializes").into();
+    pub async fn complete_tokens(
+        &self,
+        body: &CompletionRequest<'_>,
+    ) -> Result<UpstreamAnswer, UpstreamError> {
+        let text = serde_json::to_vec(body)
+            .expect("a completion request serializes")
+            .into();
         self.post(
             self.urls.completions.clone(),
             text,
             async |r: reqwest::Response| {
-                let body: Value = super::read_json(r).await?;
-                Ok(as_chat_answer(body))
+                let text = super::read_bytes(r).await?;
+                read_completion(&text, body.prompt)
+                    .map_err(|e| UpstreamError::NotJson(e.to_string()))
             },
         )
         .await
@@ -187,15 +269,15 @@ mod tests {
 
     #[test]
     fn a_completion_reads_as_the_chat_completion_it_stands_for() {
-        // vLLM's shape: the prompt's ids on the choice.
+        // vLLM's shape: the prompt's ids echoed on the choice.
         let body = json!({
             "id": "cmpl-1", "object": "text_completion", "model": "m", "created": 5,
             "usage": {"prompt_tokens": 3, "completion_tokens": 2},
             "choices": [{"index": 0, "text": "hi", "finish_reason": "stop",
                 "prompt_token_ids": [1, 2, 3], "token_ids": [7, 2],
-                "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25], "top_logprobs": null}}],
+                "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, null], "top_logprobs": null}}],
         });
-        let answer = as_chat_answer(body);
+        let answer = read_completion(body.to_string().as_bytes(), &[1, 2, 3]).unwrap();
         assert_eq!(answer.prompt_token_ids, Some(vec![1, 2, 3]));
         assert_eq!(answer.first_choice.token_ids, Some(vec![7, 2]));
         let logprobs: Vec<f64> = answer
@@ -205,14 +287,23 @@ mod tests {
             .iter()
             .map(|l| l.logprob)
             .collect();
-        assert_eq!(logprobs, vec![-0.5, -0.25]);
+        assert_eq!(logprobs[0], -0.5);
+        assert!(logprobs[1].is_nan(), "a null logprob is no number");
         assert_eq!(answer.body["choices"][0]["message"]["content"], "hi");
         assert_eq!(answer.body["choices"][0]["finish_reason"], "stop");
         assert_eq!(answer.body["usage"]["completion_tokens"], 2);
+        assert!(answer.body.get("prompt_token_ids").is_none());
         // forgelog's engine: the prompt's ids on the body.
         let body = json!({"prompt_token_ids": [4], "choices": [{"text": "", "token_ids": [2],
             "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]});
-        assert_eq!(as_chat_answer(body).prompt_token_ids, Some(vec![4]));
+        let answer = read_completion(body.to_string().as_bytes(), &[4]).unwrap();
+        assert_eq!(answer.prompt_token_ids, Some(vec![4]));
+        assert!(answer.body.get("prompt_token_ids").is_none());
+        // An engine that counts other prompt tokens did not sample from these.
+        let body = json!({"usage": {"prompt_tokens": 5}, "choices": [{"text": "x"}]});
+        let answer = read_completion(body.to_string().as_bytes(), &[4]).unwrap();
+        assert_eq!(answer.prompt_token_ids, None);
+        assert!(read_completion(b"[1]", &[4]).is_err());
     }
 
     #[test]
@@ -220,7 +311,7 @@ mod tests {
         let chat = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "tools": [], "temperature": 0.5, "max_tokens": 9, "stop": ["\n"], "logprobs": true,
             "top_logprobs": 0, "stream": false});
-        let body = completion_request(&[5, 6], &chat, Some(100));
+        let body = serde_json::to_value(completion_request(&[5, 6], &chat, Some(100))).unwrap();
         assert_eq!(
             body,
             json!({"model": "m", "prompt": [5, 6], "temperature": 0.5, "max_tokens": 9,
@@ -228,12 +319,9 @@ mod tests {
         );
         // No max_tokens: the rest of the context, not the engine's default.
         let open = json!({"model": "m", "max_tokens": null});
-        assert_eq!(
-            completion_request(&[5, 6], &open, Some(100))["max_tokens"],
-            98
-        );
-        assert!(completion_request(&[5, 6], &open, None)
-            .get("max_tokens")
-            .is_none());
+        let sent =
+            |context| serde_json::to_value(completion_request(&[5, 6], &open, context)).unwrap();
+        assert_eq!(sent(Some(100))["max_tokens"], 98);
+        assert!(sent(None).get("max_tokens").is_none());
     }
 }
