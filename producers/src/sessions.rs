@@ -6,7 +6,7 @@
 
 use crate::server::Replicas;
 use forgelog_schemas::compact::SessionMemory;
-use forgelog_schemas::{CallStatus, Event, RolloutStarted};
+use forgelog_schemas::{CallFinished, CallStatus, Event, RolloutStarted};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
@@ -296,6 +296,9 @@ struct OpenSession {
     verdict_recorded: bool,
     /// Call index → its end, once recorded: (status, sampled tokens).
     calls: BTreeMap<i64, Option<(CallStatus, usize)>>,
+    /// Its calls as the log holds them: the answered calls a restarted
+    /// proxy splices the next prompts onto (token in).
+    finished: Vec<CallFinished>,
 }
 
 impl OpenSession {
@@ -334,9 +337,46 @@ impl OpenSession {
             max_in_flight,
             // A restarted proxy records its next call of the session whole.
             memory: Mutex::default(),
-            answered: Mutex::default(),
+            answered: Mutex::new(self.answered()),
         }
     }
+
+    /// The session's last [`RECENT_ANSWERS`] answered calls whose prompts the
+    /// proxy made (token in), as it kept them: so a restarted proxy goes on
+    /// splicing where its predecessor stopped, rather than rendering afresh.
+    fn answered(&self) -> VecDeque<AnsweredCall> {
+        let mut calls = self.finished.clone();
+        // A call whose splice base is missing stays empty and is left out.
+        forgelog_schemas::compact::expand_finished(&mut calls);
+        calls.sort_by_key(|c| c.call_index);
+        calls.dedup_by_key(|c| c.call_index);
+        let answered: Vec<AnsweredCall> = calls
+            .into_iter()
+            .filter(|c| c.status == CallStatus::Ok && c.trainable && c.prompt_made.is_some())
+            .filter(|c| !c.prompt_token_ids.is_empty())
+            .filter_map(answered_call)
+            .collect();
+        let skip = answered.len().saturating_sub(RECENT_ANSWERS);
+        answered.into_iter().skip(skip).collect()
+    }
+}
+
+/// A recorded call as the proxy kept it when it answered: the request's
+/// messages and tools (its OpenAI Chat form), the answer it returned, the ids.
+fn answered_call(c: CallFinished) -> Option<AnsweredCall> {
+    let mut chat: serde_json::Value = serde_json::from_str(&c.chat_request).ok()?;
+    let answer = serde_json::from_str(&c.chat_response).ok()?;
+    let serde_json::Value::Array(messages) = chat["messages"].take() else {
+        return None;
+    };
+    Some(AnsweredCall {
+        call: c.call_index,
+        messages,
+        tools: Some(chat["tools"].take()).filter(|t| !t.is_null()),
+        answer,
+        prompt_ids: c.prompt_token_ids,
+        sampled_ids: c.completion_token_ids,
+    })
 }
 
 impl SessionLog {
@@ -349,6 +389,7 @@ impl SessionLog {
                         started: r.clone(),
                         verdict_recorded: false,
                         calls: BTreeMap::new(),
+                        finished: Vec::new(),
                     });
             }
             Event::RolloutFinished(r) => {
@@ -374,6 +415,7 @@ impl SessionLog {
                 if let Some(open) = self.open.get_mut(&c.session_id) {
                     open.calls
                         .insert(c.call_index, Some((c.status, c.completion_token_ids.len())));
+                    open.finished.push(c.clone());
                 }
             }
             _ => {}

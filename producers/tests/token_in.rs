@@ -210,3 +210,85 @@ async fn a_rendering_other_than_the_engines_refuses_to_start() {
         Ok(_) => panic!("started with a template other than the engine's"),
     }
 }
+
+/// A restarted proxy takes over its predecessor's open sessions with the
+/// calls they had answered: the next call of a session is still spliced onto
+/// the ids the model sampled before the restart, not rendered afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_proxy_goes_on_splicing_its_open_sessions() {
+    let stream = forgelog_stream::testing::shared_broker().await;
+    let engine = &forgelog_engine::testing::smollm2().0;
+    let run_id = forgelog_stream::testing::unique_run_id("token-in-restart");
+    let marks = topic_ends(&stream).await;
+    let spool = tempfile::tempdir().unwrap();
+    let start = || async {
+        RunningProxy::start(
+            ProxyConfig {
+                token_in: Some(token_in(smollm2_codec())),
+                ..config(engine.base.clone(), &run_id)
+            },
+            &stream,
+            spool.path().to_path_buf(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap()
+    };
+    let http = reqwest::Client::new();
+    let ask = |url: String, key: String, messages: Vec<Value>| {
+        let body = json!({"model": "smollm2", "messages": messages, "max_tokens": 12, "seed": 1});
+        let request = http
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body);
+        async move {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let mut messages = vec![json!({"role": "user", "content": "Name a colour."})];
+    let first = start().await;
+    let created = SessionClient::new(first.url(), Some(ADMIN.into()))
+        .create(&NewSession::new("r1", "task-1", "token-in-test", "g1"))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let answer = ask(first.url(), created.api_key.clone(), messages.clone()).await;
+        messages.push(resent(&answer["choices"][0]["message"]));
+        messages.push(json!({"role": "user", "content": "Another one?"}));
+    }
+    first
+        .shutdown(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let second = start().await;
+    ask(second.url(), created.api_key.clone(), messages.clone()).await;
+    SessionClient::new(second.url(), Some(ADMIN.into()))
+        .finish(&created.session_id, &Default::default())
+        .await
+        .unwrap();
+    second
+        .shutdown(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let events = read_events(&stream, Topic::Calls, &run_id, &marks).await;
+    let (_, calls) = calls_of(&events, &created.session_id);
+    let spliced: Vec<Option<i64>> = calls
+        .iter()
+        .map(|c| c.prompt_made.as_ref().unwrap().spliced_from)
+        .collect();
+    assert_eq!(
+        spliced,
+        [None, Some(0), Some(1)],
+        "call 2 came after the restart"
+    );
+    let before = [
+        &calls[1].prompt_token_ids[..],
+        &calls[1].completion_token_ids[..],
+    ]
+    .concat();
+    assert!(calls[2].prompt_token_ids.starts_with(&before));
+}

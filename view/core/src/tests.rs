@@ -22,6 +22,35 @@ fn batch_rewards(events: &[Event]) -> BTreeMap<String, Option<f64>> {
 }
 
 #[test]
+fn a_run_page_shows_the_clean_rate_of_each_harness_that_followed_up() {
+    let events = run_events("r");
+    let page = run_page("r", &events);
+    let rates = forgelog_consumers_core::clean::clean_rates(&events);
+    let with_follow_ups: Vec<(&String, _)> =
+        rates.iter().filter(|(_, c)| c.follow_ups > 0).collect();
+    assert!(
+        !with_follow_ups.is_empty(),
+        "the recorded run has follow-up calls"
+    );
+    assert_eq!(page.clean.len(), with_follow_ups.len());
+    for (line, (harness, rate)) in page.clean.iter().zip(with_follow_ups) {
+        assert_eq!(
+            (&line.harness, line.follow_ups, line.clean),
+            (harness, rate.follow_ups, rate.clean)
+        );
+        let share = 100.0 * rate.clean as f64 / rate.follow_ups as f64;
+        assert_eq!(line.rate, format!("{share:.1}%"));
+    }
+    let mut index = ViewIndex::default();
+    for e in events.iter().cloned() {
+        index.ingest(e);
+    }
+    let html = Pages::new().run("r", index.run("r").unwrap()).unwrap();
+    assert!(html.contains("id=\"clean\""), "the page has the table");
+    assert!(html.contains(&page.clean[0].rate));
+}
+
+#[test]
 fn a_run_page_shows_every_rollout_once_in_its_group_with_its_batch_reward() {
     let events = run_events("r");
     let page = run_page("r", &events);

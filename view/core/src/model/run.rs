@@ -62,6 +62,17 @@ pub struct VersionLine {
     pub tokens_per_second: String,
 }
 
+/// Token in, per harness: of the follow-up calls, those whose prompt holds
+/// the earlier call's sampled ids exactly (the rest drifted).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CleanLine {
+    pub harness: String,
+    pub follow_ups: usize,
+    pub clean: usize,
+    /// The share, as a percentage.
+    pub rate: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PublishedLine {
     pub version: i64,
@@ -74,6 +85,8 @@ pub struct RunPage {
     pub run: RunLine,
     pub versions: Vec<VersionLine>,
     pub published: Vec<PublishedLine>,
+    /// Harnesses with follow-up calls only.
+    pub clean: Vec<CleanLine>,
     pub groups: Vec<GroupView>,
     /// What the compare form offers first: the first group's first two rollouts.
     pub default_a: String,
@@ -160,6 +173,19 @@ pub fn run_page(run_id: &str, events: &[Event]) -> RunPage {
                     .map(|(k, v)| format!("{k} {v:.4}"))
                     .collect::<Vec<_>>()
                     .join(", "),
+            })
+            .collect(),
+        clean: report
+            .clean
+            .iter()
+            .filter(|(_, c)| c.follow_ups > 0)
+            .map(|(harness, c)| CleanLine {
+                harness: harness.clone(),
+                follow_ups: c.follow_ups,
+                clean: c.clean,
+                rate: c
+                    .rate()
+                    .map_or("-".into(), |r| format!("{:.1}%", 100.0 * r)),
             })
             .collect(),
         groups,
