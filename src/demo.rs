@@ -186,25 +186,26 @@ pub async fn run(
     Ok(())
 }
 
-/// Until `engine` reports serving `version` (`policy_version` in its
-/// `/v1/models`), for two minutes at most; an engine that reports no version
-/// (vLLM) is not waited for.
+/// Until `engine` reports serving `version` (its `/weight_info`, as vLLM and
+/// forgelog's engine say it), for ten minutes at most; an engine that reports
+/// no version at all is not waited for.
 async fn wait_until_served(engine: &str, version: i64) {
     let http = reqwest::Client::new();
-    for _ in 0..240 {
-        let served = match http.get(format!("{engine}/v1/models")).send().await {
-            Ok(r) => r
-                .json::<serde_json::Value>()
-                .await
-                .ok()
-                .map(|v| v["policy_version"].as_i64()),
-            Err(_) => None,
-        };
-        match served {
-            Some(Some(v)) if v >= version => return,
-            Some(None) => return,
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+    for _ in 0..1200 {
+        // Unreachable for a moment: asked again.
+        if let Ok(r) = http.get(format!("{engine}/weight_info")).send().await {
+            let Ok(info) = r.json::<serde_json::Value>().await else {
+                return;
+            };
+            let served = match &info["weight_version"] {
+                serde_json::Value::String(v) => v.parse::<i64>().ok(),
+                v => v.as_i64(),
+            };
+            if served.is_some_and(|v| v >= version) {
+                return;
+            }
         }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

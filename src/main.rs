@@ -20,6 +20,7 @@ mod replay;
 mod report;
 mod run;
 mod spool;
+mod sync;
 mod tail;
 mod tasks;
 mod token_in;
@@ -101,6 +102,11 @@ enum Command {
         after_help = "Example:\n  forgelog train --run my-run --model smollm2 --learning-rate 1e-6 --metrics-listen 127.0.0.1:9465"
     )]
     Train(forgelog_trainer::TrainArgs),
+    /// Keep an engine (vLLM, SGLang, forgelog's) serving each policy version the learner publishes, read back from the engine
+    #[command(
+        after_help = "Example:\n  forgelog sync --upstream http://127.0.0.1:8000 --engine vllm --sync-mode weights --run my-run"
+    )]
+    Sync(sync::SyncCmd),
     /// Re-derive a run from the log and compare, or show its trajectory trees
     Replay {
         #[command(subcommand)]
@@ -264,6 +270,7 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(rt.block_on(forgelog_producers::run(args, token_in))?)
         }
         Command::Train(args) => Ok(rt.block_on(forgelog_trainer::run(args))?),
+        Command::Sync(cmd) => sync::run(&rt, cmd),
         Command::Replay { action } => replay::run(&rt, action),
         Command::Export { action } => export::run(&rt, action),
         Command::Spool { action } => spool::run(&rt, action),

@@ -26,6 +26,14 @@ pub struct UpArgs {
     /// Use this vLLM-compatible engine instead of starting `forgelog engine`
     #[arg(long)]
     pub upstream: Option<String>,
+    /// What --upstream is, with --train: forgelog (an engine that follows the
+    /// log itself), vllm or sglang (`forgelog sync` runs in this process and
+    /// makes it serve each published version); --model is the folder it serves
+    #[arg(long, value_enum, default_value_t = UpstreamKind::Forgelog, requires = "upstream")]
+    pub engine: UpstreamKind,
+    /// With --train and --engine vllm|sglang: whether it loads full weights or a LoRA adapter per version
+    #[arg(long, value_enum, default_value_t = forgelog_sync::Mode::Weights)]
+    pub sync_mode: forgelog_sync::Mode,
     /// The model the local engine serves
     #[arg(long, default_value = "smollm2")]
     pub model: String,
@@ -74,6 +82,14 @@ pub struct UpArgs {
     /// with `--features cuda`)
     #[arg(long, value_enum, default_value_t = forgelog_engine::DeviceKind::Cpu)]
     pub device: forgelog_engine::DeviceKind,
+}
+
+/// The engine behind `--upstream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamKind {
+    Forgelog,
+    Vllm,
+    Sglang,
 }
 
 /// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
@@ -224,9 +240,39 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         (None, Some(e)) => e.url.clone(),
         (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
-    if args.train && args.upstream.is_some() {
-        serves_policy_versions(&upstream).await?;
-    }
+    let sync_kind = match args.engine {
+        UpstreamKind::Forgelog => None,
+        UpstreamKind::Vllm => Some(forgelog_sync::Kind::Vllm),
+        UpstreamKind::Sglang => Some(forgelog_sync::Kind::Sglang),
+    };
+    // Makes the external engine serve what the learner publishes; its
+    // failure stops the demo (nothing more is sampled by a version it did
+    // not load) with the engine, route and answer named.
+    let sync = match (args.train, sync_kind) {
+        (true, Some(kind)) => {
+            let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
+                upstream: upstream.clone(),
+                engine: kind,
+                sync_mode: args.sync_mode,
+                stage_dir: args.home.join("checkpoints-staged"),
+                step_timeout: 600,
+                staleness: 1,
+                api_key: None,
+                run: Some(run.clone()),
+            });
+            // Before any call: the engine names the version it serves first.
+            let served = sync.start().await?;
+            let brokers = config.brokers.clone();
+            Some(tokio::spawn(async move {
+                forgelog_sync::follow_from(&sync, &brokers, served).await
+            }))
+        }
+        (true, None) if args.upstream.is_some() => {
+            serves_policy_versions(&upstream).await?;
+            None
+        }
+        _ => None,
+    };
 
     // The session API is not left open: anyone who reaches the proxy could
     // create sessions and post rewards. `up`'s own clients hold this token.
@@ -257,13 +303,27 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
+    let synced = async {
+        match sync {
+            Some(task) => match task.await {
+                Ok(Ok(())) => anyhow::anyhow!("the engine's sync stopped"),
+                Ok(Err(e)) => anyhow::Error::from(e).context("the engine's sync failed"),
+                Err(e) => anyhow::Error::from(e).context("the engine's sync"),
+            },
+            None => std::future::pending().await,
+        }
+    };
     let result = if args.demo {
         tokio::select! {
             r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args) => r,
+            e = synced => Err(e),
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
-        serve(config, &base, &admin_token, &run, stamp, stop).await
+        tokio::select! {
+            r = serve(config, &base, &admin_token, &run, stamp, stop) => r,
+            e = synced => Err(e),
+        }
     };
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
     proxy.shutdown(Duration::from_secs(10)).await?;

@@ -76,13 +76,14 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
             *rendered.entry(h).or_default().entry(kind).or_default() += 1;
         }
     }
-    eprintln!("| harness | calls | follow-ups | clean | rendered afresh (why) |");
+    eprintln!("| harness | calls | follow-ups | clean | aux | rendered afresh (why) |");
     for (h, n) in &calls {
         let rate = rates[*h];
         eprintln!(
-            "| {h} | {n} | {} | {} | {:?} |",
+            "| {h} | {n} | {} | {} | {} | {:?} |",
             rate.follow_ups,
             rate.clean,
+            rate.aux,
             rendered.get(h).cloned().unwrap_or_default()
         );
         // aider gives the model no tools: one exchange, nothing to follow up.
@@ -97,17 +98,27 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
             rate.follow_ups
         );
     }
-    // The calls that offered the model tools: the main conversation's
-    // (OpenCode's title call offers none and is a root of its own).
-    let with_tools: BTreeSet<(String, i64)> = finished_calls(events)
-        .into_iter()
-        .filter(|c| {
-            let request: serde_json::Value =
-                serde_json::from_str(&c.chat_request).unwrap_or_default();
-            request["tools"].as_array().is_some_and(|t| !t.is_empty())
+    // Side calls (OpenCode's title call: no tools, its own system prompt,
+    // beside calls with tools); every other call is the main conversation's.
+    let mut sessions: BTreeMap<String, Vec<forgelog_schemas::CallFinished>> = BTreeMap::new();
+    for c in finished_calls(events) {
+        sessions.entry(c.session_id.clone()).or_default().push(c);
+    }
+    let aux: BTreeSet<(String, i64)> = sessions
+        .values()
+        .flat_map(|calls| {
+            let rollout = calls[0].rollout_id.clone();
+            forgelog_consumers::core::clean::aux_calls(calls)
+                .into_iter()
+                .map(move |i| (rollout.clone(), i))
         })
-        .map(|c| (c.rollout_id, c.call_index))
         .collect();
+    for h in calls.keys() {
+        // Only OpenCode makes side calls here: its title call, one per rollout.
+        let rollouts = harness_of.values().filter(|x| *x == h).count();
+        let expected = if *h == "opencode" { rollouts } else { 0 };
+        assert_eq!(rates[*h].aux, expected, "{h}: aux calls");
+    }
     for t in trees {
         let Event::TrajectoryBuilt(t) = t else {
             panic!("{t:?}")
@@ -116,7 +127,7 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
             continue; // the reference solutions, the intruder
         }
         let id = &t.rollout_id;
-        let main_call = |i: &i64| with_tools.contains(&(id.clone(), *i));
+        let main_call = |i: &i64| !aux.contains(&(id.clone(), *i));
         // Paths still standing (a retry's abandoned branch is discarded).
         let standing: Vec<&Vec<i64>> = t
             .sequences

@@ -7,6 +7,12 @@
 //! logprobs vLLM sampled and a prompt the proxy made. Then a multi-turn
 //! session through `forgelog proxy`: every follow-up call is spliced onto the
 //! ids vLLM sampled before it (CLEAN), one path.
+//!
+//! And `forgelog sync` makes the same vLLM serve each version published on
+//! `forgelog.policy`: the weights change (its greedy answer does), the
+//! version is vLLM's own word (and the proxy stamps calls with it), a killed
+//! sync goes on from the log, and a version that cannot be loaded is a named
+//! error that leaves vLLM paused until a restarted sync loads a good one.
 
 mod support;
 
@@ -65,6 +71,8 @@ impl Vllm {
             .env("OMP_NUM_THREADS", "1")
             .env("VLLM_NO_USAGE_STATS", "1")
             .env("HF_HUB_OFFLINE", "1")
+            // Its RL routes: pause, reload_weights, the weight version.
+            .env("VLLM_SERVER_DEV_MODE", "1")
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .process_group(0)
@@ -284,4 +292,260 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
     let rate = clean_rates(&events)["openai-http"];
     eprintln!("CLEAN of a chat session through vLLM: {rate:?}");
     assert_eq!((rate.follow_ups, rate.clean), (2, 2));
+}
+
+/// vLLM's greedy answer to one fixed prompt: what its weights are.
+async fn greedy(http: &reqwest::Client, url: &str) -> String {
+    let r = http
+        .post(format!("{url}/v1/completions"))
+        .json(
+            &json!({"model": "smollm2", "prompt": "The capital of France is",
+                      "max_tokens": 8, "temperature": 0.0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let body: Value = r.json().await.unwrap();
+    body["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+async fn weight_info(http: &reqwest::Client, url: &str) -> Value {
+    let r = http.get(format!("{url}/weight_info")).send().await.unwrap();
+    r.json::<Value>().await.unwrap()["weight_version"].clone()
+}
+
+async fn is_paused(http: &reqwest::Client, url: &str) -> bool {
+    let r = http.get(format!("{url}/is_paused")).send().await.unwrap();
+    r.json::<Value>().await.unwrap()["is_paused"]
+        .as_bool()
+        .unwrap()
+}
+
+fn start_sync(brokers: &str, url: &str, run: &str, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "-v",
+            "sync",
+            "--upstream",
+            url,
+            "--engine",
+            "vllm",
+            "--sync-mode",
+            "weights",
+        ])
+        .args(["--run", run, "--brokers", brokers, "--step-timeout", "120"])
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
+    let stream_rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = stream_rt.block_on(forgelog_stream::testing::shared_broker());
+    let root = tempfile::tempdir().unwrap();
+    let mut policy = forgelog_model::load_policy(
+        "smollm2",
+        &forgelog_stream::models_dir(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let base = root.path().join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    support::write_hf_model_folder(&policy, &base);
+    // The checkpoints as the learner writes them: a model folder per version.
+    let version_dir = |v: i64| root.path().join(format!("ckpt/v{v:06}"));
+    let published = |v: i64, dir: &Path| forgelog_schemas::PolicyPublished {
+        run_id: String::new(),
+        event_id: String::new(),
+        version: v,
+        step: v,
+        checkpoint_uri: format!("file://{}/model.safetensors", dir.display()),
+        metrics: Default::default(),
+    };
+    // Version 1: the final norm negated, so the logits are too (tied
+    // embeddings): a different greedy answer, certainly.
+    let norm = policy.weights["model.norm.weight"].clone();
+    policy
+        .weights
+        .insert("model.norm.weight".into(), norm.neg().unwrap());
+    std::fs::create_dir_all(version_dir(1)).unwrap();
+    support::write_hf_model_folder(&policy, &version_dir(1));
+    policy.weights.insert("model.norm.weight".into(), norm);
+    // Version 2: the base weights again.
+    std::fs::create_dir_all(version_dir(2)).unwrap();
+    support::write_hf_model_folder(&policy, &version_dir(2));
+
+    let vllm = Vllm::start(&base, root.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    let before = rt.block_on(greedy(&http, &vllm.url));
+    // vLLM names its start weights "default": none of ours.
+    let start = rt.block_on(weight_info(&http, &vllm.url));
+    assert!(
+        start.as_str().is_some_and(|v| v.parse::<u64>().is_err()),
+        "{start}"
+    );
+
+    let run = unique_run_id("sync-vllm");
+    let publish = |v: i64, dir: &Path| {
+        let mut p = published(v, dir);
+        p.run_id = run.clone();
+        p.event_id = forgelog_schemas::event_id("PolicyPublished", &[&run, &v.to_string()]);
+        stream_rt.block_on(forgelog_stream::testing::produce(&stream, &[p.into()]));
+    };
+    let wait_for = |v: &str, sync: &mut Child, log: &Path| {
+        let started = Instant::now();
+        while rt.block_on(weight_info(&http, &vllm.url)) != json!(v) {
+            if let Ok(Some(status)) = sync.try_wait() {
+                panic!(
+                    "sync exited {status}: {}",
+                    std::fs::read_to_string(log).unwrap()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(180),
+                "vLLM does not serve version {v}: {}\n{}",
+                std::fs::read_to_string(log).unwrap(),
+                vllm.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!(
+            "vLLM serves version {v} {:.1} s after asking",
+            started.elapsed().as_secs_f64()
+        );
+    };
+
+    publish(1, &version_dir(1));
+    let log = root.path().join("sync.log");
+    let mut sync = start_sync(&stream.brokers, &vllm.url, &run, &log);
+    wait_for("1", &mut sync, &log);
+    // (It named its start weights version 0 first: the base of the run.)
+    assert!(!rt.block_on(is_paused(&http, &vllm.url)));
+    let negated = rt.block_on(greedy(&http, &vllm.url));
+    assert_ne!(negated, before, "version 1's weights answer");
+
+    // Killed at any point, a sync goes on from the log and vLLM's word.
+    sync.kill().unwrap();
+    sync.wait().unwrap();
+    publish(2, &version_dir(2));
+    let mut sync = start_sync(&stream.brokers, &vllm.url, &run, &log);
+    wait_for("2", &mut sync, &log);
+    assert_eq!(
+        rt.block_on(greedy(&http, &vllm.url)),
+        before,
+        "version 2 holds the base weights again"
+    );
+
+    // The version on a call is vLLM's word: a call through the proxy now
+    // says it was sampled by version 2.
+    let proxy_run = unique_run_id("sync-vllm-proxy");
+    let listen = free_local_addr();
+    let spool = tempfile::tempdir().unwrap();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "proxy",
+            "--upstream",
+            &vllm.url,
+            "--listen",
+            &listen.to_string(),
+        ])
+        .args(["--brokers", &stream.brokers, "--run-id", &proxy_run])
+        .args(["--admin-token", "sync-test-admin"])
+        .arg("--spool")
+        .arg(spool.path())
+        .spawn()
+        .unwrap();
+    let proxy_url = format!("http://{listen}");
+    rt.block_on(async {
+        let sessions =
+            SessionClient::with_http(&proxy_url, Some("sync-test-admin".into()), http.clone());
+        let mut up = false;
+        for _ in 0..600 {
+            let health = http.get(format!("{proxy_url}/healthz")).send().await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(up, "the proxy did not come up");
+        let session = sessions
+            .create(&NewSession::new("chat", "chat", "openai-http", "g"))
+            .await
+            .unwrap();
+        let r = http
+            .post(format!("{proxy_url}/v1/chat/completions"))
+            .bearer_auth(&session.api_key)
+            .json(&json!({"model": "smollm2", "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "Name a fruit."}]}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        sessions
+            .finish(&session.session_id, &Finish::default())
+            .await
+            .unwrap();
+    });
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(proxy.id() as i32, libc::SIGTERM) };
+    assert!(proxy.wait().unwrap().success());
+    let reader = forgelog_stream::ReplayReader::new(&stream).unwrap();
+    let mut calls: Vec<Event> = reader
+        .read(
+            forgelog_schemas::Topic::Calls.name(),
+            forgelog_stream::StartAt::Beginning,
+            Some(&proxy_run),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|r| r.event.unwrap())
+        .collect();
+    forgelog_schemas::compact::expand_events(&mut calls);
+    let calls = finished_calls(&calls);
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].trainable, "{:?}", calls[0].untrainable_reason);
+    assert_eq!(
+        calls[0].policy_version,
+        Some(2),
+        "the version vLLM served it by"
+    );
+
+    // A version whose folder holds no loadable weights: vLLM refuses the
+    // reload, and the sync stops on a named error leaving vLLM paused (what
+    // a failed reload loaded is not rolled back: nothing is sampled by it).
+    std::fs::create_dir_all(version_dir(3)).unwrap();
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        let _ = std::fs::copy(base.join(name), version_dir(3).join(name));
+    }
+    std::fs::write(version_dir(3).join("model.safetensors"), b"not safetensors").unwrap();
+    publish(3, &version_dir(3));
+    let status = sync.wait().unwrap();
+    let said = std::fs::read_to_string(&log).unwrap();
+    eprintln!("sync on a broken version: {status}: {said}");
+    assert_eq!(status.code(), Some(2), "{said}");
+    assert!(said.contains("/collective_rpc"), "names the route: {said}");
+    assert!(said.contains(&vllm.url), "names the engine: {said}");
+    assert!(said.contains("left paused"), "{said}");
+    assert!(rt.block_on(is_paused(&http, &vllm.url)));
+
+    // A loadable version, and a restarted sync loads it into the paused
+    // engine and resumes it.
+    std::fs::create_dir_all(version_dir(4)).unwrap();
+    support::write_hf_model_folder(&policy, &version_dir(4));
+    publish(4, &version_dir(4));
+    let mut sync = start_sync(&stream.brokers, &vllm.url, &run, &log);
+    wait_for("4", &mut sync, &log);
+    assert!(!rt.block_on(is_paused(&http, &vllm.url)));
+    assert_eq!(rt.block_on(greedy(&http, &vllm.url)), before);
+    sync.kill().unwrap();
+    sync.wait().unwrap();
 }

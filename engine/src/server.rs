@@ -29,6 +29,7 @@ pub fn router(engine: Engine, access: ReloadAccess) -> Router {
         // vLLM's health check: 200 with an empty body once the model serves.
         .route("/health", get(|| async { "" }))
         .route("/v1/models", get(models))
+        .route("/weight_info", get(weight_info))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/tokenize", post(tokenize))
@@ -65,6 +66,12 @@ fn meta<'a>(engine: &'a Engine, prefix: &str) -> Meta<'a> {
         created,
         model: engine.model_name(),
     }
+}
+
+/// The version of the weights served, as vLLM's RL routes say it: what a
+/// caller that also drives vLLM reads the same way.
+async fn weight_info(State(engine): State<Engine>) -> Json<Value> {
+    Json(serde_json::json!({"weight_version": engine.policy_version().to_string()}))
 }
 
 async fn chat_completions(

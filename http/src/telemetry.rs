@@ -32,6 +32,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("forgelog_proxy_unparsed_tool_calls_total", Kind::Counter, "Tool-call texts the proxy could not parse and passed on as text"),
     ("forgelog_proxy_prompts_total", Kind::Counter, "Prompts the proxy made itself (token in), by how: spliced onto an earlier call's ids, or rendered afresh"),
     ("forgelog_proxy_token_counts_total", Kind::Counter, "count_tokens requests answered"),
+    ("forgelog_proxy_version_unknown_total", Kind::Counter, "Calls to an engine that says its version at /weight_info (vLLM) during which the version changed: sampled by either, recorded without one"),
     ("forgelog_replay_refused_total", Kind::Counter, "Calls replay serve refused because they differ from the recording"),
     // engine
     ("forgelog_engine_requests_total", Kind::Counter, "Generations finished, by finish reason"),
@@ -41,6 +42,9 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("forgelog_engine_request_seconds", Kind::Histogram, "From a request's arrival to its last sampled token"),
     ("forgelog_engine_running", Kind::Gauge, "Sequences being generated now"),
     ("forgelog_engine_policy_version", Kind::Gauge, "The policy version the engine serves"),
+    // engine sync
+    ("forgelog_sync_seconds", Kind::Histogram, "Time one sync took to make the engine serve a published version, read back"),
+    ("forgelog_sync_served_version", Kind::Gauge, "The version the synced engine serves, as it says"),
     // log producer and spool
     ("forgelog_events_sent_total", Kind::Counter, "Events handed to the log, by topic"),
     ("forgelog_events_delivered_total", Kind::Counter, "Events the broker acknowledged"),

@@ -589,3 +589,14 @@ async fn token_counts_tokenize_or_take_a_model_call_from_the_budget() {
         proxy.shutdown(Duration::from_secs(5)).await.unwrap();
     }
 }
+
+#[test]
+fn a_call_is_stamped_with_the_engines_version_only_when_no_reload_crossed_it() {
+    use upstream::version_across;
+    assert_eq!(version_across(Some(3), Some(3)), Some(3));
+    // A reload finished while the call was out: asked before it, or queued
+    // behind it; either could have served the call.
+    assert_eq!(version_across(Some(3), Some(4)), None);
+    assert_eq!(version_across(None, Some(1)), None);
+    assert_eq!(version_across(None, None), None);
+}

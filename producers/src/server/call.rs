@@ -247,6 +247,15 @@ impl Call {
             (Some(t), Upstream::Live(client)) => Some((t, client)),
             _ => None,
         };
+        // An engine whose answers carry no version says it at /weight_info.
+        let weight_info = match &self.st.upstream {
+            Upstream::Live(client) if probe.weight_info => Some(client),
+            _ => None,
+        };
+        let served_before = match weight_info {
+            Some(client) => client.weight_version().await.ok().flatten(),
+            None => None,
+        };
         let (answer, prompt) = match token_in {
             Some((token_in, client)) => match self.prompt(token_in, &upstream.body) {
                 Ok(prompt) => {
@@ -277,7 +286,7 @@ impl Call {
             }
         };
         let prefix = format!("call_{}_{}_", &self.session.id[..12], self.index);
-        let (mut resp, sampled) = match read_response(&mut answer, &prefix) {
+        let (mut resp, mut sampled) = match read_response(&mut answer, &prefix) {
             Ok(r) => r,
             Err(err) => {
                 self.fail(&err, Some(&req.sampling));
@@ -291,6 +300,13 @@ impl Call {
         }
         if !req.model.is_empty() {
             resp.model = req.model.clone();
+        }
+        if let (None, Some(client)) = (sampled.policy_version, weight_info) {
+            let after = client.weight_version().await.ok().flatten();
+            sampled.policy_version = crate::upstream::version_across(served_before, after);
+            if served_before != after {
+                metrics::counter!("forgelog_proxy_version_unknown_total").increment(1);
+            }
         }
         if let Some(v) = sampled.policy_version {
             self.st.policy_version.fetch_max(v, Ordering::Relaxed);

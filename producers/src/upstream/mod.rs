@@ -144,6 +144,9 @@ pub struct Probe {
     pub context: Option<i64>,
     /// Why its answers would not be trainable (`None`: they would be).
     pub untrainable: Option<String>,
+    /// Whether it says which weights it serves at `GET /weight_info` (vLLM's
+    /// RL routes): its answers carry no version, so each call reads it there.
+    pub weight_info: bool,
 }
 
 /// `base` and `path` as a URL, or why they are not one.
@@ -288,16 +291,46 @@ impl UpstreamClient {
             ..rl_sampling(&req.sampling)
         };
         let mut answer = self.chat(&upstream_request(&req, &sent, &model)).await?;
-        let untrainable = match read_response(&mut answer, "probe_") {
-            Ok((_, s)) => s.untrainable_reason,
-            Err(e) => Some(e.message),
+        let (untrainable, versioned) = match read_response(&mut answer, "probe_") {
+            Ok((_, s)) => (s.untrainable_reason, s.policy_version.is_some()),
+            Err(e) => (Some(e.message), false),
         };
+        // Asked only of an engine whose answers do not say it themselves.
+        let weight_info = !versioned && self.weight_version().await.is_ok();
         Ok(Probe {
             model,
             context,
             untrainable,
+            weight_info,
         })
     }
+
+    /// The version of the weights the upstream serves, as its
+    /// `GET /weight_info` says (`None`: it names none, or none of ours).
+    pub async fn weight_version(&self) -> Result<Option<i64>, UpstreamError> {
+        let r = self
+            .http
+            .get(url(&self.base, "/weight_info").map_err(UpstreamError::Connect)?)
+            .timeout(self.timeout)
+            .send()
+            .await
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let info: Value = read_json(r).await?;
+        match &info["weight_version"] {
+            Value::String(v) => Ok(v.parse().ok()),
+            Value::Null => Ok(None),
+            other => Err(UpstreamError::NotJson(format!("weight_version {other}"))),
+        }
+    }
+}
+
+/// The version a call was sampled by, from the upstream's word before it was
+/// sent and after it was answered: weights change only while the engine is
+/// paused (`forgelog sync` pauses vLLM with `mode=wait`), so the same version
+/// on both sides served the whole call; two different ones leave it unknown
+/// (asked before the reload, or queued behind it).
+pub fn version_across(before: Option<i64>, after: Option<i64>) -> Option<i64> {
+    before.filter(|_| before == after)
 }
 
 /// The largest upstream answer read: far above any real completion (a

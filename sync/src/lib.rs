@@ -1,0 +1,365 @@
+//! `forgelog sync`: follows `forgelog.policy` and makes an inference engine
+//! serve each version the learner publishes, by the plan of
+//! [`forgelog_sync_core`] for its kind (vLLM, SGLang, forgelog's engine).
+//! Every request has a deadline; a refused or timed-out step is an error
+//! naming the engine, the route and the answer. A step that fails once the
+//! engine is paused leaves it paused (vLLM does not roll back a half-done
+//! reload: nothing is sampled by such weights), and the next sync reloads
+//! the newest version into it. The version served is the engine's own
+//! answer, read back after every sync.
+
+use forgelog_schemas::{Event, PolicyPublished, Topic};
+use forgelog_sync_core::{self as core, EngineKind, Method, Step, SyncMode};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use forgelog_sync_core::{adapter_name, EngineKind as Kind, SyncMode as Mode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("{engine} {route}: no answer within {secs} s")]
+    Timeout {
+        engine: String,
+        route: String,
+        secs: u64,
+    },
+    #[error("{engine} {route}: {why}")]
+    Unreachable {
+        engine: String,
+        route: String,
+        why: String,
+    },
+    #[error("{engine} {route} refused (HTTP {status}): {answer}")]
+    Refused {
+        engine: String,
+        route: String,
+        status: u16,
+        answer: String,
+    },
+    #[error("{engine} serves version {served:?} after loading version {loaded}")]
+    OtherVersion {
+        engine: String,
+        loaded: u64,
+        served: Option<u64>,
+    },
+    #[error("staging version {version} from {uri}: {why}")]
+    Stage {
+        version: u64,
+        uri: String,
+        why: String,
+    },
+    #[error(
+        "{cause}; {engine} is left paused: a failed reload may have loaded part of the \
+         weights, so nothing is sampled by them. Restart forgelog sync once a loadable \
+         version is published (it reloads the newest into a paused engine and resumes it), \
+         or restart the engine"
+    )]
+    LeftPaused {
+        engine: String,
+        cause: Box<SyncError>,
+    },
+    #[error("reading forgelog.policy: {0}")]
+    Log(#[from] forgelog_stream::ConsumeError),
+}
+
+/// What `forgelog sync` keeps in sync, and how.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SyncArgs {
+    /// The engine's base URL (http://host:port)
+    #[arg(long, env = "FORGELOG_UPSTREAM")]
+    pub upstream: String,
+    /// What kind of engine it is
+    #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]
+    pub engine: EngineKind,
+    /// Whether a published version is full weights or a LoRA adapter
+    #[arg(long, value_enum, default_value_t = SyncMode::Weights)]
+    pub sync_mode: SyncMode,
+    /// Where checkpoints that are not on local disk (s3://, gs://) are
+    /// copied before the engine loads them: a directory the engine can read
+    #[arg(long, default_value = "checkpoints-staged")]
+    pub stage_dir: PathBuf,
+    /// Seconds a step may take (a reload of a large model takes a while)
+    #[arg(long, default_value_t = 600)]
+    pub step_timeout: u64,
+    /// Adapters this many versions older than the served one stay loaded
+    #[arg(long, default_value_t = 1)]
+    pub staleness: u64,
+    /// The engine's API key, when it asks for one
+    #[arg(long, env = "FORGELOG_UPSTREAM_API_KEY")]
+    pub api_key: Option<String>,
+    /// Only this run's versions (default: every run's)
+    #[arg(long, env = "FORGELOG_RUN")]
+    pub run: Option<String>,
+}
+
+/// One engine kept in sync.
+pub struct EngineSync {
+    args: SyncArgs,
+    http: reqwest::Client,
+}
+
+impl EngineSync {
+    pub fn new(args: SyncArgs) -> EngineSync {
+        EngineSync {
+            args,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn engine(&self) -> String {
+        format!("{:?} at {}", self.args.engine, self.args.upstream).to_lowercase()
+    }
+
+    /// Sends one step; its JSON answer (`Null` for a plain-text one).
+    async fn send(&self, step: &Step) -> Result<serde_json::Value, SyncError> {
+        let url = format!("{}{}", self.args.upstream.trim_end_matches('/'), step.path);
+        let route = step.path.clone();
+        let secs = self.args.step_timeout;
+        let ask = || {
+            let mut request = match step.method {
+                Method::Get => self.http.get(&url),
+                Method::Post => self.http.post(&url),
+            };
+            if let Some(body) = &step.body {
+                request = request.json(body);
+            }
+            if let Some(key) = &self.args.api_key {
+                request = request.bearer_auth(key);
+            }
+            tokio::time::timeout(Duration::from_secs(secs), async {
+                let r = request.send().await?;
+                let status = r.status().as_u16();
+                Ok::<_, reqwest::Error>((status, r.text().await?))
+            })
+        };
+        let mut answer = ask().await;
+        // Every step is idempotent, so one that never reached the engine is
+        // sent again once: vLLM closes a connection after a 500, and the
+        // pooled one the next step (the resume after a refused reload) takes
+        // is dead (found by tests/vllm.rs).
+        if matches!(&answer, Ok(Err(e)) if e.is_request() || e.is_connect()) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            answer = ask().await;
+        }
+        let (status, text) = match answer {
+            Err(_) => {
+                return Err(SyncError::Timeout {
+                    engine: self.engine(),
+                    route,
+                    secs,
+                })
+            }
+            Ok(Err(e)) => {
+                return Err(SyncError::Unreachable {
+                    engine: self.engine(),
+                    route,
+                    why: e.to_string(),
+                })
+            }
+            Ok(Ok(answer)) => answer,
+        };
+        tracing::info!(engine = %self.engine(), route = %step.path, status, "sync step");
+        let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+        if !core::accepted(status, &body) {
+            return Err(SyncError::Refused {
+                engine: self.engine(),
+                route,
+                status,
+                answer: text.chars().take(500).collect(),
+            });
+        }
+        Ok(body)
+    }
+
+    /// The version the engine says it serves.
+    pub async fn served(&self) -> Result<Option<u64>, SyncError> {
+        let read_back = core::plan(self.args.engine, self.args.sync_mode, 0, "").read_back;
+        let body = self.send(&read_back).await?;
+        Ok(core::served_version(
+            self.args.engine,
+            self.args.sync_mode,
+            &body,
+        ))
+    }
+
+    /// The local folder the engine loads `published` from: the checkpoint's
+    /// own when it is on local disk, else a copy under the stage directory
+    /// (vLLM's reload reads no object store).
+    async fn stage(&self, published: &PolicyPublished) -> Result<PathBuf, SyncError> {
+        let version = published.version.max(0) as u64;
+        let uri = &published.checkpoint_uri;
+        let err = |why: String| SyncError::Stage {
+            version,
+            uri: uri.clone(),
+            why,
+        };
+        let url = forgelog_stream::store::location_url(uri).map_err(|e| err(e.to_string()))?;
+        if url.scheme() == "file" {
+            let file = url
+                .to_file_path()
+                .map_err(|()| err("not a local path".into()))?;
+            let dir = file.parent().ok_or_else(|| err("no folder".into()))?;
+            if !file.is_file() {
+                return Err(err(format!("{} is not there", file.display())));
+            }
+            return Ok(dir.to_path_buf());
+        }
+        let dir = std::path::absolute(self.args.stage_dir.join(format!("v{version:06}")))
+            .map_err(|e| err(e.to_string()))?;
+        forgelog_trainer::checkpoint::export_model_folder(uri, &dir)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        Ok(dir)
+    }
+
+    /// Makes the engine serve `published` and reads the version back; the
+    /// time it took.
+    pub async fn serve(&self, published: &PolicyPublished) -> Result<Duration, SyncError> {
+        let started = Instant::now();
+        let version = published.version.max(0) as u64;
+        let dir = self.stage(published).await?;
+        let plan = core::plan(
+            self.args.engine,
+            self.args.sync_mode,
+            version,
+            &dir.display().to_string(),
+        );
+        let mut paused = false;
+        let done = async {
+            for step in &plan.steps {
+                self.send(step).await?;
+                paused |= step.pauses;
+            }
+            Ok(())
+        }
+        .await;
+        match done {
+            // Once paused, the engine stays paused on a failure: vLLM does
+            // not roll back what a failed reload loaded.
+            Err(cause) if paused => {
+                return Err(SyncError::LeftPaused {
+                    engine: self.engine(),
+                    cause: Box::new(cause),
+                })
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        if let Some(resume) = &plan.resume {
+            self.send(resume).await?;
+        }
+        let answer = self.send(&plan.read_back).await?;
+        let served = core::served_version(self.args.engine, self.args.sync_mode, &answer);
+        if served != Some(version) {
+            return Err(SyncError::OtherVersion {
+                engine: self.engine(),
+                loaded: version,
+                served,
+            });
+        }
+        if self.args.sync_mode == SyncMode::Adapter {
+            for old in core::stale_adapters(&answer, version, self.args.staleness) {
+                self.send(&core::unload_adapter(self.args.engine, old))
+                    .await?;
+            }
+        }
+        let took = started.elapsed();
+        metrics::histogram!("forgelog_sync_seconds").record(took.as_secs_f64());
+        metrics::gauge!("forgelog_sync_served_version").set(version as f64);
+        Ok(took)
+    }
+}
+
+impl EngineSync {
+    /// What the engine serves as a sync starts, from its own word: a paused
+    /// engine (left so by a failed sync: its weights are not the version it
+    /// names) serves nothing, so the newest published version is loaded into
+    /// it; an engine that names no version of ours is declared version 0
+    /// (see [`forgelog_sync_core::declare_base`]).
+    pub async fn start(&self) -> Result<Option<u64>, SyncError> {
+        let served = self.served().await?;
+        let paused = match core::paused_query(self.args.engine) {
+            Some(query) => core::is_paused(&self.send(&query).await?),
+            None => false,
+        };
+        if paused {
+            return Ok(None);
+        }
+        if served.is_none() {
+            if let Some(step) = core::declare_base(self.args.engine, self.args.sync_mode) {
+                self.send(&step).await?;
+                return Ok(Some(0));
+            }
+        }
+        Ok(served)
+    }
+}
+
+/// Follows `forgelog.policy` at `brokers` and makes the engine serve each
+/// version newer than what it serves ([`EngineSync::start`]: a restarted
+/// sync goes on from the log and the engine's own word). Returns the first
+/// failed sync's error: whoever watches it stops sampling.
+pub async fn follow(sync: &EngineSync, brokers: &str) -> Result<(), SyncError> {
+    let served = sync.start().await?;
+    follow_from(sync, brokers, served).await
+}
+
+/// [`follow`], the engine serving `served` already (from [`EngineSync::start`]).
+pub async fn follow_from(
+    sync: &EngineSync,
+    brokers: &str,
+    mut served: Option<u64>,
+) -> Result<(), SyncError> {
+    let config = forgelog_stream::StreamConfig::new(brokers);
+    let run = sync.args.run.clone();
+    let newest = {
+        let (config, run) = (config.clone(), run.clone());
+        tokio::task::spawn_blocking(move || {
+            let reader = forgelog_stream::ReplayReader::new(&config)?;
+            forgelog_stream::newest_policy(&reader, run.as_deref())
+        })
+        .await
+        .expect("the newest policy's reader does not panic")?
+    };
+    let mut serve = async |p: &PolicyPublished| -> Result<(), SyncError> {
+        let version = p.version.max(0) as u64;
+        if served.is_some_and(|s| s >= version) {
+            return Ok(());
+        }
+        let took = sync.serve(p).await?;
+        tracing::info!(version, secs = took.as_secs_f64(), engine = %sync.engine(), "serving");
+        served = Some(version);
+        Ok(())
+    };
+    if let Some(p) = newest {
+        serve(&p).await?;
+    }
+    let group = format!("forgelog-sync-{}", std::process::id());
+    let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
+    loop {
+        let received = consumer.recv().await?;
+        match received.event {
+            Ok(Event::PolicyPublished(p)) if run.as_ref().is_none_or(|r| *r == p.run_id) => {
+                serve(&p).await?
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                offset = received.offset,
+                "undecodable message on forgelog.policy: {e}"
+            ),
+        }
+    }
+}
+
+/// `forgelog sync`: [`follow`] until `shutdown` completes or a sync fails.
+pub async fn run(
+    args: SyncArgs,
+    brokers: &str,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), SyncError> {
+    let sync = EngineSync::new(args);
+    tokio::select! {
+        followed = follow(&sync, brokers) => followed,
+        () = shutdown => Ok(()),
+    }
+}
