@@ -548,4 +548,63 @@ fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
     assert_eq!(rt.block_on(greedy(&http, &vllm.url)), before);
     sync.kill().unwrap();
     sync.wait().unwrap();
+
+    // The engine gap on the weights both sides hold (fp32 both): vLLM's
+    // sampling-time logprobs against forgelog's forward pass (the learner's)
+    // over the same ids.
+    let (mean, p99) = rt.block_on(logprob_gap(&policy, &http, &vllm.url));
+    eprintln!("vllm vs learner logprob gap: mean {mean:.2e}, p99 {p99:.2e}");
+    assert!(mean < 1e-2 && p99 < 5e-2, "mean {mean}, p99 {p99}");
+}
+
+/// Samples from vLLM at temperature 1 and recomputes each sampled token's
+/// logprob with `policy`: the mean and p99 of the absolute differences.
+async fn logprob_gap(
+    policy: &forgelog_model::Policy,
+    http: &reqwest::Client,
+    url: &str,
+) -> (f64, f64) {
+    let prompts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Write a haiku about the sea.",
+        "List three prime numbers:",
+    ];
+    let mut gaps = Vec::new();
+    for (seed, text) in prompts.iter().enumerate() {
+        let prompt: Vec<u32> = policy
+            .tokenizer
+            .encode(*text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let r = http
+            .post(format!("{url}/v1/completions"))
+            .json(
+                &json!({"model": "smollm2", "prompt": prompt, "max_tokens": 32,
+                          "temperature": 1.0, "seed": seed, "logprobs": 0,
+                          "return_token_ids": true}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let body: Value = r.json().await.unwrap();
+        let choice = &body["choices"][0];
+        let sampled: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+        let theirs: Vec<f64> =
+            serde_json::from_value(choice["logprobs"]["token_logprobs"].clone()).unwrap();
+        assert_eq!(sampled.len(), theirs.len(), "{body}");
+        let ids = [prompt.as_slice(), &sampled[..sampled.len() - 1]].concat();
+        let mut cache = forgelog_model::KvCache::new();
+        let logits = policy.model.forward(&ids, &mut cache).unwrap();
+        let logits: Vec<Vec<f32>> = logits.to_vec2().unwrap();
+        for (j, (&token, their)) in sampled.iter().zip(&theirs).enumerate() {
+            let ours = forgelog_model::log_softmax(&logits[prompt.len() - 1 + j])[token as usize];
+            gaps.push((ours as f64 - their).abs());
+        }
+    }
+    gaps.sort_by(f64::total_cmp);
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    let p99 = gaps[(gaps.len() * 99 / 100).min(gaps.len() - 1)];
+    (mean, p99)
 }
