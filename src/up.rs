@@ -254,7 +254,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
                 upstream: upstream.clone(),
                 engine: kind,
                 sync_mode: args.sync_mode,
-                stage_dir: args.home.join("checkpoints-staged"),
+                stage_dir: Some(args.home.join("checkpoints-staged")),
                 step_timeout: 600,
                 staleness: 1,
                 api_key: None,

@@ -22,6 +22,7 @@ use forgelog_consumers::{Processor, TrajectoryBuilder};
 use forgelog_schemas::{CallStatus, Event};
 use forgelog_stream::testing::{free_local_addr, unique_run_id};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -335,6 +336,8 @@ fn start_sync(brokers: &str, url: &str, run: &str, log: &Path) -> Child {
             "weights",
         ])
         .args(["--run", run, "--brokers", brokers, "--step-timeout", "120"])
+        .arg("--stage-dir")
+        .arg(log.with_file_name("staged"))
         .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
         .spawn()
         .unwrap()
@@ -372,6 +375,11 @@ fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
         .insert("model.norm.weight".into(), norm.neg().unwrap());
     std::fs::create_dir_all(version_dir(1)).unwrap();
     support::write_hf_model_folder(&policy, &version_dir(1));
+    // As the learner's checkpoints do, the folder holds the optimizer's
+    // moments too: safetensors that are not weights.
+    let moments =
+        std::collections::HashMap::from([("m.model.norm.weight".to_string(), norm.clone())]);
+    candle_core::safetensors::save(&moments, version_dir(1).join("optimizer.safetensors")).unwrap();
     policy.weights.insert("model.norm.weight".into(), norm);
     // Version 2: the base weights again.
     std::fs::create_dir_all(version_dir(2)).unwrap();
@@ -607,4 +615,111 @@ async fn logprob_gap(
     let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
     let p99 = gaps[(gaps.len() * 99 / 100).min(gaps.len() - 1)];
     (mean, p99)
+}
+
+/// The closed loop on a real vLLM: `up --demo --train --steps 3 --upstream
+/// VLLM --engine vllm`. The learner starts from the folder vLLM serves; the
+/// sync in `up` makes vLLM serve each version it publishes; every call is
+/// stamped with the version vLLM says served it; each round is sampled by
+/// the version the round before made.
+#[test]
+fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(forgelog_stream::testing::shared_broker());
+    let root = tempfile::tempdir().unwrap();
+    let policy = forgelog_model::load_policy(
+        "smollm2",
+        &forgelog_stream::models_dir(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let model = root.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    support::write_hf_model_folder(&policy, &model);
+    let vllm = Vllm::start(&model, root.path());
+    let run = unique_run_id("loop-vllm");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["up", "--demo", "--train", "--steps", "3"])
+        .args(["--upstream", &vllm.url, "--engine", "vllm"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&model)
+        .args(["--brokers", &config.brokers, "--run", &run])
+        .args(["--proxy-listen", &free_local_addr().to_string()])
+        .arg("--home")
+        .arg(root.path().join("state"))
+        .arg("--export-to")
+        .arg(root.path().join("data"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\nup took {:.0} s", started.elapsed().as_secs_f64());
+    assert!(
+        out.status.success(),
+        "{}\nvLLM's log ends:\n{}",
+        &stderr[stderr.len().saturating_sub(3000)..],
+        vllm.log_tail()
+    );
+    // Served, as vLLM says it.
+    let http = reqwest::Client::new();
+    assert_eq!(rt.block_on(weight_info(&http, &vllm.url)), json!("3"));
+
+    let reader = forgelog_stream::ReplayReader::new(&config).unwrap();
+    let read = |topic: forgelog_schemas::Topic| -> Vec<Event> {
+        reader
+            .read(
+                topic.name(),
+                forgelog_stream::StartAt::Beginning,
+                Some(&run),
+            )
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| r.event.ok())
+            .collect()
+    };
+    let published: Vec<_> = read(forgelog_schemas::Topic::Policy)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    let versions: Vec<i64> = published.iter().map(|p| p.version).collect();
+    assert_eq!(versions, [1, 2, 3]);
+    let mut calls = read(forgelog_schemas::Topic::Calls);
+    forgelog_schemas::compact::expand_events(&mut calls);
+    let calls = finished_calls(&calls);
+    let ok: Vec<_> = calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Ok)
+        .collect();
+    assert!(!ok.is_empty());
+    // No sync ended during a call here (each waits for its round's end):
+    // every call carries the version vLLM said before and after it.
+    for c in &ok {
+        assert!(c.policy_version.is_some(), "call without a version: {c:?}");
+        assert!(c.trainable, "{:?}", c.untrainable_reason);
+    }
+    let served: BTreeSet<i64> = ok.iter().filter_map(|c| c.policy_version).collect();
+    assert_eq!(
+        served,
+        BTreeSet::from([0, 1, 2, 3]),
+        "each round by the version before it"
+    );
+    // An on-policy step's importance ratios: vLLM's sampling logprobs against
+    // the learner's, on the same weights.
+    for p in &published {
+        if p.metrics.get("staleness_max") == Some(&0.0)
+            && p.metrics.get("tokens").is_some_and(|&t| t > 0.0)
+        {
+            for k in ["is_ratio_min", "is_ratio_max"] {
+                let r = p.metrics[k];
+                eprintln!("version {}: {k} {r}", p.version);
+                assert!((r - 1.0).abs() < 0.05, "version {}: {k} {r}", p.version);
+            }
+        }
+    }
 }

@@ -58,6 +58,11 @@ pub enum SyncError {
         engine: String,
         cause: Box<SyncError>,
     },
+    #[error(
+        "{engine} is paused (a failed sync leaves it so) and this run has published no \
+         version to load into it: restart the engine"
+    )]
+    PausedWithNothingToLoad { engine: String },
     #[error("reading forgelog.policy: {0}")]
     Log(#[from] forgelog_stream::ConsumeError),
 }
@@ -74,10 +79,11 @@ pub struct SyncArgs {
     /// Whether a published version is full weights or a LoRA adapter
     #[arg(long, value_enum, default_value_t = SyncMode::Weights)]
     pub sync_mode: SyncMode,
-    /// Where checkpoints that are not on local disk (s3://, gs://) are
-    /// copied before the engine loads them: a directory the engine can read
-    #[arg(long, default_value = "checkpoints-staged")]
-    pub stage_dir: PathBuf,
+    /// Where each version's model folder is put together for the engine to
+    /// load (links to a local checkpoint's weights, copies of a remote one's):
+    /// a directory the engine can read [default: FORGELOG_HOME/staged-checkpoints]
+    #[arg(long)]
+    pub stage_dir: Option<PathBuf>,
     /// Seconds a step may take (a reload of a large model takes a while)
     #[arg(long, default_value_t = 600)]
     pub step_timeout: u64,
@@ -182,9 +188,12 @@ impl EngineSync {
         ))
     }
 
-    /// The local folder the engine loads `published` from: the checkpoint's
-    /// own when it is on local disk, else a copy under the stage directory
-    /// (vLLM's reload reads no object store).
+    /// The local folder the engine loads `published` from: the version's
+    /// model folder alone (the weights and the Hugging Face files), never the
+    /// checkpoint's own folder, which also holds the optimizer's moments as
+    /// safetensors that vLLM would load as weights (found by running
+    /// `up --train --engine vllm`). A local checkpoint's files are linked, a
+    /// remote one's (s3://) copied: vLLM's reload reads no object store.
     async fn stage(&self, published: &PolicyPublished) -> Result<PathBuf, SyncError> {
         let version = published.version.max(0) as u64;
         let uri = &published.checkpoint_uri;
@@ -193,22 +202,38 @@ impl EngineSync {
             uri: uri.clone(),
             why,
         };
+        let stage_dir = match &self.args.stage_dir {
+            Some(dir) => dir.clone(),
+            None => forgelog_stream::forgelog_home().join("staged-checkpoints"),
+        };
+        let dir = std::path::absolute(stage_dir.join(format!("v{version:06}")))
+            .map_err(|e| err(e.to_string()))?;
+        let _ = std::fs::remove_dir_all(&dir);
         let url = forgelog_stream::store::location_url(uri).map_err(|e| err(e.to_string()))?;
-        if url.scheme() == "file" {
-            let file = url
-                .to_file_path()
-                .map_err(|()| err("not a local path".into()))?;
-            let dir = file.parent().ok_or_else(|| err("no folder".into()))?;
-            if !file.is_file() {
-                return Err(err(format!("{} is not there", file.display())));
-            }
-            return Ok(dir.to_path_buf());
+        if url.scheme() != "file" {
+            forgelog_trainer::checkpoint::export_model_folder(uri, &dir)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            return Ok(dir);
         }
-        let dir = std::path::absolute(self.args.stage_dir.join(format!("v{version:06}")))
-            .map_err(|e| err(e.to_string()))?;
-        forgelog_trainer::checkpoint::export_model_folder(uri, &dir)
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let weights = url
+            .to_file_path()
+            .map_err(|()| err("not a local path".into()))?;
+        if !weights.is_file() {
+            return Err(err(format!("{} is not there", weights.display())));
+        }
+        let folder = weights.parent().ok_or_else(|| err("no folder".into()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+        let names = forgelog_model::hf::FOLDER_FILES
+            .into_iter()
+            .map(std::ffi::OsStr::new);
+        for name in names.chain(weights.file_name()) {
+            let file = folder.join(name);
+            if file.is_file() {
+                std::os::unix::fs::symlink(&file, dir.join(name))
+                    .map_err(|e| err(e.to_string()))?;
+            }
+        }
         Ok(dir)
     }
 
@@ -321,6 +346,7 @@ pub async fn follow_from(
         .await
         .expect("the newest policy's reader does not panic")?
     };
+    let nothing_served = served.is_none();
     let mut serve = async |p: &PolicyPublished| -> Result<(), SyncError> {
         let version = p.version.max(0) as u64;
         if served.is_some_and(|s| s >= version) {
@@ -331,8 +357,19 @@ pub async fn follow_from(
         served = Some(version);
         Ok(())
     };
-    if let Some(p) = newest {
-        serve(&p).await?;
+    match newest {
+        Some(p) => serve(&p).await?,
+        // Paused with nothing to load: it stays so, and says why.
+        None if nothing_served => {
+            if let Some(query) = core::paused_query(sync.args.engine) {
+                if core::is_paused(&sync.send(&query).await?) {
+                    return Err(SyncError::PausedWithNothingToLoad {
+                        engine: sync.engine(),
+                    });
+                }
+            }
+        }
+        None => {}
     }
     let group = format!("forgelog-sync-{}", std::process::id());
     let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
