@@ -18,7 +18,7 @@ pub mod server;
 pub mod testing;
 
 use candle_core::{DType, Device};
-use forgelog_model::{ChatTemplate, Llama, LlamaConfig, Policy};
+use forgelog_model::{ChatTemplate, ModelConfig, Policy, Transformer};
 use object_store::ObjectStoreExt;
 use scheduler::{Generation, GenerationRequest, Scheduler, SchedulerError};
 use serde_json::Value;
@@ -58,7 +58,7 @@ pub enum DeviceKind {
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
     /// `smollm2` (the default GGUF from scripts/fetch-model.sh), a .gguf file,
-    /// or a Hugging Face llama/qwen2 directory.
+    /// or a Hugging Face llama/qwen2/qwen3 directory.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
     /// Where the engine serves its OpenAI-compatible API
@@ -114,7 +114,7 @@ impl EngineArgs {
 
 struct Shared {
     name: String,
-    config: LlamaConfig,
+    config: ModelConfig,
     device: Device,
     tokenizer: Arc<Tokenizer>,
     chat_template: ChatTemplate,
@@ -250,10 +250,10 @@ impl Engine {
         }
         let bytes = fetch_checkpoint(checkpoint_uri, max_bytes).await?;
         let (config, device) = (self.0.config.clone(), self.0.device.clone());
-        let model = tokio::task::spawn_blocking(move || -> Result<Llama, EngineError> {
+        let model = tokio::task::spawn_blocking(move || -> Result<Transformer, EngineError> {
             let weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
             let vb = candle_nn::VarBuilder::from_tensors(weights, DType::F32, &device);
-            Llama::load(vb, &config).map_err(|e| EngineError::Checkpoint(e.to_string()))
+            Transformer::load(vb, &config).map_err(|e| EngineError::Checkpoint(e.to_string()))
         })
         .await
         .map_err(|e| EngineError::Checkpoint(e.to_string()))??;

@@ -92,17 +92,17 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use forgelog_model::testing::{tiny_config, tiny_weights};
-    use forgelog_model::{Llama, Logits};
+    use forgelog_model::{Logits, Transformer};
 
-    fn tiny() -> Llama {
+    fn tiny() -> Transformer {
         let config = tiny_config(4096);
         let vb =
             candle_nn::VarBuilder::from_tensors(tiny_weights(&config, 3), DType::F32, &Device::Cpu);
-        Llama::load(vb, &config).unwrap()
+        Transformer::load(vb, &config).unwrap()
     }
 
     /// The cache of a forward of `tokens`.
-    fn cache_of(model: &Llama, tokens: &[u32]) -> KvCache {
+    fn cache_of(model: &Transformer, tokens: &[u32]) -> KvCache {
         let mut cache = KvCache::new();
         model
             .forward_batch(&mut [(tokens, &mut cache)], Logits::Last)

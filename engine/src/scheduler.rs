@@ -12,7 +12,7 @@ use crate::prefix_cache::{common_prefix, PrefixCache, MIN_REUSED_TOKENS};
 use crate::sampling::{sample, Rng, SamplerConfig};
 /// Why a generation ended: the engine uses `Stop` and `Length` of the shared one.
 pub use forgelog_dialects::canonical::FinishReason;
-use forgelog_model::{KvCache, Llama, Logits};
+use forgelog_model::{KvCache, Logits, Transformer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,7 +50,7 @@ enum Command {
         Instant,
         oneshot::Sender<Result<Generation, String>>,
     ),
-    Swap(Box<Llama>, u64, oneshot::Sender<()>),
+    Swap(Box<Transformer>, u64, oneshot::Sender<()>),
 }
 
 /// A handle on the scheduler thread; cheap to clone.
@@ -75,7 +75,7 @@ impl Scheduler {
     /// `version`, keeping up to `prefix_cache_tokens` tokens' keys and values
     /// of recent sequences for the requests that go on from them.
     pub fn start(
-        model: Llama,
+        model: Transformer,
         tokenizer: Arc<Tokenizer>,
         stop_token_ids: Vec<u32>,
         version: u64,
@@ -135,7 +135,7 @@ impl Scheduler {
     }
 
     /// Replaces the weights between two steps; returns once they serve.
-    pub async fn swap(&self, model: Llama, version: u64) -> Result<(), SchedulerError> {
+    pub async fn swap(&self, model: Transformer, version: u64) -> Result<(), SchedulerError> {
         let (done, swapped) = oneshot::channel();
         self.commands
             .send(Command::Swap(Box::new(model), version, done))
@@ -159,7 +159,7 @@ struct Sequence {
 }
 
 struct Loop {
-    model: Llama,
+    model: Transformer,
     tokenizer: Arc<Tokenizer>,
     stop_token_ids: Vec<u32>,
     version: Arc<AtomicU64>,

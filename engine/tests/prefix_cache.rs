@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use common::{ids, post, reload, serve, tiny_long_context_llama};
 use forgelog_model::testing::{tiny_config, tiny_weights};
-use forgelog_model::{log_softmax, KvCache, Llama};
+use forgelog_model::{log_softmax, KvCache, Transformer};
 use serde_json::{json, Value};
 
 fn body(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Value {
@@ -31,7 +31,7 @@ fn completion(response: &Value) -> (Vec<u32>, Vec<f32>) {
 }
 
 /// Each completion token's logprob from one forward of prompt and completion.
-fn assert_teacher_forced(model: &Llama, prompt: &[u32], response: &Value) {
+fn assert_teacher_forced(model: &Transformer, prompt: &[u32], response: &Value) {
     let (tokens, got) = completion(response);
     assert!(!tokens.is_empty(), "{response}");
     let input: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
@@ -120,7 +120,7 @@ async fn a_next_turn_and_a_group_reuse_the_cache_and_new_weights_reuse_nothing()
         reused,
         "nothing of the old weights is reused"
     );
-    let new_model = Llama::load(
+    let new_model = Transformer::load(
         VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu),
         &config,
     )

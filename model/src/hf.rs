@@ -31,20 +31,12 @@ pub fn folder_files(
     };
     let bos_id = id_of(template.bos_token());
     let eos_ids = &policy.stop_token_ids;
-    // Our qwen2 is llama with q/k/v biases; `transformers`' llama with
-    // `attention_bias` would also expect one on o_proj.
-    let (model_type, architecture) = if c.attention_bias {
-        ("qwen2", "Qwen2ForCausalLM")
-    } else {
-        ("llama", "LlamaForCausalLM")
-    };
     let mut config = serde_json::to_value(c).map_err(invalid)?;
     let fields = config
         .as_object_mut()
         .expect("a struct serializes to an object");
     for (key, value) in [
-        ("architectures", json!([architecture])),
-        ("model_type", json!(model_type)),
+        ("architectures", json!([c.architecture.causal_lm_class()])),
         ("head_dim", json!(c.head_dim())),
         // transformers 5's form; `rope_theta` stays for older readers.
         (
@@ -60,9 +52,6 @@ pub fn folder_files(
         ("use_cache", json!(true)),
     ] {
         fields.insert(key.into(), value);
-    }
-    if model_type == "qwen2" {
-        fields.remove("attention_bias");
     }
     let generation = json!({
         "bos_token_id": bos_id,
@@ -109,10 +98,10 @@ fn invalid(e: serde_json::Error) -> LoadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{write_tiny_llama, write_tiny_qwen2};
+    use crate::testing::{write_tiny_llama, write_tiny_qwen2, write_tiny_qwen3};
     use candle_core::Device;
 
-    type TinyWriter = fn(&std::path::Path, u64) -> std::io::Result<crate::LlamaConfig>;
+    type TinyWriter = fn(&std::path::Path, u64) -> std::io::Result<crate::ModelConfig>;
 
     /// The folder a policy writes loads back as the same policy: same
     /// config, tokenizer, template, stop tokens and logits.
@@ -121,6 +110,7 @@ mod tests {
         for (write, model_type) in [
             (write_tiny_llama as TinyWriter, "llama"),
             (write_tiny_qwen2, "qwen2"),
+            (write_tiny_qwen3, "qwen3"),
         ] {
             let source = tempfile::tempdir().unwrap();
             write(source.path(), 3).unwrap();

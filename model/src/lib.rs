@@ -1,29 +1,31 @@
-//! forgelog-model: the policy itself. Llama-family model code whose forward
-//! returns logits at every position (teacher forcing) over ragged batches with
-//! a KV cache per sequence, loading from GGUF (dequantized to f32) or a
-//! Hugging Face directory, the tokenizer and the chat template.
+//! forgelog-model: the policy itself. The llama family's decoder (llama,
+//! Qwen2, Qwen3: [`Architecture`]) returning logits at every position
+//! (teacher forcing) over ragged batches with a KV cache per sequence,
+//! loading from GGUF (dequantized to f32) or a Hugging Face directory, the
+//! tokenizer and the chat template.
 //!
-//! Weights are named as in Hugging Face checkpoints (see [`llama`]); a
+//! Weights are named as in Hugging Face checkpoints (see [`transformer`]); a
 //! checkpoint the trainer writes is one `model.safetensors` with those names.
 
 pub mod chat;
 pub mod config;
 pub mod hf;
 mod kv_cache;
-pub mod llama;
 pub mod load;
+pub mod qwen3;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transformer;
 
 pub use chat::{ChatCodec, ChatTemplate, TemplateError};
-pub use config::LlamaConfig;
+pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
-pub use llama::Llama;
-pub use llama::Logits;
 pub use load::{
     default_gguf_path, load_chat_codec, load_gguf, load_hf_dir, load_policy, load_tokenizer,
     weights_from_safetensors, LoadError, Policy,
 };
+pub use transformer::Logits;
+pub use transformer::Transformer;
 
 /// Numerically stable `log_softmax` of one row of logits, in f64 for the sums
 /// so that the engine and a teacher-forced check compute the same numbers.

@@ -1,8 +1,8 @@
 //! Loading a policy (model, tokenizer, chat template) from the default GGUF
-//! (SmolLM2-135M-Instruct, dequantized to f32), any llama/qwen2 GGUF, or a
+//! (SmolLM2-135M-Instruct, dequantized to f32), any llama/qwen2/qwen3 GGUF, or a
 //! Hugging Face directory; and weights from a safetensors checkpoint.
 
-use crate::{ChatCodec, ChatTemplate, Llama, LlamaConfig};
+use crate::{Architecture, ChatCodec, ChatTemplate, ModelConfig, Transformer};
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use candle_core::{DType, Device, Tensor};
@@ -37,7 +37,7 @@ pub enum LoadError {
 pub struct Policy {
     /// What `/v1/models` reports.
     pub name: String,
-    pub model: Llama,
+    pub model: Transformer,
     pub tokenizer: Tokenizer,
     pub chat_template: ChatTemplate,
     /// Tokens that end a completion (`<|im_end|>`, `<|endoftext|>`, …).
@@ -105,11 +105,9 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
             .ok_or_else(|| LoadError::Invalid(format!("GGUF has no `{key}`")))
     };
     let arch = meta("general.architecture")?.to_string()?.clone();
-    if arch != "llama" && arch != "qwen2" {
-        return Err(LoadError::Invalid(format!(
-            "unsupported GGUF architecture {arch:?}"
-        )));
-    }
+    let architecture = Architecture::from_model_type(&arch).ok_or_else(|| {
+        LoadError::Invalid(unknown_architecture("GGUF general.architecture", &arch))
+    })?;
     let num = |key: &str| -> Result<usize, LoadError> {
         Ok(meta(&format!("{arch}.{key}"))?.to_u32()? as usize)
     };
@@ -119,19 +117,21 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
             .unwrap_or(default)
     };
     let tokens = meta("tokenizer.ggml.tokens")?.to_vec()?.len();
-    let config = LlamaConfig {
+    let config = ModelConfig {
+        architecture,
         vocab_size: num("vocab_size").unwrap_or(tokens),
         hidden_size: num("embedding_length")?,
         intermediate_size: num("feed_forward_length")?,
         num_hidden_layers: num("block_count")?,
         num_attention_heads: num("attention.head_count")?,
         num_key_value_heads: num("attention.head_count_kv")?,
+        head_dim: num("attention.key_length").ok(),
         rope_theta: float("rope.freq_base", 10_000.0),
         rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6),
         max_position_embeddings: num("context_length")?,
         tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-        attention_bias: content.tensor_infos.contains_key("blk.0.attn_q.bias"),
-    };
+    }
+    .canonical();
 
     let mut weights = HashMap::new();
     for name in content.tensor_infos.keys() {
@@ -154,7 +154,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         };
         weights.insert(hf_name, tensor.to_device(device)?);
     }
-    let model = Llama::load(
+    let model = Transformer::load(
         VarBuilder::from_tensors(weights.clone(), DType::F32, device),
         &config,
     )?;
@@ -275,6 +275,8 @@ fn hf_name_of_gguf(name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
@@ -357,29 +359,55 @@ fn token_text(v: Option<&Value>) -> String {
     }
 }
 
-/// A Hugging Face directory: `config.json`, `*.safetensors`, `tokenizer.json`,
-/// and `tokenizer_config.json` (or `chat_template.jinja`) for the template.
-pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
-    let raw_config = read_json(&dir.join("config.json"))?;
-    let mut config: LlamaConfig = serde_json::from_value(raw_config.clone())
-        .map_err(|e| LoadError::Invalid(format!("{}/config.json: {e}", dir.display())))?;
+/// What `config.json` in `dir` says of the architecture. An architecture
+/// forgelog does not run, or a field it cannot read, is an error naming it.
+pub fn hf_config(dir: &Path) -> Result<ModelConfig, LoadError> {
+    let path = dir.join("config.json");
+    let raw = read_json(&path)?;
+    let model_type = raw
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("llama");
+    let architecture = Architecture::from_model_type(model_type).ok_or_else(|| {
+        LoadError::Invalid(format!(
+            "{}: {}",
+            path.display(),
+            unknown_architecture("model_type", model_type)
+        ))
+    })?;
+    // A llama with `attention_bias` has a bias on o_proj too, which this
+    // decoder has no place for: refused rather than run without it.
+    if architecture == Architecture::Llama && raw.get("attention_bias") == Some(&Value::Bool(true))
+    {
+        return Err(LoadError::Invalid(format!(
+            "{}: attention_bias = true on a llama is not supported",
+            path.display()
+        )));
+    }
+    let mut config: ModelConfig = serde_json::from_value(raw.clone())
+        .map_err(|e| LoadError::Invalid(format!("{}: {e}", path.display())))?;
     // transformers 5 writes `rope_theta` inside `rope_parameters`.
-    if let Some(theta) = raw_config
+    if let Some(theta) = raw
         .pointer("/rope_parameters/rope_theta")
         .and_then(Value::as_f64)
     {
         config.rope_theta = theta;
     }
-    match raw_config.get("model_type").and_then(Value::as_str) {
-        Some("llama") | None => {}
-        Some("qwen2") => config.attention_bias = true,
-        Some(other) => {
-            return Err(LoadError::Invalid(format!(
-                "unsupported model_type {other:?}"
-            )))
-        }
-    }
+    Ok(config.canonical())
+}
 
+fn unknown_architecture(field: &str, value: &str) -> String {
+    let known: Vec<&str> = Architecture::ALL.iter().map(|a| a.model_type()).collect();
+    format!(
+        "{field} {value:?} is not an architecture forgelog runs (it runs {})",
+        known.join(", ")
+    )
+}
+
+/// A Hugging Face directory: `config.json`, `*.safetensors`, `tokenizer.json`,
+/// and `tokenizer_config.json` (or `chat_template.jinja`) for the template.
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
+    let config = hf_config(dir)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io_err(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -397,7 +425,7 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         let bytes = std::fs::read(file).map_err(io_err(file))?;
         weights.extend(weights_from_safetensors(&bytes, device)?);
     }
-    let model = Llama::load(
+    let model = Transformer::load(
         VarBuilder::from_tensors(weights.clone(), DType::F32, device),
         &config,
     )?;
@@ -407,7 +435,7 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         template: chat_template,
         stop_token_ids,
         ..
-    } = hf_chat(dir, &raw_config)?;
+    } = hf_chat(dir, &read_json(&dir.join("config.json"))?)?;
     Ok(Policy {
         name: dir
             .file_name()

@@ -1,8 +1,9 @@
-//! A tiny random-init llama with a tiny BPE tokenizer trained on the spot, as
-//! a Hugging Face directory, for fast tests of the model and the engine.
+//! Tiny random-init llama, Qwen2 and Qwen3 models with a tiny BPE tokenizer
+//! trained on the spot, as Hugging Face directories, for fast tests of the
+//! model and the engine.
 
 use crate::chat::CHATML;
-use crate::LlamaConfig;
+use crate::{Architecture, ModelConfig};
 use candle_core::{Device, Tensor};
 use serde_json::json;
 use std::collections::HashMap;
@@ -46,24 +47,38 @@ pub fn tiny_tokenizer() -> Tokenizer {
     tokenizer
 }
 
-pub fn tiny_config(vocab_size: usize) -> LlamaConfig {
-    LlamaConfig {
+pub fn tiny_config(vocab_size: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Llama,
         vocab_size,
         hidden_size: 32,
         intermediate_size: 64,
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
+        head_dim: None,
         rope_theta: 10_000.0,
         rms_norm_eps: 1e-5,
         max_position_embeddings: 96,
         tie_word_embeddings: false,
-        attention_bias: false,
+    }
+}
+
+/// [`tiny_config`] as Qwen3 shapes it (see [`write_tiny_qwen3`]).
+pub fn tiny_qwen3_config(vocab_size: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Qwen3,
+        head_dim: Some(16),
+        tie_word_embeddings: true,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        max_position_embeddings: 256,
+        ..tiny_config(vocab_size)
     }
 }
 
 /// Deterministic weights in `[-scale, scale)` (norm weights near 1) for `config`.
-pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> {
+pub fn tiny_weights(config: &ModelConfig, seed: u64) -> HashMap<String, Tensor> {
     let mut state = seed;
     let mut uniform = move || {
         state = state
@@ -76,8 +91,10 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
     let mut shapes: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![c.vocab_size, h]),
         ("model.norm.weight".into(), vec![h]),
-        ("lm_head.weight".into(), vec![c.vocab_size, h]),
     ];
+    if !c.tie_word_embeddings {
+        shapes.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+    }
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
         shapes.extend([
@@ -104,13 +121,19 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
             (format!("{p}.mlp.down_proj.weight"), vec![h, ffn]),
         ]);
     }
-    if c.attention_bias {
-        for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}.self_attn");
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}.self_attn");
+        if c.qkv_bias() {
             shapes.extend([
                 (format!("{p}.q_proj.bias"), vec![c.num_attention_heads * d]),
                 (format!("{p}.k_proj.bias"), vec![c.num_key_value_heads * d]),
                 (format!("{p}.v_proj.bias"), vec![c.num_key_value_heads * d]),
+            ]);
+        }
+        if c.qk_norm() {
+            shapes.extend([
+                (format!("{p}.q_norm.weight"), vec![d]),
+                (format!("{p}.k_norm.weight"), vec![d]),
             ]);
         }
     }
@@ -129,10 +152,42 @@ pub fn tiny_weights(config: &LlamaConfig, seed: u64) -> HashMap<String, Tensor> 
         .collect()
 }
 
+/// A Qwen3-style chat template, written here: ChatML, tools offered in the
+/// system turn and called in Hermes `<tool_call>` form, tool results as user
+/// turns, and Qwen3's habit of dropping an assistant turn's `<think>` block
+/// once a later user turn follows it (the history re-renders earlier turns,
+/// so the token-in splice forks there and says so).
+pub const QWEN3_STYLE_TEMPLATE: &str = r#"{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
+{%- if tools %}
+{{- '<|im_start|>system\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\n<tools>' }}{%- for t in tools %}{{- '\n' + (t | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nCall one as <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>.<|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'assistant' %}
+{%- set content = m.content or '' %}
+{%- if loop.index0 < ns.last_user and '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\n') %}{%- endif %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- for call in m.tool_calls or [] %}
+{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments if call.function.arguments is string else call.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif m.role == 'tool' %}
+{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
+
 /// Writes a loadable Hugging Face llama directory: `config.json`,
 /// `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` (ChatML).
-pub fn write_tiny_llama(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
-    write_tiny(dir, seed, "llama", None)
+pub fn write_tiny_llama(dir: &Path, seed: u64) -> std::io::Result<ModelConfig> {
+    write_tiny(dir, seed, |_| {}, CHATML)
 }
 
 /// [`write_tiny_llama`] with a context of `context` positions (a real
@@ -141,37 +196,46 @@ pub fn write_tiny_llama_with_context(
     dir: &Path,
     seed: u64,
     context: usize,
-) -> std::io::Result<LlamaConfig> {
-    write_tiny(dir, seed, "llama", Some(context))
+) -> std::io::Result<ModelConfig> {
+    write_tiny(dir, seed, |c| c.max_position_embeddings = context, CHATML)
 }
 
-/// The same as a Qwen2 directory (q/k/v biases).
-pub fn write_tiny_qwen2(dir: &Path, seed: u64) -> std::io::Result<LlamaConfig> {
-    write_tiny(dir, seed, "qwen2", None)
+/// The same as a Qwen2 directory (q/k/v biases), with room for a few turns.
+pub fn write_tiny_qwen2(dir: &Path, seed: u64) -> std::io::Result<ModelConfig> {
+    let qwen2 = |c: &mut ModelConfig| {
+        c.architecture = Architecture::Qwen2;
+        c.max_position_embeddings = 256;
+    };
+    write_tiny(dir, seed, qwen2, CHATML)
+}
+
+/// A Qwen3 directory: per-head q/k norms, heads of 16 where
+/// `hidden / heads` is 8 (so `head_dim` must be read, not derived), tied
+/// embeddings as Qwen3-0.6B has, eps 1e-6, rope theta 1e6, and
+/// [`QWEN3_STYLE_TEMPLATE`].
+pub fn write_tiny_qwen3(dir: &Path, seed: u64) -> std::io::Result<ModelConfig> {
+    let qwen3 = |c: &mut ModelConfig| *c = tiny_qwen3_config(c.vocab_size);
+    write_tiny(dir, seed, qwen3, QWEN3_STYLE_TEMPLATE)
 }
 
 fn write_tiny(
     dir: &Path,
     seed: u64,
-    model_type: &str,
-    context: Option<usize>,
-) -> std::io::Result<LlamaConfig> {
+    configure: impl FnOnce(&mut ModelConfig),
+    template: &str,
+) -> std::io::Result<ModelConfig> {
     std::fs::create_dir_all(dir)?;
     let tokenizer = tiny_tokenizer();
     tokenizer
         .save(dir.join("tokenizer.json"), false)
         .map_err(std::io::Error::other)?;
     let mut config = tiny_config(tokenizer.get_vocab_size(true));
-    config.attention_bias = model_type == "qwen2";
-    if let Some(context) = context {
-        config.max_position_embeddings = context;
-    }
-    let mut config_json = serde_json::to_value(&config)?;
-    config_json["model_type"] = json!(model_type);
-    std::fs::write(dir.join("config.json"), config_json.to_string())?;
+    configure(&mut config);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec(&config)?)?;
     std::fs::write(
         dir.join("tokenizer_config.json"),
-        json!({"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": null}).to_string(),
+        json!({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": null})
+            .to_string(),
     )?;
     candle_core::safetensors::save(&tiny_weights(&config, seed), dir.join("model.safetensors"))
         .map_err(std::io::Error::other)?;

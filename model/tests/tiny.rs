@@ -3,13 +3,19 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use forgelog_model::testing::{tiny_config, tiny_weights, write_tiny_llama, write_tiny_qwen2};
-use forgelog_model::{load_hf_dir, KvCache, Llama, Logits};
+use forgelog_model::testing::{
+    tiny_config, tiny_qwen3_config, tiny_weights, write_tiny_llama, write_tiny_qwen2,
+    write_tiny_qwen3, QWEN3_STYLE_TEMPLATE,
+};
+use forgelog_model::{load_hf_dir, KvCache, Logits, Transformer};
 
-fn tiny_model() -> Llama {
-    let config = tiny_config(300);
+fn tiny_model() -> Transformer {
+    tiny_model_of(tiny_config(300))
+}
+
+fn tiny_model_of(config: forgelog_model::ModelConfig) -> Transformer {
     let vb = VarBuilder::from_tensors(tiny_weights(&config, 1), DType::F32, &Device::Cpu);
-    Llama::load(vb, &config).unwrap()
+    Transformer::load(vb, &config).unwrap()
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
@@ -75,7 +81,12 @@ fn forks_of_a_cache_go_on_apart_and_rows_are_rows_of_all() {
 
 #[test]
 fn cached_ragged_steps_match_full_forwards() {
-    let model = tiny_model();
+    for model in [tiny_model(), tiny_model_of(tiny_qwen3_config(300))] {
+        assert_cached_steps_match_full_forwards(&model);
+    }
+}
+
+fn assert_cached_steps_match_full_forwards(model: &Transformer) {
     let sequences: [&[u32]; 3] = [
         &[5, 17, 42, 8, 99, 3],
         &[7, 7, 250],
@@ -165,9 +176,9 @@ fn hf_directory_loads_with_tokenizer_and_template() {
 fn qwen2_directory_loads_its_biases() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_tiny_qwen2(dir.path(), 4).unwrap();
-    assert!(config.attention_bias);
+    assert!(config.qkv_bias());
     let policy = load_hf_dir(dir.path(), &Device::Cpu).unwrap();
-    assert!(policy.model.config().attention_bias);
+    assert!(policy.model.config().qkv_bias());
     let logits = policy
         .model
         .forward(&[5, 6, 7], &mut KvCache::new())
@@ -175,9 +186,9 @@ fn qwen2_directory_loads_its_biases() {
     assert_eq!(logits.dims(), &[3, config.vocab_size]);
     // The biases are used: the same weights without them give other logits.
     let mut no_bias = config.clone();
-    no_bias.attention_bias = false;
+    no_bias.architecture = forgelog_model::Architecture::Llama;
     let weights = tiny_weights(&no_bias, 4);
-    let plain = Llama::load(
+    let plain = Transformer::load(
         VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu),
         &no_bias,
     )
@@ -196,7 +207,7 @@ fn gradients_flow_through_a_batched_forward() {
         let var = candle_core::Var::from_tensor(&tensor).unwrap();
         varmap.data().lock().unwrap().insert(name, var);
     }
-    let model = Llama::load(
+    let model = Transformer::load(
         VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         &config,
     )
@@ -246,4 +257,140 @@ fn gradients_flow_through_a_batched_forward() {
             .unwrap();
         assert!(norm > 0.0, "{name}");
     }
+}
+
+/// Qwen3's head size is read, not derived, and its per-head q/k norms are
+/// applied: the same weights with other norm weights give other logits.
+#[test]
+fn qwen3_directory_loads_its_head_size_and_qk_norms() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_tiny_qwen3(dir.path(), 4).unwrap();
+    assert_eq!(config.head_dim(), 16);
+    assert_ne!(config.hidden_size / config.num_attention_heads, 16);
+    let policy = load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    assert_eq!(policy.model.config(), &config);
+    let tokens = [5, 6, 7, 8];
+    let logits = policy.model.forward(&tokens, &mut KvCache::new()).unwrap();
+    assert_eq!(logits.dims(), &[4, config.vocab_size]);
+    let mut weights = policy.weights.clone();
+    let k_norm = "model.layers.1.self_attn.k_norm.weight";
+    weights.insert(k_norm.into(), (&weights[k_norm] * 2.0).unwrap());
+    let other = Transformer::load(
+        VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu),
+        &config,
+    )
+    .unwrap();
+    let other_logits = other.forward(&tokens, &mut KvCache::new()).unwrap();
+    assert!(max_abs_diff(&logits, &other_logits) > 1e-3);
+}
+
+/// The Qwen3-style template drops an answer's reasoning once a later user
+/// turn follows it, and keeps it in the turn being answered.
+#[test]
+fn the_qwen3_template_drops_reasoning_from_earlier_turns() {
+    let template = forgelog_model::ChatTemplate::new(QWEN3_STYLE_TEMPLATE, "", "<|im_end|>");
+    let thought =
+        serde_json::json!({"role": "assistant", "content": "<think>\nhmm\n</think>\n\nParis."});
+    let user = |text: &str| serde_json::json!({"role": "user", "content": text});
+    let earlier = template
+        .render(
+            &[user("Capital?"), thought.clone(), user("And Italy?")],
+            None,
+            true,
+        )
+        .unwrap();
+    assert!(!earlier.contains("hmm"), "{earlier}");
+    assert!(
+        earlier.contains("<|im_start|>assistant\nParis.<|im_end|>"),
+        "{earlier}"
+    );
+    let last = template
+        .render(&[user("Capital?"), thought], None, false)
+        .unwrap();
+    assert!(last.contains("<think>\nhmm\n</think>"), "{last}");
+}
+
+/// A config or checkpoint forgelog cannot run is an error naming the field or
+/// the tensor, never a panic or a model that runs wrong.
+#[test]
+fn bad_model_folders_are_errors_naming_the_field_or_tensor() {
+    let error_of = |edit: &dyn Fn(&std::path::Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        write_tiny_qwen3(dir.path(), 2).unwrap();
+        edit(dir.path());
+        match load_hf_dir(dir.path(), &Device::Cpu) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let set_config = |dir: &std::path::Path, key: &str, value: serde_json::Value| {
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config[key] = value;
+        std::fs::write(path, config.to_string()).unwrap();
+    };
+    let unknown = error_of(&|d| set_config(d, "model_type", "mistral".into()));
+    assert!(
+        unknown.contains("model_type \"mistral\"") && unknown.contains("qwen3"),
+        "{unknown}"
+    );
+    let no_field = error_of(&|d| {
+        let path = d.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config.as_object_mut().unwrap().remove("hidden_size");
+        std::fs::write(path, config.to_string()).unwrap();
+    });
+    assert!(no_field.contains("hidden_size"), "{no_field}");
+    // Weights of another shape than the config says (a llama's head size).
+    let shape = error_of(&|d| set_config(d, "head_dim", 8.into()));
+    assert!(
+        shape.contains("q_norm.weight") || shape.contains("q_proj.weight"),
+        "{shape}"
+    );
+    // A tensor the architecture needs and the checkpoint lacks.
+    let missing = error_of(&|d| {
+        let path = d.join("model.safetensors");
+        let mut weights = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        weights.remove("model.layers.1.self_attn.k_norm.weight");
+        candle_core::safetensors::save(&weights, &path).unwrap();
+    });
+    assert!(
+        missing.contains("model.layers.1.self_attn.k_norm.weight"),
+        "{missing}"
+    );
+}
+
+/// Token in through a Qwen3 template: a follow-up to an answer that thought
+/// aloud is rendered afresh and says why (the template re-renders that turn
+/// without its reasoning); one to a plain answer is spliced onto it.
+#[test]
+fn token_in_forks_where_the_qwen3_template_drops_reasoning() {
+    use forgelog_dialects::splice::{prompt, AnsweredCall, ChatRenderer, Made};
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_qwen3(dir.path(), 1).unwrap();
+    let codec = forgelog_model::load_chat_codec(dir.path().to_str().unwrap(), dir.path()).unwrap();
+    let user = |text: &str| serde_json::json!({"role": "user", "content": text});
+    let follow_up = |answer: &str| {
+        let first = [user("Capital of France?")];
+        let text = codec.render(&first, None, true).unwrap();
+        let answer_ids = [codec.encode(answer).unwrap(), vec![2]].concat(); // + <|im_end|>
+        let answer = serde_json::json!({"role": "assistant", "content": answer});
+        let history = [AnsweredCall {
+            call: 0,
+            messages: first.to_vec(),
+            tools: None,
+            answer: answer.clone(),
+            prompt_ids: codec.encode(&text).unwrap(),
+            sampled_ids: answer_ids,
+        }];
+        let messages = [first[0].clone(), answer, user("And of Italy?")];
+        prompt(&history, &messages, None, &codec).unwrap().made
+    };
+    match follow_up("<think>\nA capital.\n</think>\n\nParis.") {
+        Made::Rendered { why } => assert!(why.contains("re-renders earlier turns"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(follow_up("Paris."), Made::Spliced { base_call: 0 });
 }

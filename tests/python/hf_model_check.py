@@ -5,8 +5,9 @@ llama/qwen2 forward, in torch, on the CPU).
 
     python hf_model_check.py MODEL_DIR EXPECTED.json
 
-EXPECTED.json: {"messages": [...], "prompt_ids": [...], "last_logits": [...]},
-what forgelog's engine renders, tokenizes and computes for those messages.
+EXPECTED.json: {"messages": [...], "prompt_ids": [...], "logits": [[...], ...]},
+what forgelog's engine renders, tokenizes and computes (at every position)
+for those messages.
 Prints one JSON line of what it checked; exits non-zero on any difference.
 Runs in the torch venv (scripts/torch-env.sh).
 """
@@ -37,12 +38,16 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, -1]
-    theirs = torch.tensor(expected["last_logits"], dtype=torch.float32)
-    diff = float((logits - theirs).abs().max())
+        logits = model(torch.tensor([ids])).logits[0]
+    theirs = torch.tensor(expected["logits"], dtype=torch.float32)
+    if logits.shape != theirs.shape:
+        sys.exit(f"logits of shape {tuple(logits.shape)}, forgelog's {tuple(theirs.shape)}")
+    by_position = (logits - theirs).abs().amax(dim=1)
+    diff = float(by_position.max())
     scale = float(theirs.abs().max())
     if not diff <= 1e-4 * max(1.0, scale):
-        sys.exit(f"logits differ by up to {diff} (largest logit {scale})")
+        worst = int(by_position.argmax())
+        sys.exit(f"logits differ by up to {diff} at position {worst} (largest logit {scale})")
     print(json.dumps({
         "model_type": config.model_type,
         "architectures": config.architectures,
@@ -50,8 +55,9 @@ def main():
         "tokenizer": type(tokenizer).__name__,
         "eos_token_id": config.eos_token_id,
         "prompt_tokens": len(ids),
+        "positions": len(ids),
         "max_logit_diff": diff,
-        "argmax": int(logits.argmax()),
+        "argmax": int(logits[-1].argmax()),
     }))
 
 

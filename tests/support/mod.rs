@@ -105,12 +105,15 @@ pub fn write_hf_model_folder(policy: &forgelog_model::Policy, dir: &Path) {
 /// Reads the model folder `dir` as the Hugging Face ecosystem does
 /// (`tests/python/hf_model_check.py`, in the torch venv: transformers'
 /// config, tokenizer with its chat template, and AutoModelForCausalLM) and checks it
-/// against `policy` as forgelog serves it: the same prompt ids for a chat and
-/// the same logits after it. Returns what the check printed.
+/// against `policy` as forgelog serves it: the same prompt ids for a chat
+/// (one whose earlier answer thought aloud, which a Qwen3 template drops) and
+/// the same logits at every position. Returns what the check printed.
 pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> serde_json::Value {
     let messages = vec![
         serde_json::json!({"role": "system", "content": "You are a helpful assistant."}),
         serde_json::json!({"role": "user", "content": "What is the capital of France?"}),
+        serde_json::json!({"role": "assistant", "content": "<think>\nA capital.\n</think>\n\nParis."}),
+        serde_json::json!({"role": "user", "content": "And of Italy?"}),
     ];
     let text = policy.chat_template.render(&messages, None, true).unwrap();
     let ids = policy
@@ -123,9 +126,9 @@ pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> ser
         .model
         .forward(&ids, &mut forgelog_model::KvCache::new())
         .unwrap();
-    let last: Vec<f32> = logits.get(ids.len() - 1).unwrap().to_vec1().unwrap();
+    let logits: Vec<Vec<f32>> = logits.to_vec2().unwrap();
     let expected = tempfile::NamedTempFile::new().unwrap();
-    let body = serde_json::json!({"messages": messages, "prompt_ids": ids, "last_logits": last});
+    let body = serde_json::json!({"messages": messages, "prompt_ids": ids, "logits": logits});
     std::fs::write(expected.path(), body.to_string()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/hf_model_check.py");
     let args = [dir.to_str().unwrap(), expected.path().to_str().unwrap()];

@@ -6,7 +6,7 @@ use crate::loss::{grpo_loss, token_stats, LossConfig, Normalisation, TokenInputs
 use crate::optim::{AdamW, AdamWConfig};
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
-use forgelog_model::{KvCache, Llama, LlamaConfig, Logits};
+use forgelog_model::{KvCache, Logits, ModelConfig, Transformer};
 use forgelog_schemas::{TrainingBatch, UNKNOWN_POLICY_VERSION};
 use std::collections::{BTreeMap, HashMap};
 
@@ -162,10 +162,10 @@ pub struct Evaluation {
 }
 
 pub struct Learner {
-    model: Llama,
+    model: Transformer,
     /// Sorted by name (deterministic order for the optimizer and checkpoints).
     vars: Vec<(String, Var)>,
-    reference: Option<Llama>,
+    reference: Option<Transformer>,
     pub optimizer: AdamW,
     pub config: LearnerConfig,
     /// The policy version the weights are (0: the initial weights).
@@ -177,7 +177,7 @@ impl Learner {
     /// Trainable copies of `weights` (checkpoint names) in `dtype` on `device`.
     pub fn new(
         weights: &HashMap<String, Tensor>,
-        model_config: &LlamaConfig,
+        model_config: &ModelConfig,
         device: &Device,
         dtype: DType,
         config: LearnerConfig,
@@ -193,7 +193,7 @@ impl Learner {
             }
         }
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        let model = Llama::load(
+        let model = Transformer::load(
             VarBuilder::from_varmap(&varmap, dtype, device),
             model_config,
         )?;
@@ -203,7 +203,7 @@ impl Learner {
                     .iter()
                     .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?.detach())))
                     .collect::<Result<_>>()?;
-                Some(Llama::load(
+                Some(Transformer::load(
                     VarBuilder::from_tensors(frozen, dtype, device),
                     model_config,
                 )?)
@@ -221,7 +221,7 @@ impl Learner {
         })
     }
 
-    pub fn model(&self) -> &Llama {
+    pub fn model(&self) -> &Transformer {
         &self.model
     }
 
@@ -263,7 +263,11 @@ impl Learner {
     /// tokens, concatenated in the micro-batch's order, and the entropies
     /// there (no gradient). Each run's shared prefix is fed once; its members
     /// go on from forks of its cache, so the graph flows back through it.
-    fn sampled_logprobs(&self, model: &Llama, micro: &MicroBatch) -> Result<(Tensor, Tensor)> {
+    fn sampled_logprobs(
+        &self,
+        model: &Transformer,
+        micro: &MicroBatch,
+    ) -> Result<(Tensor, Tensor)> {
         let mut prefix_caches: Vec<KvCache> = micro.runs.iter().map(|_| KvCache::new()).collect();
         let mut prefixes: Vec<(&[u32], &mut KvCache)> = micro
             .runs

@@ -55,7 +55,7 @@ pub enum DeviceKind {
 /// `forgelog train`: GRPO on `forgelog.batches`, publishing policies.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrainArgs {
-    /// `smollm2`, a .gguf file, or a Hugging Face llama/qwen2 directory: the
+    /// `smollm2`, a .gguf file, or a Hugging Face llama/qwen2/qwen3 directory: the
     /// initial policy (version 0), the one the engine starts with.
     #[arg(long, default_value = "smollm2")]
     pub model: String,

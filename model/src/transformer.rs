@@ -1,5 +1,6 @@
-//! The llama architecture (SmolLM2, Llama 2/3, and Qwen2, which adds q/k/v
-//! biases), written to return logits at every position of a ragged batch: each
+//! The decoder of the llama family (SmolLM2, Llama 2/3; Qwen2, which adds
+//! q/k/v biases; Qwen3, which normalises q and k per head: [`crate::qwen3`]),
+//! written to return logits at every position of a ragged batch: each
 //! sequence brings its own new tokens and its own [`KvCache`]. Projections and
 //! the MLP run on all rows of the batch at once; attention runs per sequence.
 //!
@@ -10,12 +11,14 @@
 //! Tensor names (Hugging Face layout; a checkpoint uses exactly these):
 //! `model.embed_tokens.weight`,
 //! `model.layers.{i}.input_layernorm.weight`,
-//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` (+ `{q,k,v}_proj.bias` when `attention_bias`),
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` (+ `{q,k,v}_proj.bias` for Qwen2,
+//! `{q,k}_norm.weight` for Qwen3),
 //! `model.layers.{i}.post_attention_layernorm.weight`,
 //! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
 //! `model.norm.weight`, and `lm_head.weight` unless `tie_word_embeddings`.
 
-use crate::{KvCache, LlamaConfig};
+use crate::qwen3::QkNorm;
+use crate::{KvCache, ModelConfig};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 
@@ -38,6 +41,7 @@ struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    qk_norm: Option<QkNorm>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -60,8 +64,8 @@ struct Block {
 
 /// Cheap to clone: tensors are shared.
 #[derive(Clone)]
-pub struct Llama {
-    config: LlamaConfig,
+pub struct Transformer {
+    config: ModelConfig,
     embed_tokens: Tensor,
     layers: Vec<Block>,
     norm: Tensor,
@@ -86,7 +90,7 @@ fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) ->
 // (training), the same math as ordinary differentiable ops.
 
 /// `x / rms(x) * weight`, over the last dimension.
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if !x.track_op() && !weight.track_op() {
         return candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32);
     }
@@ -126,17 +130,19 @@ fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
 }
 
 impl Attention {
-    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Attention> {
+    fn load(vb: &VarBuilder, c: &ModelConfig) -> Result<Attention> {
         let (hidden, head_dim) = (c.hidden_size, c.head_dim());
         let (q_out, kv_out) = (
             c.num_attention_heads * head_dim,
             c.num_key_value_heads * head_dim,
         );
+        let bias = c.qkv_bias();
         Ok(Attention {
-            q_proj: linear(vb, "q_proj", hidden, q_out, c.attention_bias)?,
-            k_proj: linear(vb, "k_proj", hidden, kv_out, c.attention_bias)?,
-            v_proj: linear(vb, "v_proj", hidden, kv_out, c.attention_bias)?,
+            q_proj: linear(vb, "q_proj", hidden, q_out, bias)?,
+            k_proj: linear(vb, "k_proj", hidden, kv_out, bias)?,
+            v_proj: linear(vb, "v_proj", hidden, kv_out, bias)?,
             o_proj: linear(vb, "o_proj", q_out, hidden, false)?,
+            qk_norm: QkNorm::load(vb, c)?,
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads,
             head_dim,
@@ -156,8 +162,6 @@ impl Attention {
             self.k_proj.forward(x)?,
             self.v_proj.forward(x)?,
         );
-        // Scaling the queries is cheaper than scaling the scores.
-        let q = (q * (1.0 / (self.head_dim as f64).sqrt()))?;
         let out = match plan {
             StepPlan::Decode { cos, sin, mask } => {
                 self.decode((&q, &k, &v), layer, batch, (cos, sin), mask)?
@@ -167,6 +171,17 @@ impl Attention {
             }
         };
         self.o_proj.forward(&out)
+    }
+
+    /// Queries and keys, heads in the last dimension, as RoPE takes them: the
+    /// architecture's per-head norm if it has one, and the queries scaled by
+    /// `1/sqrt(head_dim)` (cheaper than scaling the scores).
+    fn normalise(&self, q: Tensor, k: Tensor) -> Result<(Tensor, Tensor)> {
+        let (q, k) = match &self.qk_norm {
+            Some(norm) => norm.forward(&q, &k)?,
+            None => (q, k),
+        };
+        Ok(((q * (1.0 / (self.head_dim as f64).sqrt()))?, k))
     }
 
     /// Attention per sequence, whatever its number of new tokens. Grouped-query
@@ -192,8 +207,8 @@ impl Attention {
                     .contiguous()
             };
             let (cos, sin) = &rope_tables[i];
-            let q = rope(&heads_of(q, h)?, cos, sin)?;
-            let k = rope(&heads_of(k, kvh)?, cos, sin)?;
+            let (q, k) = self.normalise(heads_of(q, h)?, heads_of(k, kvh)?)?;
+            let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
             let (k, v) = cache.append(layer, k, heads_of(v, kvh)?)?;
             let keys = k.dim(1)?;
             let q = q.reshape((kvh, h / kvh * t, d))?;
@@ -223,8 +238,8 @@ impl Attention {
         mask: &Tensor,
     ) -> Result<Tensor> {
         let (h, kvh, d, b) = (self.heads, self.kv_heads, self.head_dim, batch.len());
-        let q = rope(&q.reshape((b, h, d))?, cos, sin)?;
-        let k = rope(&k.reshape((b, kvh, d))?, cos, sin)?;
+        let (q, k) = self.normalise(q.reshape((b, h, d))?, k.reshape((b, kvh, d))?)?;
+        let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
         let v = v.reshape((b, kvh, d))?;
         let mut keys = Vec::with_capacity(b);
         let mut values = Vec::with_capacity(b);
@@ -305,7 +320,7 @@ impl StepPlan {
 }
 
 impl Mlp {
-    fn load(vb: &VarBuilder, c: &LlamaConfig) -> Result<Mlp> {
+    fn load(vb: &VarBuilder, c: &ModelConfig) -> Result<Mlp> {
         let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
         Ok(Mlp {
             gate_proj: linear(vb, "gate_proj", hidden, ffn, false)?,
@@ -321,10 +336,10 @@ impl Mlp {
     }
 }
 
-impl Llama {
+impl Transformer {
     /// Builds the model from weights named as in the module docs. With
     /// `VarBuilder::from_varmap` the weights are trainable variables.
-    pub fn load(vb: VarBuilder, config: &LlamaConfig) -> Result<Llama> {
+    pub fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Transformer> {
         let c = config;
         let model = vb.pp("model");
         let embed_tokens = model.get((c.vocab_size, c.hidden_size), "embed_tokens.weight")?;
@@ -349,7 +364,7 @@ impl Llama {
         // Tables and masks in the weights' dtype (bf16 training on CUDA).
         let (cos, sin) = rope_tables(c, vb.device())?;
         let (cos, sin) = (cos.to_dtype(vb.dtype())?, sin.to_dtype(vb.dtype())?);
-        Ok(Llama {
+        Ok(Transformer {
             config: c.clone(),
             embed_tokens,
             layers,
@@ -360,7 +375,7 @@ impl Llama {
         })
     }
 
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
@@ -447,7 +462,7 @@ impl Llama {
     }
 }
 
-fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+fn rope_tables(c: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
     let half = c.head_dim() / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim() as f64) as f32)
