@@ -75,6 +75,11 @@ pub struct UpArgs {
     /// The learner's rate (with --train)
     #[arg(long, default_value_t = 1e-5)]
     pub learning_rate: f64,
+    /// With --train: train a LoRA adapter of this rank on frozen weights
+    /// (`forgelog train --lora-rank`); each version also holds the adapter
+    /// as PEFT's files
+    #[arg(long, requires = "train")]
+    pub lora_rank: Option<usize>,
     /// Tokens per training step (with --train; with --demo one step per round, whatever this is)
     #[arg(long, default_value_t = 4096)]
     pub tokens_per_step: usize,
@@ -108,6 +113,9 @@ fn train_args(
         "--device".into(),
         device.into(),
     ];
+    if let Some(rank) = args.lora_rank {
+        extra.extend(["--lora-rank".into(), rank.to_string()]);
+    }
     if args.demo {
         // One step per round: a step is a round's groups, however long the
         // engine takes between them (an idle flush of seconds split a round

@@ -53,3 +53,76 @@ fn a_qwen3_folder_is_the_same_model_to_transformers() {
     assert_eq!(checked["model_class"], "Qwen3ForCausalLM");
     assert!(checked["positions"].as_u64().unwrap() > 20);
 }
+
+/// A LoRA adapter forgelog wrote (PEFT's two files, PEFT's tensor names) on a
+/// tiny llama and a tiny qwen3 folder: `PeftModel.from_pretrained` gives
+/// forgelog's logits at every position, unmerged and merged by PEFT.
+#[test]
+fn a_lora_adapter_forgelog_wrote_is_the_same_adapter_to_peft() {
+    use forgelog_model::lora::{self, LoraConfig};
+    type Writer = fn(&std::path::Path, u64) -> std::io::Result<forgelog_model::ModelConfig>;
+    let writers: [Writer; 2] = [
+        forgelog_model::testing::write_tiny_llama,
+        forgelog_model::testing::write_tiny_qwen3,
+    ];
+    for write in writers {
+        let source = tempfile::tempdir().unwrap();
+        let config = write(source.path(), 7).unwrap();
+        let policy = forgelog_model::load_hf_dir(source.path(), &candle_core::Device::Cpu).unwrap();
+        let base_dir = tempfile::tempdir().unwrap();
+        support::write_hf_model_folder(&policy, base_dir.path());
+        let targets = [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "up_proj",
+            "down_proj",
+        ];
+        let lora = LoraConfig::new(4, 8.0, targets.map(String::from).to_vec()).unwrap();
+        let adapter = forgelog_model::testing::tiny_adapter(&config, &lora, 3);
+        let adapter_dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in lora::adapter_files(&adapter, &lora, "tiny").unwrap() {
+            std::fs::write(adapter_dir.path().join(name), bytes).unwrap();
+        }
+        let ids: Vec<u32> = (3..40).collect();
+        let model = lora::unmerged_model(
+            &policy.weights,
+            &adapter,
+            &config,
+            &lora,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let logits: Vec<Vec<f32>> = model
+            .forward(&ids, &mut forgelog_model::KvCache::new())
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let expected = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            expected.path(),
+            serde_json::json!({"ids": ids, "logits": logits}).to_string(),
+        )
+        .unwrap();
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/python/peft_adapter_check.py");
+        let args = [
+            base_dir.path().to_str().unwrap(),
+            adapter_dir.path().to_str().unwrap(),
+            expected.path().to_str().unwrap(),
+        ];
+        let checked = tokio::runtime::Runtime::new().unwrap().block_on(
+            forgelog_stream::testing::python_json_with(
+                &forgelog_stream::testing::torch_venv_python(),
+                &script,
+                &args,
+            ),
+        );
+        eprintln!("{:?} adapter under PEFT: {checked}", config.architecture);
+        // 6 projections in each of 2 layers.
+        assert_eq!(checked["adapted_modules"], 12);
+        // The adapter is not a no-op: the base model alone is far off.
+        assert!(checked["base_diff"].as_f64().unwrap() > 1e-3, "{checked}");
+    }
+}

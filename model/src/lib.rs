@@ -12,6 +12,7 @@ pub mod config;
 pub mod hf;
 mod kv_cache;
 pub mod load;
+pub mod lora;
 pub mod qwen3;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -24,8 +25,9 @@ pub use load::{
     default_gguf_path, load_chat_codec, load_gguf, load_hf_dir, load_policy, load_tokenizer,
     weights_from_safetensors, LoadError, Policy,
 };
+pub use lora::LoraConfig;
 pub use transformer::Logits;
-pub use transformer::Transformer;
+pub use transformer::{Adapter, Transformer};
 
 /// Numerically stable `log_softmax` of one row of logits, in f64 for the sums
 /// so that the engine and a teacher-forced check compute the same numbers.

@@ -77,15 +77,8 @@ pub fn tiny_qwen3_config(vocab_size: usize) -> ModelConfig {
     }
 }
 
-/// Deterministic weights in `[-scale, scale)` (norm weights near 1) for `config`.
-pub fn tiny_weights(config: &ModelConfig, seed: u64) -> HashMap<String, Tensor> {
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+/// The name and shape of every weight of `config`.
+pub fn tiny_weights_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let c = config;
     let (h, d, ffn) = (c.hidden_size, c.head_dim(), c.intermediate_size);
     let mut shapes: Vec<(String, Vec<usize>)> = vec![
@@ -138,6 +131,18 @@ pub fn tiny_weights(config: &ModelConfig, seed: u64) -> HashMap<String, Tensor> 
         }
     }
     shapes
+}
+
+/// Deterministic weights in `[-scale, scale)` (norm weights near 1) for `config`.
+pub fn tiny_weights(config: &ModelConfig, seed: u64) -> HashMap<String, Tensor> {
+    let mut state = seed;
+    let mut uniform = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    tiny_weights_shapes(config)
         .into_iter()
         .map(|(name, shape)| {
             let n: usize = shape.iter().product();
@@ -240,4 +245,42 @@ fn write_tiny(
     candle_core::safetensors::save(&tiny_weights(&config, seed), dir.join("model.safetensors"))
         .map_err(std::io::Error::other)?;
     Ok(config)
+}
+
+/// An adapter for `config` that changes the model: PEFT's start
+/// ([`crate::lora::init_adapter`]) with every `B` filled too (a fresh `B` is
+/// zero, which would hide a wrong merge).
+pub fn tiny_adapter(
+    config: &ModelConfig,
+    lora: &crate::LoraConfig,
+    seed: u64,
+) -> HashMap<String, Tensor> {
+    let mut adapter =
+        crate::lora::init_adapter(config, lora, seed, &Device::Cpu).expect("adapter shapes");
+    for (name, tensor) in adapter.iter_mut() {
+        if name.ends_with("lora_B.weight") {
+            let n = tensor.elem_count() as u32;
+            let filled = Tensor::arange(seed as u32, seed as u32 + n, &Device::Cpu)
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| (t * 0.7)?.sin())
+                .and_then(|t| (t * 0.05)?.reshape(tensor.dims()))
+                .expect("fill B");
+            *tensor = filled;
+        }
+    }
+    adapter
+}
+
+/// The largest absolute entry of `t` (f32).
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .and_then(|t| t.max_all())
+        .and_then(|t| t.to_dtype(candle_core::DType::F32))
+        .and_then(|t| t.to_scalar::<f32>())
+        .expect("a tensor of numbers")
+}
+
+/// The largest absolute difference of two tensors of one shape.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_abs(&(a - b).expect("tensors of one shape"))
 }

@@ -17,6 +17,7 @@
 //! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
 //! `model.norm.weight`, and `lm_head.weight` unless `tie_word_embeddings`.
 
+use crate::lora::{LoraConfig, LowRank};
 use crate::qwen3::QkNorm;
 use crate::{KvCache, ModelConfig};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
@@ -35,12 +36,36 @@ pub enum Logits<'a> {
     Rows(&'a [Vec<u32>]),
 }
 
+/// A LoRA adapter kept beside the weights, unmerged (what the learner
+/// trains): its config and its tensors by PEFT name ([`crate::lora`]).
+pub struct Adapter<'a> {
+    pub lora: &'a LoraConfig,
+    pub tensors: VarBuilder<'a>,
+}
+
+/// A linear projection, with its LoRA update where one adapts it.
+#[derive(Clone)]
+struct Projection {
+    linear: Linear,
+    low_rank: Option<LowRank>,
+}
+
+impl Module for Projection {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.linear.forward(x)?;
+        match &self.low_rank {
+            Some(update) => y + update.forward(x)?,
+            None => Ok(y),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     qk_norm: Option<QkNorm>,
     heads: usize,
     kv_heads: usize,
@@ -49,9 +74,9 @@ struct Attention {
 
 #[derive(Clone)]
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
 }
 
 #[derive(Clone)]
@@ -75,7 +100,15 @@ pub struct Transformer {
     sin: Tensor,
 }
 
-fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
+/// The projection `name` under `vb`, `d_in → d_out`, with its LoRA update
+/// when `adapter` adapts it.
+fn projection(
+    vb: &VarBuilder,
+    name: &str,
+    (d_in, d_out): (usize, usize),
+    bias: bool,
+    adapter: Option<&Adapter>,
+) -> Result<Projection> {
     let vb = vb.pp(name);
     let weight = vb.get((d_out, d_in), "weight")?;
     let bias = if bias {
@@ -83,7 +116,14 @@ fn linear(vb: &VarBuilder, name: &str, d_in: usize, d_out: usize, bias: bool) ->
     } else {
         None
     };
-    Ok(Linear::new(weight, bias))
+    let low_rank = match adapter {
+        Some(adapter) => LowRank::load(adapter, &vb.prefix(), d_in, d_out)?,
+        None => None,
+    };
+    Ok(Projection {
+        linear: Linear::new(weight, bias),
+        low_rank,
+    })
 }
 
 // Serving uses candle's fused kernels; when a gradient is being tracked
@@ -130,7 +170,7 @@ fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
 }
 
 impl Attention {
-    fn load(vb: &VarBuilder, c: &ModelConfig) -> Result<Attention> {
+    fn load(vb: &VarBuilder, c: &ModelConfig, adapter: Option<&Adapter>) -> Result<Attention> {
         let (hidden, head_dim) = (c.hidden_size, c.head_dim());
         let (q_out, kv_out) = (
             c.num_attention_heads * head_dim,
@@ -138,10 +178,10 @@ impl Attention {
         );
         let bias = c.qkv_bias();
         Ok(Attention {
-            q_proj: linear(vb, "q_proj", hidden, q_out, bias)?,
-            k_proj: linear(vb, "k_proj", hidden, kv_out, bias)?,
-            v_proj: linear(vb, "v_proj", hidden, kv_out, bias)?,
-            o_proj: linear(vb, "o_proj", q_out, hidden, false)?,
+            q_proj: projection(vb, "q_proj", (hidden, q_out), bias, adapter)?,
+            k_proj: projection(vb, "k_proj", (hidden, kv_out), bias, adapter)?,
+            v_proj: projection(vb, "v_proj", (hidden, kv_out), bias, adapter)?,
+            o_proj: projection(vb, "o_proj", (q_out, hidden), false, adapter)?,
             qk_norm: QkNorm::load(vb, c)?,
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads,
@@ -320,12 +360,12 @@ impl StepPlan {
 }
 
 impl Mlp {
-    fn load(vb: &VarBuilder, c: &ModelConfig) -> Result<Mlp> {
+    fn load(vb: &VarBuilder, c: &ModelConfig, adapter: Option<&Adapter>) -> Result<Mlp> {
         let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
         Ok(Mlp {
-            gate_proj: linear(vb, "gate_proj", hidden, ffn, false)?,
-            up_proj: linear(vb, "up_proj", hidden, ffn, false)?,
-            down_proj: linear(vb, "down_proj", ffn, hidden, false)?,
+            gate_proj: projection(vb, "gate_proj", (hidden, ffn), false, adapter)?,
+            up_proj: projection(vb, "up_proj", (hidden, ffn), false, adapter)?,
+            down_proj: projection(vb, "down_proj", (ffn, hidden), false, adapter)?,
         })
     }
 
@@ -340,6 +380,28 @@ impl Transformer {
     /// Builds the model from weights named as in the module docs. With
     /// `VarBuilder::from_varmap` the weights are trainable variables.
     pub fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Transformer> {
+        Transformer::load_adapted(vb, config, None)
+    }
+
+    /// The model of f32 `weights` by checkpoint name, on `device` (serving).
+    pub fn from_weights(
+        weights: &std::collections::HashMap<String, Tensor>,
+        config: &ModelConfig,
+        device: &Device,
+    ) -> Result<Transformer> {
+        Transformer::load(
+            VarBuilder::from_tensors(weights.clone(), DType::F32, device),
+            config,
+        )
+    }
+
+    /// [`Transformer::load`] with a LoRA adapter applied unmerged: the base
+    /// weights from `vb`, each adapted projection adding `(α/r) B A x`.
+    pub fn load_adapted(
+        vb: VarBuilder,
+        config: &ModelConfig,
+        adapter: Option<&Adapter>,
+    ) -> Result<Transformer> {
         let c = config;
         let model = vb.pp("model");
         let embed_tokens = model.get((c.vocab_size, c.hidden_size), "embed_tokens.weight")?;
@@ -348,10 +410,10 @@ impl Transformer {
                 let vb = model.pp(format!("layers.{i}"));
                 Ok(Block {
                     input_layernorm: vb.get(c.hidden_size, "input_layernorm.weight")?,
-                    self_attn: Attention::load(&vb.pp("self_attn"), c)?,
+                    self_attn: Attention::load(&vb.pp("self_attn"), c, adapter)?,
                     post_attention_layernorm: vb
                         .get(c.hidden_size, "post_attention_layernorm.weight")?,
-                    mlp: Mlp::load(&vb.pp("mlp"), c)?,
+                    mlp: Mlp::load(&vb.pp("mlp"), c, adapter)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use forgelog_model::testing::{
-    tiny_config, tiny_qwen3_config, tiny_weights, write_tiny_llama, write_tiny_qwen2,
+    max_abs_diff, tiny_config, tiny_qwen3_config, tiny_weights, write_tiny_llama, write_tiny_qwen2,
     write_tiny_qwen3, QWEN3_STYLE_TEMPLATE,
 };
 use forgelog_model::{load_hf_dir, KvCache, Logits, Transformer};
@@ -16,17 +16,6 @@ fn tiny_model() -> Transformer {
 fn tiny_model_of(config: forgelog_model::ModelConfig) -> Transformer {
     let vb = VarBuilder::from_tensors(tiny_weights(&config, 1), DType::F32, &Device::Cpu);
     Transformer::load(vb, &config).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// Forks of one cache go on from its tokens each their own way (in place,

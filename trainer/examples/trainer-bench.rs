@@ -113,6 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &learner.weights(),
         &learner.optimizer.moments,
         &Default::default(),
+        &[],
     ))?;
     println!(
         "checkpoint (weights + AdamW moments) written in {:.2}s",

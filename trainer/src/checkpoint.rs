@@ -7,6 +7,7 @@
 //! a model `transformers` and vLLM load as it is.
 
 use candle_core::{Device, Tensor};
+use forgelog_model::lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use forgelog_stream::store;
 use object_store::{path::Path as StorePath, ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
@@ -114,14 +115,15 @@ impl CheckpointStore {
             })
     }
 
-    /// Writes optimizer state, `trainer.json` and the folder files first, the
-    /// weights last: a version whose weights exist is complete. Returns the
-    /// weights' URI.
+    /// Writes optimizer state, `trainer.json`, the folder files and `extra`
+    /// (a LoRA adapter's files) first, the weights last: a version whose
+    /// weights exist is complete. Returns the weights' URI.
     pub async fn save(
         &self,
         weights: &HashMap<String, Tensor>,
         moments: &HashMap<String, (Tensor, Tensor)>,
         state: &TrainerState,
+        extra: &[(&'static str, Vec<u8>)],
     ) -> Result<String, CheckpointError> {
         let optimizer: HashMap<String, Tensor> = moments
             .iter()
@@ -131,7 +133,7 @@ impl CheckpointStore {
             .await?;
         self.put(state.version, STATE, serde_json::to_vec_pretty(state)?)
             .await?;
-        for (name, bytes) in &self.folder_files {
+        for (name, bytes) in self.folder_files.iter().chain(extra) {
             self.put(state.version, name, bytes.clone()).await?;
         }
         self.put(state.version, WEIGHTS, safetensors_bytes(weights)?)
@@ -155,7 +157,8 @@ impl CheckpointStore {
         {
             let files = [WEIGHTS, STATE, MOMENTS]
                 .into_iter()
-                .chain(forgelog_model::hf::FOLDER_FILES);
+                .chain(forgelog_model::hf::FOLDER_FILES)
+                .chain([ADAPTER_CONFIG, ADAPTER_WEIGHTS]);
             for file in files {
                 self.delete(old, file).await?;
             }
@@ -177,6 +180,16 @@ impl CheckpointStore {
                 source,
             }),
         }
+    }
+
+    /// The LoRA adapter's tensors (PEFT names) of `version`.
+    pub async fn load_adapter(
+        &self,
+        version: u64,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>, CheckpointError> {
+        let bytes = self.get(version, ADAPTER_WEIGHTS).await?;
+        Ok(candle_core::safetensors::load_buffer(&bytes, device)?)
     }
 
     /// Weights, optimizer moments and state of `version`.

@@ -6,7 +6,8 @@ use crate::loss::{grpo_loss, token_stats, LossConfig, Normalisation, TokenInputs
 use crate::optim::{AdamW, AdamWConfig};
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
-use forgelog_model::{KvCache, Logits, ModelConfig, Transformer};
+use forgelog_model::lora::{self, LoraConfig};
+use forgelog_model::{Adapter, KvCache, Logits, ModelConfig, Transformer};
 use forgelog_schemas::{TrainingBatch, UNKNOWN_POLICY_VERSION};
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,6 +25,8 @@ pub struct LearnerConfig {
     /// Feed the prompt a group's members share once for all of them (the
     /// same loss and gradients, for less work; off only to compare).
     pub share_prefixes: bool,
+    /// Train a LoRA adapter on frozen weights instead of the weights.
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for LearnerConfig {
@@ -35,6 +38,7 @@ impl Default for LearnerConfig {
             max_staleness: 4,
             micro_batch_tokens: 1024,
             share_prefixes: true,
+            lora: None,
         }
     }
 }
@@ -163,8 +167,12 @@ pub struct Evaluation {
 
 pub struct Learner {
     model: Transformer,
-    /// Sorted by name (deterministic order for the optimizer and checkpoints).
+    /// What trains, sorted by name (deterministic order for the optimizer
+    /// and checkpoints): every weight, or with LoRA only the adapter's
+    /// tensors (PEFT names).
     vars: Vec<(String, Var)>,
+    /// With LoRA, the frozen weights the adapter sits on.
+    frozen: Option<HashMap<String, Tensor>>,
     reference: Option<Transformer>,
     pub optimizer: AdamW,
     pub config: LearnerConfig,
@@ -174,7 +182,10 @@ pub struct Learner {
 }
 
 impl Learner {
-    /// Trainable copies of `weights` (checkpoint names) in `dtype` on `device`.
+    /// Trainable copies of `weights` (checkpoint names) in `dtype` on
+    /// `device`. With `config.lora`, the weights stay frozen and the adapter
+    /// trains: the one among `weights` under PEFT names (a resumed run's), or
+    /// a fresh one (PEFT's start: the base model exactly).
     pub fn new(
         weights: &HashMap<String, Tensor>,
         model_config: &ModelConfig,
@@ -182,37 +193,67 @@ impl Learner {
         dtype: DType,
         config: LearnerConfig,
     ) -> Result<Learner> {
+        let (adapter, base): (HashMap<_, _>, HashMap<_, _>) = weights
+            .iter()
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .partition(|(n, _)| lora::is_adapter_tensor(n));
+        let to = |t: &Tensor| t.to_device(device)?.to_dtype(dtype);
+        let trainable = match &config.lora {
+            None => base.clone(),
+            Some(_) if !adapter.is_empty() => adapter,
+            Some(lora) => lora::init_adapter(model_config, lora, 0, device)?,
+        };
         let varmap = VarMap::new();
-        let mut vars = Vec::with_capacity(weights.len());
+        let mut vars = Vec::with_capacity(trainable.len());
         {
             let mut data = varmap.data().lock().expect("varmap lock");
-            for (name, tensor) in weights {
-                let var = Var::from_tensor(&tensor.to_device(device)?.to_dtype(dtype)?)?;
+            for (name, tensor) in &trainable {
+                let var = Var::from_tensor(&to(tensor)?)?;
                 data.insert(name.clone(), var.clone());
                 vars.push((name.clone(), var));
             }
         }
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        let model = Transformer::load(
-            VarBuilder::from_varmap(&varmap, dtype, device),
-            model_config,
-        )?;
-        let reference = match config.loss.kl_coefficient {
-            Some(_) => {
-                let frozen: HashMap<String, Tensor> = vars
-                    .iter()
-                    .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?.detach())))
-                    .collect::<Result<_>>()?;
-                Some(Transformer::load(
-                    VarBuilder::from_tensors(frozen, dtype, device),
-                    model_config,
-                )?)
+        let trained = VarBuilder::from_varmap(&varmap, dtype, device);
+        let frozen_copy = || -> Result<HashMap<String, Tensor>> {
+            base.iter()
+                .map(|(n, t)| Ok((n.clone(), to(t)?.detach())))
+                .collect()
+        };
+        let (model, frozen, reference) = match &config.lora {
+            None => {
+                let model = Transformer::load(trained, model_config)?;
+                // KL is to the initial weights: a frozen copy of them.
+                let reference = match config.loss.kl_coefficient {
+                    Some(_) => Some(Transformer::load(
+                        VarBuilder::from_tensors(frozen_copy()?, dtype, device),
+                        model_config,
+                    )?),
+                    None => None,
+                };
+                (model, None, reference)
             }
-            None => None,
+            Some(lora) => {
+                let frozen = frozen_copy()?;
+                let base_vb = VarBuilder::from_tensors(frozen.clone(), dtype, device);
+                let adapter = Adapter {
+                    lora,
+                    tensors: trained,
+                };
+                let model =
+                    Transformer::load_adapted(base_vb.clone(), model_config, Some(&adapter))?;
+                // The frozen weights are the initial policy: KL's reference as they are.
+                let reference = match config.loss.kl_coefficient {
+                    Some(_) => Some(Transformer::load(base_vb, model_config)?),
+                    None => None,
+                };
+                (model, Some(frozen), reference)
+            }
         };
         Ok(Learner {
             model,
             vars,
+            frozen,
             reference,
             optimizer: AdamW::new(config.adamw.clone()),
             config,
@@ -229,12 +270,26 @@ impl Learner {
         &self.vars
     }
 
-    /// The current weights by checkpoint name.
+    /// What trains, by checkpoint name: the weights, or with LoRA the
+    /// adapter's tensors (PEFT names).
     pub fn weights(&self) -> HashMap<String, Tensor> {
         self.vars
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().detach()))
             .collect()
+    }
+
+    /// The weights a model of this version has, by checkpoint name: with
+    /// LoRA, the frozen ones with the adapter merged in (what an engine
+    /// serving full weights loads).
+    pub fn model_weights(&self) -> Result<HashMap<String, Tensor>> {
+        match (&self.frozen, &self.config.lora) {
+            (Some(frozen), Some(lora)) => {
+                lora::merge(frozen, &self.weights(), self.model.config(), lora)
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
+            }
+            _ => Ok(self.weights()),
+        }
     }
 
     /// Starts the next policy version: bumps `version` and returns the state to

@@ -14,6 +14,7 @@ pub mod optim;
 
 use candle_core::{DType, Device};
 use checkpoint::{CheckpointError, CheckpointStore, TrainerState};
+pub use forgelog_model::LoraConfig;
 use forgelog_schemas::{event_id, Event, PolicyPublished, Topic};
 use forgelog_stream::{EventProducer, EventSink, LogReader, ReplayReader, StreamConfig};
 pub use learner::{Learner, LearnerConfig, StepMetrics};
@@ -122,6 +123,21 @@ pub struct TrainArgs {
     /// `f32` or `bf16` (CUDA only).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// Train a LoRA adapter of this rank on frozen weights (none: every
+    /// weight trains). Each version then also holds the adapter as PEFT's
+    /// folder files, beside the merged weights.
+    #[arg(long)]
+    pub lora_rank: Option<usize>,
+    /// LoRA's α: the update is scaled by α / rank (default: twice the rank).
+    #[arg(long)]
+    pub lora_alpha: Option<f64>,
+    /// The projections LoRA adapts, in every layer.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    )]
+    pub lora_targets: Vec<String>,
     /// Train with what has arrived once no batch came for this long (seconds).
     #[arg(long, default_value_t = 30.0)]
     pub idle_flush: f64,
@@ -144,6 +160,17 @@ fn normalisation_parser() -> impl clap::builder::TypedValueParser<Value = Normal
 }
 
 impl TrainArgs {
+    /// The LoRA the flags ask for, checked.
+    pub fn lora(&self) -> Result<Option<LoraConfig>, TrainError> {
+        let Some(rank) = self.lora_rank else {
+            return Ok(None);
+        };
+        let alpha = self.lora_alpha.unwrap_or(2.0 * rank as f64);
+        LoraConfig::new(rank, alpha, self.lora_targets.clone())
+            .map(Some)
+            .map_err(|e| TrainError::Invalid(format!("--lora-*: {e}")))
+    }
+
     pub fn learner_config(&self) -> LearnerConfig {
         LearnerConfig {
             loss: LossConfig {
@@ -163,6 +190,7 @@ impl TrainArgs {
             max_staleness: self.max_staleness,
             micro_batch_tokens: self.micro_batch_tokens,
             share_prefixes: true,
+            lora: self.lora().ok().flatten(),
         }
     }
 }
@@ -229,6 +257,7 @@ pub async fn train(
     sink: &impl EventSink,
 ) -> Result<(), TrainError> {
     let (device, dtype) = device_and_dtype(args)?;
+    let lora = args.lora()?;
     let base = match &args.checkpoints {
         Some(url) => url.clone(),
         None => format!(
@@ -261,6 +290,18 @@ pub async fn train(
     let resume =
         tokio::task::block_in_place(|| forgelog_stream::newest_policy(log, Some(&args.run)))?;
     let (weights, moments, mut state) = match &resume {
+        Some(p) if lora.is_some() => {
+            // The frozen weights are the initial policy's; the adapter is the version's.
+            let (_, moments, state) = store.load(p.version as u64, &device).await?;
+            let mut weights = policy.weights;
+            weights.extend(store.load_adapter(p.version as u64, &device).await?);
+            tracing::info!(
+                version = p.version,
+                step = state.step,
+                "resuming LoRA from the last published policy"
+            );
+            (weights, moments, state)
+        }
         Some(p) => {
             let (weights, moments, state) = store.load(p.version as u64, &device).await?;
             tracing::info!(
@@ -377,8 +418,19 @@ pub async fn train(
                 dropped_stale: assembler.dropped_stale,
                 ..moved.next_version()
             };
+            let adapter = match &lora {
+                Some(lora) => {
+                    forgelog_model::lora::adapter_files(&moved.weights(), lora, &args.model)?
+                }
+                None => Vec::new(),
+            };
             let uri = store
-                .save(&moved.weights(), &moved.optimizer.moments, &state)
+                .save(
+                    &moved.model_weights()?,
+                    &moved.optimizer.moments,
+                    &state,
+                    &adapter,
+                )
                 .await?;
             let mut values = metrics.to_map();
             values.insert("dropped_stale".into(), state.dropped_stale as f64);

@@ -26,15 +26,7 @@ fn device() -> Device {
     }
 }
 
-/// The largest absolute entry of `t`.
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
+use forgelog_model::testing::max_abs;
 
 fn learner(policy: &Policy, config: LearnerConfig) -> Learner {
     Learner::new(
@@ -320,7 +312,7 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         // Publish the step as the next version and have the engine serve it.
         let state = learner.next_version();
         let uri = store
-            .save(&learner.weights(), &learner.optimizer.moments, &state)
+            .save(&learner.weights(), &learner.optimizer.moments, &state, &[])
             .await
             .unwrap();
         engine
@@ -404,4 +396,96 @@ fn a_bf16_learner_trains_through_the_same_model_code() {
     let m = learner.train_step(&[(group, 0)]).unwrap();
     assert!(m.loss.is_finite() && m.grad_norm > 0.0, "{m:?}");
     assert_eq!(learner.weights()["lm_head.weight"].dtype(), DType::BF16);
+}
+
+/// LoRA on a tiny Qwen3: only the adapter's tensors are variables and have
+/// optimizer moments, the frozen weights do not move, a fresh adapter is the
+/// base model, and after steps the merged weights (what a version publishes)
+/// give the logits of the unmerged model that trained, which now favours the
+/// rewarded completion.
+#[test]
+fn a_lora_learner_trains_only_the_adapter() {
+    use forgelog_model::lora::{is_adapter_tensor, PROJECTIONS};
+    use forgelog_model::LoraConfig;
+    let dir = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_qwen3(dir.path(), 3).unwrap();
+    let policy = forgelog_model::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    let lora = LoraConfig::new(4, 8.0, PROJECTIONS.map(String::from).to_vec()).unwrap();
+    let mut config = LearnerConfig {
+        lora: Some(lora),
+        ..Default::default()
+    };
+    config.adamw.learning_rate = 1e-2;
+    let mut learner = learner(&policy, config);
+    let trained = learner.weights();
+    assert_eq!(
+        trained.len(),
+        2 * 7 * 2,
+        "A and B of 7 projections in 2 layers"
+    );
+    assert!(trained.keys().all(|n| is_adapter_tensor(n)));
+    let logits = |model: &forgelog_model::Transformer| {
+        model
+            .forward(&[5, 6, 7, 8, 9], &mut forgelog_model::KvCache::new())
+            .unwrap()
+    };
+    let start = learner.model_weights().unwrap();
+    for (name, w) in &policy.weights {
+        assert_eq!(max_abs(&(w - &start[name]).unwrap()), 0.0, "{name}");
+    }
+    // Not bit-equal: with variables in it the model takes the differentiable
+    // norm and softmax, the served one candle's fused kernels.
+    let fresh = max_abs(&(logits(learner.model()) - logits(&policy.model)).unwrap());
+    assert!(fresh < 1e-5, "a fresh adapter is the base model: {fresh}");
+
+    let group = || {
+        batch(
+            "g",
+            vec![
+                sequence(&[5, 6, 7], &[8, 9], &[-6.0, -6.0], 0),
+                sequence(&[5, 6, 7], &[10, 11], &[-6.0, -6.0], 0),
+            ],
+            &[1.0, 0.0],
+        )
+    };
+    let favoured = |model: &forgelog_model::Transformer| {
+        let l = model
+            .forward(&[5, 6, 7], &mut forgelog_model::KvCache::new())
+            .unwrap();
+        let row: Vec<f32> = l.get(2).unwrap().to_vec1().unwrap();
+        let lp = forgelog_model::log_softmax(&row);
+        lp[8] - lp[10]
+    };
+    let before = favoured(learner.model());
+    for _ in 0..3 {
+        let m = learner.train_step(&[(group(), 0)]).unwrap();
+        assert!(m.tokens > 0 && m.grad_norm > 0.0, "{m:?}");
+    }
+    assert!(
+        favoured(learner.model()) > before + 0.1,
+        "the rewarded completion gained"
+    );
+    assert!(learner
+        .optimizer
+        .moments
+        .keys()
+        .all(|n| is_adapter_tensor(n)));
+
+    let merged = learner.model_weights().unwrap();
+    let mut moved = 0;
+    for (name, w) in &policy.weights {
+        moved += (max_abs(&(w - &merged[name]).unwrap()) > 0.0) as usize;
+    }
+    assert_eq!(
+        moved,
+        2 * 7,
+        "every adapted projection's merged weight moved"
+    );
+    let served = forgelog_model::Transformer::load(
+        candle_nn::VarBuilder::from_tensors(merged, DType::F32, &Device::Cpu),
+        policy.model.config(),
+    )
+    .unwrap();
+    let gap = max_abs(&(logits(&served) - logits(learner.model())).unwrap());
+    assert!(gap < 1e-4, "merged vs unmerged: {gap}");
 }

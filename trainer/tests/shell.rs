@@ -158,3 +158,75 @@ async fn a_policy_left_in_the_spool_by_a_killed_trainer_is_published_once() {
         .collect();
     assert_eq!(versions, [(1, 1), (2, 2)], "each version published once");
 }
+
+/// `forgelog train --lora-rank` on a tiny Qwen3: each version holds PEFT's
+/// adapter files beside the merged weights (which are the frozen weights with
+/// that adapter merged), and a restarted trainer goes on training the
+/// version's adapter, not a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lora_trainer_publishes_its_adapter_and_resumes_it() {
+    use forgelog_model::lora;
+    use forgelog_model::testing::{max_abs, max_abs_diff};
+    let config = shared_broker().await;
+    let run = unique_run_id("trainer-lora");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let model_config = forgelog_model::testing::write_tiny_qwen3(&model, 3).unwrap();
+    let args = |spool: &str| {
+        let mut args = one_step(&config, &run, dir.path(), spool);
+        args.lora_rank = Some(4);
+        args
+    };
+    let device = candle_core::Device::Cpu;
+    let version_dir = |v: u64| dir.path().join(format!("checkpoints/{run}/v{v:06}"));
+    let max_b = |adapter: &std::collections::HashMap<String, candle_core::Tensor>| {
+        adapter
+            .iter()
+            .filter(|(n, _)| n.ends_with("lora_B.weight"))
+            .map(|(_, t)| max_abs(t))
+            .fold(0.0f32, f32::max)
+    };
+
+    produce(&config, &[training_batch(&run, "a", 2, 0)]).await;
+    forgelog_trainer::run(args("spool-1")).await.unwrap();
+    let (lora_config, first) = lora::load_adapter_dir(&version_dir(1), &device).unwrap();
+    assert_eq!((lora_config.rank, lora_config.alpha), (4, 8.0));
+    assert_eq!(lora_config.targets.len(), 7);
+    // Adam's first step moves each entry by at most the learning rate.
+    assert!(
+        max_b(&first) > 0.0 && max_b(&first) <= 1.001e-3,
+        "{}",
+        max_b(&first)
+    );
+
+    produce(&config, &[training_batch(&run, "b", 3, 1)]).await;
+    forgelog_trainer::run(args("spool-2")).await.unwrap();
+    let policies = published(&config, &run);
+    assert_eq!(
+        policies.iter().map(|p| p.version).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    let (_, second) = lora::load_adapter_dir(&version_dir(2), &device).unwrap();
+    assert!(
+        max_b(&second) > 1.2e-3,
+        "the second step went on from the first's adapter: {}",
+        max_b(&second)
+    );
+    let base = forgelog_model::load_hf_dir(&model, &device)
+        .unwrap()
+        .weights;
+    let served =
+        candle_core::safetensors::load(version_dir(2).join("model.safetensors"), &device).unwrap();
+    let merged = lora::merge(&base, &second, &model_config, &lora_config).unwrap();
+    for (name, w) in &merged {
+        let gap = max_abs_diff(w, &served[name]);
+        assert!(gap < 1e-6, "{name}: {gap}");
+    }
+    let moments =
+        candle_core::safetensors::load(version_dir(2).join("optimizer.safetensors"), &device)
+            .unwrap();
+    assert!(
+        moments.keys().all(|n| lora::is_adapter_tensor(&n[2..])),
+        "only the adapter has moments"
+    );
+}

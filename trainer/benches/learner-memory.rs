@@ -1,0 +1,146 @@
+//! The learner's peak memory for a Qwen3-0.6B shape (random weights, f32,
+//! CPU): full fine-tuning against LoRA. Counts every byte the process
+//! allocates (a counting global allocator), from before the weights are made
+//! to the end of one GRPO step (a group of 2 sequences of 96 prompt + 32
+//! sampled tokens): the weights as loaded, the learner's copy of them or its
+//! adapter, gradients, AdamW's moments and the activations a backward pass
+//! keeps.
+//!
+//! `cargo bench -p forgelog-trainer --bench learner-memory` (about 10 GB of
+//! memory at its peak, a minute or two on 2 cores).
+
+use candle_core::{DType, Device};
+use forgelog_model::lora::PROJECTIONS;
+use forgelog_model::{Architecture, LoraConfig, ModelConfig};
+use forgelog_trainer::learner::SampledSequence;
+use forgelog_trainer::{Learner, LearnerConfig};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is System's; the counters only observe sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+            let now = CURRENT.fetch_add(new_size, Ordering::Relaxed) + new_size;
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Qwen3-0.6B's `config.json` shape.
+fn qwen3_0_6b() -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Qwen3,
+        vocab_size: 151_936,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_hidden_layers: 28,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: Some(128),
+        rope_theta: 1_000_000.0,
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: 4096,
+        tie_word_embeddings: true,
+    }
+}
+
+/// One group: two members after the same 96-token prompt, 32 sampled tokens each.
+fn group(vocab: u32) -> Vec<SampledSequence> {
+    let member = |seed: u32, advantage: f64| {
+        let tokens: Vec<u32> = (0..128u32)
+            .map(|i| {
+                if i < 96 {
+                    (i * 7919) % vocab
+                } else {
+                    (i * 104_729 + seed) % vocab
+                }
+            })
+            .collect();
+        SampledSequence {
+            recorded: vec![-2.0; 32],
+            positions: (96..128).collect(),
+            tokens,
+            advantage,
+        }
+    };
+    vec![member(1, 1.0), member(2, -1.0)]
+}
+
+/// Peak bytes from nothing to the end of one step of `config`.
+fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
+    let start = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(start, Ordering::Relaxed);
+    let weights = forgelog_model::testing::tiny_weights(model, 1);
+    let config = LearnerConfig {
+        lora,
+        ..Default::default()
+    };
+    let mut learner = Learner::new(&weights, model, &Device::Cpu, DType::F32, config).unwrap();
+    drop(weights);
+    let eval = learner.evaluate(&group(model.vocab_size as u32)).unwrap();
+    learner.apply_gradients(&eval.grads).unwrap();
+    drop(eval);
+    drop(learner);
+    PEAK.load(Ordering::Relaxed) - start
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is read.
+    let model = qwen3_0_6b();
+    let params: usize = forgelog_model::testing::tiny_weights_shapes(&model)
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>())
+        .sum();
+    let gb = |b: usize| b as f64 / 1e9;
+    let full = peak_of_one_step(&model, None);
+    eprintln!(
+        "full: {:.2} GB ({:.1} bytes a parameter)",
+        gb(full),
+        full as f64 / params as f64
+    );
+    let lora = LoraConfig::new(16, 32.0, PROJECTIONS.map(String::from).to_vec()).unwrap();
+    let adapter: usize = forgelog_model::lora::adapted_projections(&model, &lora)
+        .iter()
+        .map(|(_, d_in, d_out)| lora.rank * (d_in + d_out))
+        .sum();
+    let with_lora = peak_of_one_step(&model, Some(lora));
+    eprintln!(
+        "lora r=16, all 7 projections: {:.2} GB ({} adapter parameters, {:.2}% of {})",
+        gb(with_lora),
+        adapter,
+        100.0 * adapter as f64 / params as f64,
+        params
+    );
+    println!("learner peak bytes for a Qwen3-0.6B shape: full {full}, lora {with_lora}");
+}
