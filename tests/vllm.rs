@@ -13,6 +13,8 @@
 //! version is vLLM's own word (and the proxy stamps calls with it), a killed
 //! sync goes on from the log, and a version that cannot be loaded is a named
 //! error that leaves vLLM paused until a restarted sync loads a good one.
+//! And vLLM serves a LoRA adapter forgelog wrote with the logprobs of
+//! forgelog's model with that adapter merged.
 
 mod support;
 
@@ -74,6 +76,9 @@ impl Vllm {
             .env("HF_HUB_OFFLINE", "1")
             // Its RL routes: pause, reload_weights, the weight version.
             .env("VLLM_SERVER_DEV_MODE", "1")
+            // Adapters loaded while it serves (`/v1/load_lora_adapter`).
+            .args(["--enable-lora", "--max-lora-rank", "16"])
+            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .process_group(0)
@@ -560,15 +565,59 @@ fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
     // The engine gap on the weights both sides hold (fp32 both): vLLM's
     // sampling-time logprobs against forgelog's forward pass (the learner's)
     // over the same ids.
-    let (mean, p99) = rt.block_on(logprob_gap(&policy, &http, &vllm.url));
+    let (mean, p99) = rt.block_on(logprob_gap(&policy, "smollm2", &http, &vllm.url));
     eprintln!("vllm vs learner logprob gap: mean {mean:.2e}, p99 {p99:.2e}");
     assert!(mean < 1e-2 && p99 < 5e-2, "mean {mean}, p99 {p99}");
+
+    // A LoRA adapter as forgelog publishes one (PEFT's files), loaded by
+    // vLLM under its own name beside the base, against forgelog's engine
+    // serving it merged: the same logprobs for what vLLM samples with it.
+    use forgelog_model::lora::{self, LoraConfig, PROJECTIONS};
+    let lora = LoraConfig::new(8, 16.0, PROJECTIONS.map(String::from).to_vec()).unwrap();
+    let adapter = forgelog_model::testing::tiny_adapter(policy.model.config(), &lora, 11);
+    let adapter_dir = root.path().join("adapter-v1");
+    std::fs::create_dir_all(&adapter_dir).unwrap();
+    for (name, bytes) in lora::adapter_files(&adapter, &lora, &base.display().to_string()).unwrap()
+    {
+        std::fs::write(adapter_dir.join(name), bytes).unwrap();
+    }
+    let loaded = rt
+        .block_on(
+            http.post(format!("{}/v1/load_lora_adapter", vllm.url))
+                .json(&json!({"lora_name": "policy@1", "lora_path": adapter_dir}))
+                .send(),
+        )
+        .unwrap();
+    let status = loaded.status();
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        rt.block_on(loaded.text()).unwrap()
+    );
+    let merged = lora::merge(&policy.weights, &adapter, policy.model.config(), &lora).unwrap();
+    let mut adapted = policy.clone();
+    adapted.model = forgelog_model::Transformer::from_weights(
+        &merged,
+        policy.model.config(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let (mean, p99) = rt.block_on(logprob_gap(&adapted, "policy@1", &http, &vllm.url));
+    eprintln!("vllm LoRA vs forgelog merged logprob gap: mean {mean:.2e}, p99 {p99:.2e}");
+    assert!(p99 < 1e-3, "mean {mean}, p99 {p99}");
+    // The adapter is not a no-op: the base model is far from what it sampled.
+    let (off, _) = rt.block_on(logprob_gap(&policy, "policy@1", &http, &vllm.url));
+    assert!(
+        off > 1e-2,
+        "the base model's gap to the adapter's samples: {off}"
+    );
 }
 
-/// Samples from vLLM at temperature 1 and recomputes each sampled token's
-/// logprob with `policy`: the mean and p99 of the absolute differences.
+/// Samples from vLLM's `model` at temperature 1 and recomputes each sampled
+/// token's logprob with `policy`: the mean and p99 of the absolute differences.
 async fn logprob_gap(
     policy: &forgelog_model::Policy,
+    model: &str,
     http: &reqwest::Client,
     url: &str,
 ) -> (f64, f64) {
@@ -588,11 +637,9 @@ async fn logprob_gap(
             .to_vec();
         let r = http
             .post(format!("{url}/v1/completions"))
-            .json(
-                &json!({"model": "smollm2", "prompt": prompt, "max_tokens": 32,
+            .json(&json!({"model": model, "prompt": prompt, "max_tokens": 32,
                           "temperature": 1.0, "seed": seed, "logprobs": 0,
-                          "return_token_ids": true}),
-            )
+                          "return_token_ids": true}))
             .send()
             .await
             .unwrap();
