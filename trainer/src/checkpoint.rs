@@ -230,7 +230,8 @@ impl CheckpointStore {
 
 /// Copies the Hugging Face model folder of the version whose weights are at
 /// `model_uri` (a `PolicyPublished.checkpoint_uri`) into the local directory
-/// `to`: the weights and the folder files, not the trainer's own state.
+/// `to`: the weights and the folder files (and a LoRA version's adapter
+/// files), not the trainer's own state.
 /// Returns the paths written.
 pub async fn export_model_folder(
     model_uri: &str,
@@ -272,6 +273,24 @@ pub async fn export_model_folder(
         let file = to.join(name);
         std::fs::write(&file, &bytes)?;
         written.push(file);
+    }
+    // A LoRA version's adapter, as PEFT's folder files, where it has one.
+    for name in [ADAPTER_CONFIG, ADAPTER_WEIGHTS] {
+        let path = location.path(name);
+        match read_object(&location.store, &path).await {
+            Ok(bytes) => {
+                let file = to.join(name);
+                std::fs::write(&file, &bytes)?;
+                written.push(file);
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(source) => {
+                return Err(CheckpointError::Store {
+                    path: path.to_string(),
+                    source,
+                })
+            }
+        }
     }
     Ok(written)
 }

@@ -229,4 +229,13 @@ async fn a_lora_trainer_publishes_its_adapter_and_resumes_it() {
         moments.keys().all(|n| lora::is_adapter_tensor(&n[2..])),
         "only the adapter has moments"
     );
+
+    // `export model` copies the adapter beside the merged model.
+    let exported = dir.path().join("exported");
+    forgelog_trainer::checkpoint::export_model_folder(&policies[1].checkpoint_uri, &exported)
+        .await
+        .unwrap();
+    let (_, copied) = lora::load_adapter_dir(&exported, &device).unwrap();
+    assert_eq!(copied.len(), second.len());
+    assert!(exported.join("model.safetensors").is_file());
 }
