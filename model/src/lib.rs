@@ -9,6 +9,7 @@
 
 pub mod chat;
 pub mod config;
+mod frozen;
 pub mod hf;
 mod kv_cache;
 pub mod load;

@@ -52,7 +52,17 @@ struct Projection {
 
 impl Module for Projection {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.linear.forward(x)?;
+        let y = match (&self.low_rank, self.linear.bias()) {
+            // A frozen weight under an adapter: no gradient made for it.
+            (Some(_), bias) => {
+                let y = crate::frozen::matmul_t(x, self.linear.weight())?;
+                match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
+            (None, _) => self.linear.forward(x)?,
+        };
         match &self.low_rank {
             Some(update) => y + update.forward(x)?,
             None => Ok(y),
@@ -513,7 +523,8 @@ impl Transformer {
             Logits::All => x,
             _ => x.index_select(&Tensor::new(rows.as_slice(), x.device())?, 0)?,
         };
-        let all = rms_norm(&x, &self.norm, eps)?.matmul(&self.lm_head.t()?)?;
+        // A frozen (LoRA) output matrix gets no gradient of its own.
+        let all = crate::frozen::matmul_t(&rms_norm(&x, &self.norm, eps)?, &self.lm_head)?;
         let mut outputs = Vec::with_capacity(batch.len());
         let mut row = 0;
         for count in counts {

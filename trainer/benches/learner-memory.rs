@@ -6,10 +6,8 @@
 //! adapter, gradients, AdamW's moments and the activations a backward pass
 //! keeps.
 //!
-//! `cargo bench -p forgelog-trainer --bench learner-memory` (about 18 GB of
+//! `cargo bench -p forgelog-trainer --bench learner-memory` (about 10 GB of
 //! memory at its peak, about a minute on 2 cores after the release build).
-//! Measured: full 16.1 bytes a parameter, LoRA 30: candle's matmul backward
-//! gives the frozen weights gradients too (see the trainer's README).
 
 use candle_core::{DType, Device};
 use forgelog_model::lora::PROJECTIONS;
