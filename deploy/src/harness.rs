@@ -63,7 +63,7 @@ pub enum HarnessError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("harness {name}: its bundle is not installed in {dir} (deploy/harnesses/install.sh {name} builds it)")]
+    #[error("harness {name}: its bundle is not installed in {dir}: scripts/sandbox-setup.sh installs every harness (deploy/harnesses/install.sh {name} this one)")]
     NoBundle { name: String, dir: PathBuf },
 }
 

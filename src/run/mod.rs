@@ -199,6 +199,18 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         Err(e @ forgelog_deploy::local::SandboxError::NoPodman(_)) => return Err(e.into()),
         Err(e) => eprintln!("warning: reaping the sandboxes of dead runs: {e}"),
     }
+    // Before anything starts: an image no registry serves must be here.
+    for task in tasks.values() {
+        for image in task.local_base_images() {
+            if !rt.block_on(podman.has_image(&image))? {
+                bail!(
+                    "task {} builds FROM {image}, which is not in podman's local storage: \
+                     scripts/sandbox-setup.sh makes the shipped tasks' base image",
+                    task.id
+                );
+            }
+        }
+    }
     let config = args.broker.config();
     rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
     rt.block_on(orchestrate(

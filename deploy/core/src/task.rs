@@ -262,11 +262,56 @@ impl Task {
     pub fn solution(&self) -> Option<PathBuf> {
         Some(self.dir.join("solution/solve.sh")).filter(|p| p.is_file())
     }
+
+    /// The local images (`localhost/…`) its `environment/Dockerfile` builds
+    /// from: images no registry serves, which must be in local storage
+    /// before the task can run (the shipped tasks' base is made by
+    /// `scripts/base-image.sh`).
+    pub fn local_base_images(&self) -> Vec<String> {
+        match &self.config.environment.docker_image {
+            Some(_) => Vec::new(),
+            None => std::fs::read_to_string(self.dir.join("environment/Dockerfile"))
+                .map(|d| local_base_images(&d))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The `localhost/…` images a Dockerfile's `FROM` lines name (a stage's
+/// `AS name` and `--platform` flags aside; stages built from earlier stages
+/// are not images).
+pub fn local_base_images(dockerfile: &str) -> Vec<String> {
+    let mut images = Vec::new();
+    for line in dockerfile.lines() {
+        let mut words = line.split_whitespace();
+        if !words.next().is_some_and(|w| w.eq_ignore_ascii_case("FROM")) {
+            continue;
+        }
+        let image = words.find(|w| !w.starts_with("--"));
+        if let Some(image) = image.filter(|i| i.starts_with("localhost/")) {
+            if !images.iter().any(|i| i == image) {
+                images.push(image.to_string());
+            }
+        }
+    }
+    images
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dockerfile_names_the_local_images_it_builds_from() {
+        let d = "# comment FROM localhost/not\nFROM --platform=linux/amd64 localhost/base:1 AS build\n\
+                 RUN true\nfrom debian:bookworm\nFROM build\nFROM localhost/base:1\nFROM localhost/other\n";
+        assert_eq!(
+            local_base_images(d),
+            ["localhost/base:1", "localhost/other"]
+        );
+        assert!(local_base_images("FROM python:3.12\n").is_empty());
+        assert!(local_base_images("").is_empty());
+    }
 
     #[test]
     fn a_harbor_task_toml_reads_with_its_defaults_and_unknown_keys_warn() {

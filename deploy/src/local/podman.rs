@@ -13,7 +13,10 @@ pub const RUN_LABEL: &str = "forgelog.run";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("podman is not installed (apt-get install podman runc): {0}")]
+    #[error(
+        "podman is not installed ({0}): scripts/sandbox-setup.sh installs it, with runc, \
+         the tasks' base image and the harnesses"
+    )]
     NoPodman(std::io::Error),
     #[error("podman {what}: {stderr}")]
     Podman { what: String, stderr: String },
