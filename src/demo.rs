@@ -108,7 +108,7 @@ pub async fn run(
         .max();
         // And for the engine to serve it (it reloads once it reads the event).
         if let Some(version) = newest {
-            wait_until_served(engine, version).await;
+            wait_until_served(engine, version, args).await;
         }
         spinner.finish_and_clear();
         let seconds = round_started.elapsed().as_secs_f64();
@@ -186,26 +186,29 @@ pub async fn run(
     Ok(())
 }
 
-/// Until `engine` reports serving `version` (its `/weight_info`, as vLLM and
-/// forgelog's engine say it), for ten minutes at most; an engine that reports
-/// no version at all is not waited for.
-async fn wait_until_served(engine: &str, version: i64) {
-    let http = reqwest::Client::new();
+/// Until `engine` reports serving `version` (as `forgelog sync` reads it
+/// back: vLLM's and forgelog's engine's `/weight_info`, or the newest adapter
+/// it lists), for ten minutes at most; an engine that refuses the question
+/// (reports no version at all) is not waited for.
+async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
+    use crate::up::UpstreamKind;
+    use forgelog_sync::{Kind, Mode};
+    let (kind, mode) = match args.engine {
+        UpstreamKind::Sglang => (Kind::Sglang, args.sync_mode),
+        UpstreamKind::Vllm => (Kind::Vllm, args.sync_mode),
+        UpstreamKind::Forgelog => (Kind::Vllm, Mode::Weights),
+    };
+    let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
+        step_timeout: 10,
+        ..forgelog_sync::SyncArgs::new(engine, kind, mode)
+    });
     for _ in 0..1200 {
         // Unreachable for a moment: asked again.
-        if let Ok(r) = http.get(format!("{engine}/weight_info")).send().await {
-            let Ok(info) = r.json::<serde_json::Value>().await else {
-                return;
-            };
-            let served = match &info["weight_version"] {
-                serde_json::Value::String(v) => v.parse::<i64>().ok(),
-                v => v.as_i64(),
-            };
-            if served.is_some_and(|v| v >= version) {
-                return;
-            }
+        match sync.served().await {
+            Ok(Some(v)) if v as i64 >= version => return,
+            Err(forgelog_sync::SyncError::Refused { .. }) => return,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -259,14 +259,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let sync = match (args.train, sync_kind) {
         (true, Some(kind)) => {
             let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
-                upstream: upstream.clone(),
-                engine: kind,
-                sync_mode: args.sync_mode,
                 stage_dir: Some(args.home.join("checkpoints-staged")),
-                step_timeout: 600,
-                staleness: 1,
-                api_key: None,
                 run: Some(run.clone()),
+                ..forgelog_sync::SyncArgs::new(&upstream, kind, args.sync_mode)
             });
             // Before any call: the engine names the version it serves first.
             let served = sync.start().await?;
@@ -293,6 +288,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         run_id: Some(run.clone()),
         admin_token: Some(admin_token.clone()),
         token_in: crate::token_in::load(tokenizer.as_deref())?,
+        policy_adapters: sync_kind.is_some() && args.sync_mode == forgelog_sync::Mode::Adapter,
         ..ProxyConfig::new(&upstream)
     };
     let spool = args.home.join("proxy-spool");

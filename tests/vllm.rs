@@ -25,95 +25,12 @@ use forgelog_schemas::{CallStatus, Event};
 use forgelog_stream::testing::{free_local_addr, unique_run_id};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, stderr_of};
 use support::shipped;
-
-/// `vllm serve`, killed with its engine processes (its own process group).
-struct Vllm {
-    child: Child,
-    url: String,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Vllm {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the process group of our own child.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Vllm {
-    /// Starts vLLM on the model folder `dir` as `../shared/FACTS.md` does on
-    /// CPU, and waits until it serves (about 2 minutes on 2 cores).
-    fn start(dir: &Path, logs: &Path) -> Vllm {
-        let venv = forgelog_stream::forgelog_home().join("vllm-venv");
-        let vllm = venv.join("bin/vllm");
-        assert!(
-            vllm.is_file(),
-            "{} is missing: run scripts/vllm-env.sh (scripts/test.sh does)",
-            vllm.display()
-        );
-        let addr = free_local_addr();
-        let log = logs.join("vllm.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(&vllm)
-            .arg("serve")
-            .arg(dir)
-            .args(["--dtype", "float32", "--max-model-len", "4096"])
-            .args(["--logprobs-mode", "processed_logprobs"])
-            .args(["--served-model-name", "smollm2"])
-            .args(["--host", &addr.ip().to_string()])
-            .args(["--port", &addr.port().to_string()])
-            .env("VLLM_TARGET_DEVICE", "cpu")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("OMP_NUM_THREADS", "1")
-            .env("VLLM_NO_USAGE_STATS", "1")
-            .env("HF_HUB_OFFLINE", "1")
-            // Its RL routes: pause, reload_weights, the weight version.
-            .env("VLLM_SERVER_DEV_MODE", "1")
-            // Adapters loaded while it serves (`/v1/load_lora_adapter`).
-            .args(["--enable-lora", "--max-lora-rank", "16"])
-            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let mut vllm = Vllm {
-            child,
-            url: format!("http://{addr}"),
-            log,
-        };
-        let started = Instant::now();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let http = reqwest::Client::new();
-        while started.elapsed() < Duration::from_secs(480) {
-            if let Ok(Some(status)) = vllm.child.try_wait() {
-                panic!("vLLM exited {status}:\n{}", vllm.log_tail());
-            }
-            let models = rt.block_on(http.get(format!("{}/v1/models", vllm.url)).send());
-            if models.is_ok_and(|r| r.status().is_success()) {
-                eprintln!("vLLM serves after {:.0} s", started.elapsed().as_secs_f64());
-                return vllm;
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
-        panic!("vLLM did not serve within 8 minutes:\n{}", vllm.log_tail());
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        log[log.len().saturating_sub(4000)..].to_string()
-    }
-}
+use support::vllm::{adapted_policy, load_adapter, logprob_gap, untied, Vllm};
 
 #[test]
 fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
@@ -565,110 +482,35 @@ fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
     // The engine gap on the weights both sides hold (fp32 both): vLLM's
     // sampling-time logprobs against forgelog's forward pass (the learner's)
     // over the same ids.
-    let (mean, p99) = rt.block_on(logprob_gap(&policy, "smollm2", &http, &vllm.url));
-    eprintln!("vllm vs learner logprob gap: mean {mean:.2e}, p99 {p99:.2e}");
-    assert!(mean < 1e-2 && p99 < 5e-2, "mean {mean}, p99 {p99}");
+    let gap = rt.block_on(logprob_gap(&policy, "smollm2", &http, &vllm.url));
+    eprintln!("vllm vs learner logprob gap: {gap}");
+    assert!(gap.mean < 1e-2 && gap.p99 < 5e-2, "{gap}");
 
     // A LoRA adapter as forgelog publishes one (PEFT's files), loaded by
     // vLLM under its own name beside the base, against forgelog's engine
     // serving it merged: the same logprobs for what vLLM samples with it.
-    use forgelog_model::lora::{self, LoraConfig, PROJECTIONS};
-    let lora = LoraConfig::new(8, 16.0, PROJECTIONS.map(String::from).to_vec()).unwrap();
-    let adapter = forgelog_model::testing::tiny_adapter(policy.model.config(), &lora, 11);
     let adapter_dir = root.path().join("adapter-v1");
-    std::fs::create_dir_all(&adapter_dir).unwrap();
-    for (name, bytes) in lora::adapter_files(&adapter, &lora, &base.display().to_string()).unwrap()
-    {
-        std::fs::write(adapter_dir.join(name), bytes).unwrap();
-    }
-    let loaded = rt
-        .block_on(
-            http.post(format!("{}/v1/load_lora_adapter", vllm.url))
-                .json(&json!({"lora_name": "policy@1", "lora_path": adapter_dir}))
-                .send(),
-        )
-        .unwrap();
-    let status = loaded.status();
-    assert!(
-        status.is_success(),
-        "{status}: {}",
-        rt.block_on(loaded.text()).unwrap()
-    );
-    let merged = lora::merge(&policy.weights, &adapter, policy.model.config(), &lora).unwrap();
-    let mut adapted = policy.clone();
-    adapted.model = forgelog_model::Transformer::from_weights(
-        &merged,
-        policy.model.config(),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    let (mean, p99) = rt.block_on(logprob_gap(&adapted, "policy@1", &http, &vllm.url));
-    eprintln!("vllm LoRA vs forgelog merged logprob gap: mean {mean:.2e}, p99 {p99:.2e}");
-    assert!(p99 < 1e-3, "mean {mean}, p99 {p99}");
+    let adapted = adapted_policy(&policy, &base, &adapter_dir);
+    rt.block_on(load_adapter(&http, &vllm.url, "policy@1", &adapter_dir));
+    let gap = rt.block_on(logprob_gap(&adapted, "policy@1", &http, &vllm.url));
+    eprintln!("vllm LoRA vs forgelog merged logprob gap: {gap}");
+    assert!(gap.p99 < 1e-3, "{gap}");
     // The adapter is not a no-op: the base model is far from what it sampled.
-    let (off, _) = rt.block_on(logprob_gap(&policy, "policy@1", &http, &vllm.url));
+    let off = rt.block_on(logprob_gap(&policy, "policy@1", &http, &vllm.url));
     assert!(
-        off > 1e-2,
+        off.mean > 1e-2,
         "the base model's gap to the adapter's samples: {off}"
     );
 }
 
-/// Samples from vLLM's `model` at temperature 1 and recomputes each sampled
-/// token's logprob with `policy`: the mean and p99 of the absolute differences.
-async fn logprob_gap(
-    policy: &forgelog_model::Policy,
-    model: &str,
-    http: &reqwest::Client,
-    url: &str,
-) -> (f64, f64) {
-    let prompts = [
-        "The capital of France is",
-        "def fibonacci(n):",
-        "Write a haiku about the sea.",
-        "List three prime numbers:",
-    ];
-    let mut gaps = Vec::new();
-    for (seed, text) in prompts.iter().enumerate() {
-        let prompt: Vec<u32> = policy
-            .tokenizer
-            .encode(*text, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
-        let r = http
-            .post(format!("{url}/v1/completions"))
-            .json(&json!({"model": model, "prompt": prompt, "max_tokens": 32,
-                          "temperature": 1.0, "seed": seed, "logprobs": 0,
-                          "return_token_ids": true}))
-            .send()
-            .await
-            .unwrap();
-        let body: Value = r.json().await.unwrap();
-        let choice = &body["choices"][0];
-        let sampled: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
-        let theirs: Vec<f64> =
-            serde_json::from_value(choice["logprobs"]["token_logprobs"].clone()).unwrap();
-        assert_eq!(sampled.len(), theirs.len(), "{body}");
-        let ids = [prompt.as_slice(), &sampled[..sampled.len() - 1]].concat();
-        let mut cache = forgelog_model::KvCache::new();
-        let logits = policy.model.forward(&ids, &mut cache).unwrap();
-        let logits: Vec<Vec<f32>> = logits.to_vec2().unwrap();
-        for (j, (&token, their)) in sampled.iter().zip(&theirs).enumerate() {
-            let ours = forgelog_model::log_softmax(&logits[prompt.len() - 1 + j])[token as usize];
-            gaps.push((ours as f64 - their).abs());
-        }
-    }
-    gaps.sort_by(f64::total_cmp);
-    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
-    let p99 = gaps[(gaps.len() * 99 / 100).min(gaps.len() - 1)];
-    (mean, p99)
-}
-
-/// The closed loop on a real vLLM: `up --demo --train --steps 3 --upstream
-/// VLLM --engine vllm`. The learner starts from the folder vLLM serves; the
-/// sync in `up` makes vLLM serve each version it publishes; every call is
-/// stamped with the version vLLM says served it; each round is sampled by
-/// the version the round before made.
+/// The closed loop on a real vLLM, as a LoRA adapter per version and then
+/// as full weights: `up --demo --train --steps 3 --upstream VLLM --engine
+/// vllm [--lora-rank 8 --sync-mode adapter]`. The learner starts from the
+/// folder vLLM serves; the sync in `up` makes vLLM serve each version it
+/// publishes; every call is stamped with the version that sampled it (vLLM's
+/// word, or the adapter the call named); each round is sampled by the version
+/// the round before made. The adapter run goes first: it leaves vLLM's base
+/// weights as they were, which the full-weight run starts from.
 #[test]
 fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -680,41 +522,93 @@ fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
         &candle_core::Device::Cpu,
     )
     .unwrap();
+    // Untied: vLLM reloads a tied output head's old weights (see
+    // `cargo bench --bench engine-gap`), so the full-weight loop trains an
+    // untied copy of SmolLM2 and every on-policy step is exact.
+    let policy = untied(&policy, &policy);
     let model = root.path().join("model");
     std::fs::create_dir_all(&model).unwrap();
     support::write_hf_model_folder(&policy, &model);
     let vllm = Vllm::start(&model, root.path());
-    let run = unique_run_id("loop-vllm");
+    let http = reqwest::Client::new();
+    let models = |rt: &tokio::runtime::Runtime| -> Vec<String> {
+        let r = rt.block_on(http.get(format!("{}/v1/models", vllm.url)).send());
+        let body: Value = rt.block_on(r.unwrap().json()).unwrap();
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let lora = closed_loop(&config, &vllm, &model, root.path(), true);
+    // The newest adapter and the one before it (the staleness window) stay.
+    assert_eq!(models(&rt), ["smollm2", "policy@2", "policy@3"]);
+    // Each call named the adapter of the version stamped on it (the base
+    // model before the first).
+    for c in &lora {
+        let named = match c.policy_version {
+            Some(0) => "smollm2".to_string(),
+            Some(v) => format!("policy@{v}"),
+            None => panic!("call without a version: {c:?}"),
+        };
+        assert_eq!(c.model, named);
+    }
+    // The base weights are as vLLM started with them: no version set.
+    assert_eq!(rt.block_on(weight_info(&http, &vllm.url)), json!("default"));
+
+    closed_loop(&config, &vllm, &model, root.path(), false);
+    // Served, as vLLM says it.
+    assert_eq!(rt.block_on(weight_info(&http, &vllm.url)), json!("3"));
+}
+
+/// One `up --demo --train --steps 3` through `vllm` (with a LoRA adapter per
+/// version when `lora`), checked: versions 1..3 published, every call
+/// trainable and stamped, each round by the version before it, on-policy
+/// importance ratios near 1. Its answered calls.
+fn closed_loop(
+    config: &forgelog_stream::StreamConfig,
+    vllm: &Vllm,
+    model: &Path,
+    root: &Path,
+    lora: bool,
+) -> Vec<forgelog_schemas::CallFinished> {
+    let run = unique_run_id(if lora { "loop-vllm-lora" } else { "loop-vllm" });
+    let home = root.join(&run);
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args(["up", "--demo", "--train", "--steps", "3"])
+    let mut up = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    up.args(["up", "--demo", "--train", "--steps", "3"])
         .args(["--upstream", &vllm.url, "--engine", "vllm"])
         .arg("--model")
-        .arg(&model)
+        .arg(model)
         .arg("--tokenizer")
-        .arg(&model)
+        .arg(model)
         .args(["--brokers", &config.brokers, "--run", &run])
         .args(["--proxy-listen", &free_local_addr().to_string()])
         .arg("--home")
-        .arg(root.path().join("state"))
+        .arg(home.join("state"))
         .arg("--export-to")
-        .arg(root.path().join("data"))
-        .output()
-        .unwrap();
+        .arg(home.join("data"));
+    if lora {
+        up.args(["--lora-rank", "8", "--sync-mode", "adapter"])
+            .args(["--learning-rate", "5e-4"]);
+    }
+    let out = up.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}\nup took {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "{stdout}\nup (lora: {lora}) took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     assert!(
         out.status.success(),
         "{}\nvLLM's log ends:\n{}",
         &stderr[stderr.len().saturating_sub(3000)..],
         vllm.log_tail()
     );
-    // Served, as vLLM says it.
-    let http = reqwest::Client::new();
-    assert_eq!(rt.block_on(weight_info(&http, &vllm.url)), json!("3"));
 
-    let reader = forgelog_stream::ReplayReader::new(&config).unwrap();
+    let reader = forgelog_stream::ReplayReader::new(config).unwrap();
     let read = |topic: forgelog_schemas::Topic| -> Vec<Event> {
         reader
             .read(
@@ -738,14 +632,13 @@ fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
     assert_eq!(versions, [1, 2, 3]);
     let mut calls = read(forgelog_schemas::Topic::Calls);
     forgelog_schemas::compact::expand_events(&mut calls);
-    let calls = finished_calls(&calls);
-    let ok: Vec<_> = calls
-        .iter()
+    let ok: Vec<_> = finished_calls(&calls)
+        .into_iter()
         .filter(|c| c.status == CallStatus::Ok)
         .collect();
     assert!(!ok.is_empty());
     // No sync ended during a call here (each waits for its round's end):
-    // every call carries the version vLLM said before and after it.
+    // every call carries the version that sampled it.
     for c in &ok {
         assert!(c.policy_version.is_some(), "call without a version: {c:?}");
         assert!(c.trainable, "{:?}", c.untrainable_reason);
@@ -757,16 +650,21 @@ fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
         "each round by the version before it"
     );
     // An on-policy step's importance ratios: vLLM's sampling logprobs against
-    // the learner's, on the same weights.
+    // the learner's, on the same weights (with LoRA: the same adapter). Each
+    // step here is on-policy (a round is sampled by the newest version).
+    let mut on_policy = 0;
     for p in &published {
         if p.metrics.get("staleness_max") == Some(&0.0)
             && p.metrics.get("tokens").is_some_and(|&t| t > 0.0)
         {
+            on_policy += 1;
             for k in ["is_ratio_min", "is_ratio_max"] {
                 let r = p.metrics[k];
-                eprintln!("version {}: {k} {r}", p.version);
-                assert!((r - 1.0).abs() < 0.05, "version {}: {k} {r}", p.version);
+                eprintln!("version {} (lora: {lora}): {k} {r}", p.version);
+                assert!((r - 1.0).abs() < 1e-3, "version {}: {k} {r}", p.version);
             }
         }
     }
+    assert_eq!(on_policy, 3, "every step on-policy: {published:?}");
+    ok
 }

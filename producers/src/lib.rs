@@ -83,6 +83,11 @@ pub struct ProxyArgs {
     /// asked with token ids. Without it the engine renders each chat
     #[arg(long, env = "FORGELOG_TOKENIZER")]
     pub tokenizer: Option<String>,
+    /// The engine serves each policy version as a LoRA adapter named
+    /// policy@N (`forgelog sync --sync-mode adapter`): every call asks for
+    /// the newest one it lists and is stamped with its version
+    #[arg(long)]
+    pub policy_adapters: bool,
 }
 
 impl ServeArgs {
@@ -131,6 +136,7 @@ impl ProxyArgs {
             shutdown_grace: ProxyConfig::SHUTDOWN_GRACE,
             replicas: self.replicas()?,
             token_in: None,
+            policy_adapters: self.policy_adapters,
         })
     }
 }

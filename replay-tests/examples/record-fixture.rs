@@ -55,6 +55,7 @@ async fn main() {
             shutdown_grace: Duration::from_secs(5),
             replicas: None,
             token_in: None,
+            policy_adapters: false,
         },
         &config,
         spool.path().to_path_buf(),

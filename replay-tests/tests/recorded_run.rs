@@ -164,6 +164,7 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
             shutdown_grace: Duration::from_secs(5),
             replicas: None,
             token_in: None,
+            policy_adapters: false,
         },
         recording,
         "127.0.0.1:0".parse().unwrap(),

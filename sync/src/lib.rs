@@ -11,6 +11,7 @@
 use forgelog_schemas::{Event, PolicyPublished, Topic};
 use forgelog_sync_core::{self as core, EngineKind, Method, Step, SyncMode};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use forgelog_sync_core::{adapter_name, EngineKind as Kind, SyncMode as Mode};
@@ -98,10 +99,28 @@ pub struct SyncArgs {
     pub run: Option<String>,
 }
 
+impl SyncArgs {
+    /// `forgelog sync`'s defaults for an engine of `kind` at `upstream`.
+    pub fn new(upstream: &str, engine: EngineKind, sync_mode: SyncMode) -> SyncArgs {
+        SyncArgs {
+            upstream: upstream.to_string(),
+            engine,
+            sync_mode,
+            stage_dir: None,
+            step_timeout: 600,
+            staleness: 1,
+            api_key: None,
+            run: None,
+        }
+    }
+}
+
 /// One engine kept in sync.
 pub struct EngineSync {
     args: SyncArgs,
     http: reqwest::Client,
+    /// Whether the [`core::reload_caveat`] was said (once a process).
+    warned: AtomicBool,
 }
 
 impl EngineSync {
@@ -109,6 +128,7 @@ impl EngineSync {
         EngineSync {
             args,
             http: reqwest::Client::new(),
+            warned: AtomicBool::new(false),
         }
     }
 
@@ -164,7 +184,7 @@ impl EngineSync {
             }
             Ok(Ok(answer)) => answer,
         };
-        tracing::info!(engine = %self.engine(), route = %step.path, status, "sync step");
+        tracing::debug!(engine = %self.engine(), route = %step.path, status, "sync step");
         let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
         if !core::accepted(status, &body) {
             return Err(SyncError::Refused {
@@ -224,10 +244,32 @@ impl EngineSync {
         }
         let folder = weights.parent().ok_or_else(|| err("no folder".into()))?;
         std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
-        let names = forgelog_model::hf::FOLDER_FILES
-            .into_iter()
-            .map(std::ffi::OsStr::new);
-        for name in names.chain(weights.file_name()) {
+        // An adapter is loaded from its two PEFT files alone.
+        let names: Vec<&std::ffi::OsStr> = match self.args.sync_mode {
+            SyncMode::Weights => forgelog_model::hf::FOLDER_FILES
+                .into_iter()
+                .map(std::ffi::OsStr::new)
+                .chain(weights.file_name())
+                .collect(),
+            SyncMode::Adapter => {
+                let adapter = folder.join(forgelog_model::lora::ADAPTER_WEIGHTS);
+                if !adapter.is_file() {
+                    return Err(err(format!(
+                        "{} is not there: a LoRA adapter is synced only from a learner \
+                         that trains one (--lora-rank)",
+                        adapter.display()
+                    )));
+                }
+                [
+                    forgelog_model::lora::ADAPTER_CONFIG,
+                    forgelog_model::lora::ADAPTER_WEIGHTS,
+                ]
+                .into_iter()
+                .map(std::ffi::OsStr::new)
+                .collect()
+            }
+        };
+        for name in names {
             let file = folder.join(name);
             if file.is_file() {
                 std::os::unix::fs::symlink(&file, dir.join(name))
@@ -249,6 +291,13 @@ impl EngineSync {
             version,
             &dir.display().to_string(),
         );
+        if let Ok(config) = std::fs::read(dir.join("config.json")) {
+            let config = serde_json::from_slice(&config).unwrap_or_default();
+            let caveat = core::reload_caveat(self.args.engine, self.args.sync_mode, &config);
+            if let Some(why) = caveat.filter(|_| !self.warned.swap(true, Ordering::Relaxed)) {
+                tracing::warn!(engine = %self.engine(), "not served exactly as trained: {why}");
+            }
+        }
         let mut paused = false;
         let done = async {
             for step in &plan.steps {

@@ -3,6 +3,7 @@
 
 pub mod kit;
 pub mod sandboxes;
+pub mod vllm;
 
 use forgelog_stream::testing::{python_json, python_json_with, torch_venv_python};
 use std::path::{Path, PathBuf};

@@ -241,7 +241,24 @@ impl Call {
             self.session.max_tokens,
             probe.context,
         );
-        let upstream = upstream_request(req, &sent, &probe.model);
+        // An engine serving versions as adapters: the call names the newest
+        // (before any, the base model: version 0) and was sampled by it.
+        let adapter = match &self.st.upstream {
+            Upstream::Live(client) if self.st.config.policy_adapters => {
+                match client.newest_adapter().await {
+                    Ok(Some(v)) => Some((forgelog_sync_core::adapter_name(v), v as i64)),
+                    Ok(None) => Some((probe.model.clone(), 0)),
+                    Err(e) => {
+                        let err = e.dialect_error();
+                        self.fail(&err, Some(&req.sampling));
+                        return Err(err);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let model = adapter.as_ref().map_or(&probe.model, |(name, _)| name);
+        let upstream = upstream_request(req, &sent, model);
         let asked = Instant::now();
         let token_in = match (&self.st.config.token_in, &self.st.upstream) {
             (Some(t), Upstream::Live(client)) => Some((t, client)),
@@ -249,7 +266,7 @@ impl Call {
         };
         // An engine whose answers carry no version says it at /weight_info.
         let weight_info = match &self.st.upstream {
-            Upstream::Live(client) if probe.weight_info => Some(client),
+            Upstream::Live(client) if probe.weight_info && adapter.is_none() => Some(client),
             _ => None,
         };
         let served_before = match weight_info {
@@ -300,6 +317,9 @@ impl Call {
         }
         if !req.model.is_empty() {
             resp.model = req.model.clone();
+        }
+        if let Some((_, version)) = adapter {
+            sampled.policy_version = Some(version);
         }
         if let (None, Some(client)) = (sampled.policy_version, weight_info) {
             let after = client.weight_version().await.ok().flatten();

@@ -85,6 +85,11 @@ pub struct ProxyConfig {
     /// the prompts' ids itself, splicing follow-up calls onto what the model
     /// sampled, and asks the engine with ids; without, the engine renders chats.
     pub token_in: Option<crate::upstream::TokenIn>,
+    /// The upstream serves each policy version as a LoRA adapter named
+    /// `policy@N` (`forgelog sync --sync-mode adapter`): each call asks for the
+    /// newest one it lists and is stamped with that version (the base model,
+    /// before any, is version 0).
+    pub policy_adapters: bool,
 }
 
 impl ProxyConfig {
@@ -114,6 +119,7 @@ impl ProxyConfig {
             shutdown_grace: Self::SHUTDOWN_GRACE,
             replicas: None,
             token_in: None,
+            policy_adapters: false,
         }
     }
 }

@@ -305,6 +305,12 @@ impl UpstreamClient {
         })
     }
 
+    /// The newest policy version the upstream serves as an adapter (the
+    /// `policy@N` its `/v1/models` lists), `None` when it lists none.
+    pub async fn newest_adapter(&self) -> Result<Option<u64>, UpstreamError> {
+        Ok(forgelog_sync_core::newest_adapter(&self.models().await?))
+    }
+
     /// The version of the weights the upstream serves, as its
     /// `GET /weight_info` says (`None`: it names none, or none of ours).
     pub async fn weight_version(&self) -> Result<Option<i64>, UpstreamError> {

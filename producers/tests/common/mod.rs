@@ -40,6 +40,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         shutdown_grace: Duration::from_secs(5),
         replicas: None,
         token_in: None,
+        policy_adapters: false,
     }
 }
 

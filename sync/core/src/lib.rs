@@ -10,7 +10,9 @@
 //! - vLLM, adapter: load it under a name of its own per version
 //!   (`policy@N`; reloading one name in place re-reads from disk per request
 //!   and reuses stale prefix blocks), unload the names past the staleness
-//!   window, reset the prefix cache; read back from `/v1/models`.
+//!   window, reset the prefix cache; read back from `/v1/models`. A call is
+//!   then sampled by the version it names: the proxy asks for the newest
+//!   adapter listed and stamps the call with its version, no pause needed.
 //! - SGLang: `/update_weights_from_disk` with its `weight_version` (it
 //!   flushes its cache), read back from `/model_info`; adapters as vLLM's.
 //!
@@ -174,6 +176,22 @@ pub fn unload_adapter(kind: EngineKind, version: u64) -> Step {
     )
 }
 
+/// Why `kind` would not serve a full-weight version of the model whose
+/// `config.json` is `config` exactly as published (`None`: nothing known):
+/// vLLM's `reload_weights` (0.32, measured on CPU by `cargo bench --bench
+/// engine-gap`) refreshes the input embeddings of a model with tied
+/// embeddings but not its output head, which keeps the weights vLLM started
+/// with: the importance ratios of on-policy steps drift by up to about 12%.
+pub fn reload_caveat(kind: EngineKind, mode: SyncMode, config: &Value) -> Option<&'static str> {
+    let tied = config["tie_word_embeddings"].as_bool() == Some(true);
+    (kind == EngineKind::Vllm && mode == SyncMode::Weights && tied).then_some(
+        "the model ties its output head to its input embeddings, and vLLM's reload_weights \
+         keeps the output head it started with: serve an untied copy (tie_word_embeddings \
+         false, lm_head.weight a copy of the embeddings) and train that, or sync a LoRA \
+         adapter (--sync-mode adapter)",
+    )
+}
+
 /// What names the weights an engine was started with version 0, when it
 /// names none yet: the learner's first version is trained from those weights
 /// (the same folder), and every call before the first sync is then stamped
@@ -219,9 +237,17 @@ pub fn served_version(kind: EngineKind, mode: SyncMode, body: &Value) -> Option<
     match (kind, mode) {
         // vLLM's `/weight_info` and SGLang's `/model_info` name it alike.
         (_, SyncMode::Weights) => version(&body["weight_version"]),
-        // The newest adapter it lists.
-        (_, SyncMode::Adapter) => adapter_versions(body).max(),
+        // The newest adapter it lists; none: the base model, version 0 (the
+        // learner's adapter starts as zero on the weights the engine serves).
+        (_, SyncMode::Adapter) => Some(newest_adapter(body).unwrap_or(0)),
     }
+}
+
+/// The newest version the engine lists as an adapter (`policy@N` in its
+/// `/v1/models` answer): what a call asks for to be sampled by the newest
+/// policy it serves.
+pub fn newest_adapter(models: &Value) -> Option<u64> {
+    adapter_versions(models).max()
 }
 
 fn adapter_versions(models: &Value) -> impl Iterator<Item = u64> + '_ {

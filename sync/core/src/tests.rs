@@ -97,10 +97,14 @@ fn the_served_version_is_what_the_engine_answers() {
         served_version(EngineKind::Vllm, SyncMode::Adapter, &models),
         Some(10)
     );
+    // No adapter yet: the base model, version 0.
+    let base = json!({"data": [{"id": "smollm2"}]});
     assert_eq!(
-        served_version(EngineKind::Vllm, SyncMode::Adapter, &json!({"data": []})),
-        None
+        served_version(EngineKind::Vllm, SyncMode::Adapter, &base),
+        Some(0)
     );
+    assert_eq!(newest_adapter(&base), None);
+    assert_eq!(newest_adapter(&models), Some(10));
 }
 
 #[test]
@@ -120,6 +124,17 @@ fn a_vllm_that_names_no_version_is_declared_version_0() {
     assert_eq!(step.body, Some(json!({"new_version": "0"})));
     assert!(declare_base(EngineKind::Sglang, SyncMode::Weights).is_none());
     assert!(declare_base(EngineKind::Vllm, SyncMode::Adapter).is_none());
+}
+
+#[test]
+fn a_tied_output_head_reloaded_by_vllm_is_named() {
+    let tied = json!({"model_type": "llama", "tie_word_embeddings": true});
+    let untied = json!({"model_type": "llama", "tie_word_embeddings": false});
+    let caveat = reload_caveat(EngineKind::Vllm, SyncMode::Weights, &tied).unwrap();
+    assert!(caveat.contains("untied") && caveat.contains("--sync-mode adapter"));
+    assert!(reload_caveat(EngineKind::Vllm, SyncMode::Weights, &untied).is_none());
+    assert!(reload_caveat(EngineKind::Vllm, SyncMode::Adapter, &tied).is_none());
+    assert!(reload_caveat(EngineKind::Sglang, SyncMode::Weights, &tied).is_none());
 }
 
 #[test]
