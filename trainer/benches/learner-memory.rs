@@ -97,22 +97,57 @@ fn group(vocab: u32) -> Vec<SampledSequence> {
     vec![member(1, 1.0), member(2, -1.0)]
 }
 
-/// Peak bytes from nothing to the end of one step of `config`.
+/// Peak bytes from nothing to the end of one step of `config`; where they
+/// go, phase by phase, on stderr.
 fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
+    let gb = |b: usize| b as f64 / 1e9;
     let start = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(start, Ordering::Relaxed);
-    let weights = forgelog_model::testing::tiny_weights(model, 1);
+    let held = || CURRENT.load(Ordering::Relaxed) - start;
+    // The peak of what follows, above what is held as it starts.
+    let phase = |name: &str, run: &mut dyn FnMut()| {
+        let before = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        run();
+        let peak = PEAK.load(Ordering::Relaxed);
+        eprintln!(
+            "  {name}: peak {:.2} GB above the {:.2} GB held before it, {:.2} GB held after",
+            gb(peak - before),
+            gb(before - start),
+            gb(held()),
+        );
+        peak - start
+    };
+    let mut peaks = Vec::new();
+    let mut weights = None;
+    peaks.push(phase("the weights made", &mut || {
+        weights = Some(forgelog_model::testing::tiny_weights(model, 1))
+    }));
     let config = LearnerConfig {
         lora,
         ..Default::default()
     };
-    let mut learner = Learner::new(&weights, model, &Device::Cpu, DType::F32, config).unwrap();
-    drop(weights);
-    let eval = learner.evaluate(&group(model.vocab_size as u32)).unwrap();
-    learner.apply_gradients(&eval.grads).unwrap();
-    drop(eval);
+    let mut learner = None;
+    peaks.push(phase(
+        "the learner made from them, they dropped",
+        &mut || {
+            let w = weights.take().unwrap();
+            learner =
+                Some(Learner::new(&w, model, &Device::Cpu, DType::F32, config.clone()).unwrap());
+        },
+    ));
+    let mut learner = learner.unwrap();
+    let mut eval = None;
+    peaks.push(phase(
+        "forward and backward (activations, gradients)",
+        &mut || eval = Some(learner.evaluate(&group(model.vocab_size as u32)).unwrap()),
+    ));
+    peaks.push(phase("AdamW's update (moments made)", &mut || {
+        learner
+            .apply_gradients(&eval.take().unwrap().grads)
+            .unwrap();
+    }));
     drop(learner);
-    PEAK.load(Ordering::Relaxed) - start
+    peaks.into_iter().max().unwrap_or(0)
 }
 
 fn main() {
