@@ -48,7 +48,7 @@ fn main() {
 
     // Every weight moved a little, as a training step moves them, reloaded.
     let moved = moved(&policy);
-    rt.block_on(reload(&http, &vllm.url, 1, &folder("moved", &moved)));
+    rt.block_on(reload(&vllm.url, 1, &folder("moved", &moved)));
     let tied = rt.block_on(logprob_gap(&moved, "smollm2", &http, &vllm.url));
     say("vllm reloaded vs learner, tied embeddings", tied);
     // What vLLM serves then: the new input embeddings, the old output head.
@@ -63,28 +63,28 @@ fn main() {
     let base = untied(&policy, &policy);
     let vllm = Vllm::start(&folder("untied", &base), root.path());
     let moved = untied(&moved, &moved);
-    rt.block_on(reload(&http, &vllm.url, 1, &folder("untied-moved", &moved)));
+    rt.block_on(reload(&vllm.url, 1, &folder("untied-moved", &moved)));
     let gap = rt.block_on(logprob_gap(&moved, "smollm2", &http, &vllm.url));
     say("vllm reloaded vs learner, untied embeddings", gap);
 }
 
-/// `forgelog sync`'s full-weight plan for vLLM, sent as it sends it.
-async fn reload(http: &reqwest::Client, url: &str, version: u64, dir: &std::path::Path) {
-    use forgelog_sync_core::{plan, EngineKind, SyncMode};
-    let plan = plan(
-        EngineKind::Vllm,
-        SyncMode::Weights,
-        version,
-        &dir.display().to_string(),
-    );
-    for step in plan.steps.iter().chain(&plan.resume) {
-        let mut request = http.post(format!("{url}{}", step.path));
-        if let Some(body) = &step.body {
-            request = request.json(body);
-        }
-        let answer = request.send().await.unwrap();
-        assert!(answer.status().is_success(), "{}: {answer:?}", step.path);
-    }
+/// Makes vLLM serve the model folder `dir` as `version` through `forgelog
+/// sync`'s own full-weight path (staged, paused, reloaded, read back).
+async fn reload(url: &str, version: u64, dir: &std::path::Path) {
+    use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
+    let sync = EngineSync::new(SyncArgs {
+        stage_dir: Some(dir.with_extension("staged")),
+        ..SyncArgs::new(url, Kind::Vllm, Mode::Weights)
+    });
+    let published = forgelog_schemas::PolicyPublished {
+        event_id: format!("engine-gap-{version}"),
+        run_id: "engine-gap".into(),
+        version: version as i64,
+        step: version as i64,
+        checkpoint_uri: format!("file://{}", dir.join("model.safetensors").display()),
+        metrics: Default::default(),
+    };
+    sync.serve(&published).await.unwrap();
 }
 
 /// `policy` with every weight moved by noise of 1% of its mean magnitude.

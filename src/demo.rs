@@ -191,12 +191,11 @@ pub async fn run(
 /// it lists), for ten minutes at most; an engine that refuses the question
 /// (reports no version at all) is not waited for.
 async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
-    use crate::up::UpstreamKind;
     use forgelog_sync::{Kind, Mode};
-    let (kind, mode) = match args.engine {
-        UpstreamKind::Sglang => (Kind::Sglang, args.sync_mode),
-        UpstreamKind::Vllm => (Kind::Vllm, args.sync_mode),
-        UpstreamKind::Forgelog => (Kind::Vllm, Mode::Weights),
+    // forgelog's engine says its version at `/weight_info`, as vLLM does.
+    let (kind, mode) = match args.engine.synced() {
+        Some(kind) => (kind, args.sync_mode),
+        None => (Kind::Vllm, Mode::Weights),
     };
     let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
         step_timeout: 10,

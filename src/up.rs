@@ -97,6 +97,18 @@ pub enum UpstreamKind {
     Sglang,
 }
 
+impl UpstreamKind {
+    /// The engine `forgelog sync` keeps in sync (`None`: forgelog's own
+    /// engine follows the log itself).
+    pub fn synced(self) -> Option<forgelog_sync::Kind> {
+        match self {
+            UpstreamKind::Forgelog => None,
+            UpstreamKind::Vllm => Some(forgelog_sync::Kind::Vllm),
+            UpstreamKind::Sglang => Some(forgelog_sync::Kind::Sglang),
+        }
+    }
+}
+
 /// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
 fn train_args(
     args: &UpArgs,
@@ -248,11 +260,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         (None, Some(e)) => e.url.clone(),
         (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
-    let sync_kind = match args.engine {
-        UpstreamKind::Forgelog => None,
-        UpstreamKind::Vllm => Some(forgelog_sync::Kind::Vllm),
-        UpstreamKind::Sglang => Some(forgelog_sync::Kind::Sglang),
-    };
+    let sync_kind = args.engine.synced();
     // Makes the external engine serve what the learner publishes; its
     // failure stops the demo (nothing more is sampled by a version it did
     // not load) with the engine, route and answer named.

@@ -79,6 +79,7 @@ pub(crate) fn matmul_t(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::max_abs_diff;
     use candle_core::{Device, Var};
 
     /// The input's gradient is plain matmul's; the frozen weight gets none.
@@ -107,14 +108,7 @@ mod tests {
         let frozen = matmul_t(x.as_tensor(), &w).unwrap();
         let w_t = w.t().unwrap();
         let plain = x.as_tensor().matmul(&w_t).unwrap();
-        let diff = (&frozen - &plain)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_abs_diff(&frozen, &plain);
         assert!(diff < 1e-6, "{diff}");
         let loss = |y: &Tensor| (y * &c).unwrap().sum_all().unwrap();
         let (g_frozen, g_plain) = (
@@ -125,14 +119,7 @@ mod tests {
             g_frozen.get(x.as_tensor()).unwrap(),
             g_plain.get(x.as_tensor()).unwrap(),
         );
-        let diff = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_abs_diff(a, b);
         assert!(diff < 1e-5, "{diff}");
         assert!(
             g_frozen.get(&w).is_none(),

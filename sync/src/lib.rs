@@ -291,11 +291,14 @@ impl EngineSync {
             version,
             &dir.display().to_string(),
         );
-        if let Ok(config) = std::fs::read(dir.join("config.json")) {
-            let config = serde_json::from_slice(&config).unwrap_or_default();
-            let caveat = core::reload_caveat(self.args.engine, self.args.sync_mode, &config);
-            if let Some(why) = caveat.filter(|_| !self.warned.swap(true, Ordering::Relaxed)) {
-                tracing::warn!(engine = %self.engine(), "not served exactly as trained: {why}");
+        if !self.warned.load(Ordering::Relaxed) {
+            if let Ok(config) = std::fs::read(dir.join("config.json")) {
+                let config = serde_json::from_slice(&config).unwrap_or_default();
+                let caveat = core::reload_caveat(self.args.engine, self.args.sync_mode, &config);
+                if let Some(why) = caveat {
+                    self.warned.store(true, Ordering::Relaxed);
+                    tracing::warn!(engine = %self.engine(), "not served exactly as trained: {why}");
+                }
             }
         }
         let mut paused = false;
