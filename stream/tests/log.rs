@@ -373,6 +373,63 @@ async fn a_dead_writers_late_requests_are_found_not_sent_twice() {
     assert_exactly_once_in_order(&got, &run, SESSIONS, 10);
 }
 
+/// The same, with the dead writer's requests landing after the default
+/// grace: the broker was slow when it died (its checkpoint says deliveries
+/// took 2 s), so the next owner waits four times that before its scan. With
+/// the fixed 3 s grace these records were sent twice (CI, under load: 605
+/// outputs against 600).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_saw_a_slow_broker_is_waited_for_longer() {
+    let config = shared_broker().await;
+    let run = unique_run_id("slow-broker");
+    let dir = tempfile::tempdir().unwrap();
+    let events: Vec<Event> = (0..SESSIONS).map(|i| event(&run, i, 10)).collect();
+    {
+        let spool = forgelog_stream::Spool::open(dir.path(), SpoolOptions::default()).unwrap();
+        for e in &events {
+            let value = Codec::global().encode(e).unwrap();
+            spool
+                .append(e.topic().name(), e.key().as_bytes(), &value)
+                .unwrap();
+        }
+        let reader = ReplayReader::new(&config).unwrap();
+        let topic = Topic::Calls.name();
+        let ends = reader
+            .partitions(topic)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p, reader.end(topic, p).unwrap()))
+            .collect();
+        let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
+        checkpoint.scan_from.insert(topic.to_string(), ends);
+        checkpoint.slowest_delivery_ms = 2000;
+        checkpoint.store(dir.path()).unwrap();
+    }
+    let floor = SpoolOptions::default().recovery_grace;
+    let started = Instant::now();
+    let next_owner = EventProducer::start(&config, dir.path(), SpoolOptions::default()).unwrap();
+    // Queued past the default grace, then landing.
+    tokio::time::sleep(floor + Duration::from_millis(1500)).await;
+    let queued = tempfile::tempdir().unwrap();
+    let late = EventProducer::start(&config, queued.path(), SpoolOptions::default()).unwrap();
+    for e in &events {
+        late.send(e).unwrap();
+    }
+    late.close(Duration::from_secs(30)).await.unwrap();
+    let landed = started.elapsed();
+    assert!(
+        landed > floor && landed < Duration::from_secs(8),
+        "the late requests landed after {landed:?}: not between the default grace and the slow broker's"
+    );
+    next_owner.flush(Duration::from_secs(60)).await.unwrap();
+    next_owner.close(Duration::from_secs(30)).await.unwrap();
+    let got = ReplayReader::new(&config)
+        .unwrap()
+        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+        .unwrap();
+    assert_exactly_once_in_order(&got, &run, SESSIONS, 10);
+}
+
 /// An event over the message limit used to enter the spool, be refused by the
 /// client on every retry, and hold back every event behind it, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,8 @@
 //! A drainer task reads the spool in order and produces to Kafka with an
 //! idempotent producer, a bounded window of messages in flight. After any
 //! failure, or a restart after `kill -9`, the drainer waits out a grace for
-//! the requests the writer before it left queued at the broker, then reads the
+//! the requests the writer before it left queued at the broker (longer when
+//! that writer saw the broker slow), then reads the
 //! topics' tails past its checkpoint and matches them, byte for byte (by
 //! digest), against its unacknowledged records: those already there are not
 //! sent again. Nothing lost, nothing twice. Events carry deterministic ids, so
@@ -232,6 +233,7 @@ impl Drainer {
         let mut reader = self.spool.reader(self.checkpoint.acked_through);
         let mut inflight = FuturesOrdered::new();
         let mut since_checkpoint = 0u64;
+        let mut last_done = Instant::now();
         // Every failure leaves the loop with `break 'session`, never `?`: what
         // is in flight must settle before the next session (below).
         macro_rules! or_end {
@@ -260,7 +262,11 @@ impl Drainer {
                     }
                     None => Box::pin(or_end!('session, self.produce(&producer, rec))),
                 };
-                inflight.push_back(async move { (seq, topic, delivery.await) });
+                let sent = Instant::now();
+                inflight.push_back(async move {
+                    let delivered = delivery.await;
+                    (seq, topic, delivered, sent, Instant::now())
+                });
             }
             if inflight.is_empty() {
                 if *stop.borrow() {
@@ -271,13 +277,13 @@ impl Drainer {
                     _ = self.spool.appended() => {}
                     _ = stop.changed() => {}
                     _ = tokio::time::sleep(CHECKPOINT_IDLE), if unsaved => {
-                        or_end!('session, self.spool.acknowledge(&self.checkpoint));
+                        or_end!('session, self.save());
                         since_checkpoint = 0;
                     }
                 }
                 continue;
             }
-            let Some((seq, topic, delivered)) = inflight.next().await else {
+            let Some((seq, topic, delivered, sent, done)) = inflight.next().await else {
                 continue;
             };
             match delivered {
@@ -303,8 +309,17 @@ impl Drainer {
                     self.spool.delivered_through(seq + 1);
                     metrics::counter!("forgelog_events_delivered_total").increment(1);
                     since_checkpoint += 1;
-                    if since_checkpoint >= CHECKPOINT_EVERY {
-                        or_end!('session, self.spool.acknowledge(&self.checkpoint));
+                    // How long the broker took with this record's request:
+                    // from its send, or from the delivery before it when it
+                    // waited behind that one here (a burst queued locally
+                    // dies with a killed writer; only requests on the wire
+                    // land late). A slowdown is saved at once: a writer
+                    // killed now leaves requests queued about that long.
+                    let took = done.duration_since(sent.max(last_done));
+                    last_done = last_done.max(done);
+                    let slowing = self.checkpoint.record_delivery(took);
+                    if since_checkpoint >= CHECKPOINT_EVERY || slowing {
+                        or_end!('session, self.save());
                         since_checkpoint = 0;
                     }
                 }
@@ -328,9 +343,16 @@ impl Drainer {
             let _ = tokio::task::spawn_blocking(move || producer.shut_down()).await;
         }
         if since_checkpoint > 0 {
-            self.spool.acknowledge(&self.checkpoint)?;
+            self.save()?;
         }
         result
+    }
+
+    /// Saves the checkpoint (and frees acknowledged segments).
+    fn save(&mut self) -> Result<(), SpoolError> {
+        self.spool.acknowledge(&self.checkpoint)?;
+        self.checkpoint.saved();
+        Ok(())
     }
 
     fn produce(
@@ -394,9 +416,12 @@ impl Drainer {
         // The writer before (a killed process, or this one's producer before
         // a failure) may have produce requests still queued at the broker:
         // read the tails before they land and they would be sent twice.
-        let grace = self.spool.options().recovery_grace;
+        let grace = self
+            .checkpoint
+            .recovery_grace(self.spool.options().recovery_grace);
         tracing::info!(
             ?grace,
+            slowest_delivery_ms = self.checkpoint.slowest_delivery_ms,
             pending = self.spool.pending(),
             "spool recovery: waiting for a dead writer's requests to land"
         );

@@ -16,9 +16,51 @@ pub struct Checkpoint {
     /// wrote to it). After a crash, any unacknowledged record that did arrive is
     /// past this point: scanning from here tells what not to send again.
     pub scan_from: BTreeMap<String, BTreeMap<i32, i64>>,
+    /// The slowest delivery (send to acknowledgement) the drainer saw lately,
+    /// in milliseconds: how long the broker was taking with our requests. A
+    /// writer killed while the broker is that slow may have requests queued
+    /// there for about as long, so the next owner waits longer before its
+    /// scan (see [`Checkpoint::recovery_grace`]).
+    #[serde(default)]
+    pub slowest_delivery_ms: u64,
+    /// What the last save stored of it (not saved itself).
+    #[serde(skip)]
+    pub(crate) saved_slowest_ms: u64,
 }
 
+/// The grace is at least this many times the slowest recent delivery: a
+/// request queued behind others at a slow broker waits about as long as they
+/// took, and a few times that covers the spread measured under load.
+const SLOW_BROKER_FACTOR: u32 = 4;
+/// However slow the broker was, a recovery waits no longer than this.
+pub const MAX_RECOVERY_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Checkpoint {
+    /// How long a recovery waits for a dead writer's queued requests before
+    /// it scans for them: `floor`, or longer when the broker was slow when
+    /// this checkpoint was saved.
+    pub fn recovery_grace(&self, floor: std::time::Duration) -> std::time::Duration {
+        let slow = std::time::Duration::from_millis(self.slowest_delivery_ms) * SLOW_BROKER_FACTOR;
+        floor.max(slow.min(MAX_RECOVERY_GRACE))
+    }
+
+    /// Remembers a delivery that took `took`, in the decaying maximum the
+    /// next save stores. True when it is a slowdown worth saving at once:
+    /// twice what the last save stored, and over a quarter second.
+    pub fn record_delivery(&mut self, took: std::time::Duration) -> bool {
+        let took = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let slowing = took > 250 && took > 2 * self.saved_slowest_ms;
+        self.slowest_delivery_ms = self.slowest_delivery_ms.max(took);
+        slowing
+    }
+
+    /// After a save: the remembered slowest delivery halves, so a slow spell
+    /// is remembered for a few saves after the broker is fast again.
+    pub fn saved(&mut self) {
+        self.saved_slowest_ms = self.slowest_delivery_ms;
+        self.slowest_delivery_ms /= 2;
+    }
+
     pub fn load(dir: &Path) -> io::Result<Checkpoint> {
         match std::fs::read(dir.join(FILE)) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(io::Error::other),
@@ -34,5 +76,51 @@ impl Checkpoint {
         f.write_all(&serde_json::to_vec(self).map_err(io::Error::other)?)?;
         f.sync_data()?;
         std::fs::rename(&tmp, dir.join(FILE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_slow_broker_lengthens_the_grace_up_to_its_cap() {
+        let floor = Duration::from_secs(3);
+        let mut c = Checkpoint::default();
+        assert_eq!(c.recovery_grace(floor), floor);
+        assert!(
+            !c.record_delivery(Duration::from_millis(200)),
+            "fast: not saved at once"
+        );
+        assert_eq!(
+            c.recovery_grace(floor),
+            floor,
+            "4 x 200 ms is under the floor"
+        );
+        assert!(
+            c.record_delivery(Duration::from_secs(2)),
+            "a slowdown is saved at once"
+        );
+        assert_eq!(c.recovery_grace(floor), Duration::from_secs(8));
+        c.saved();
+        // Decays while deliveries are fast; a delivery no slower than twice
+        // what was saved is not a slowdown.
+        assert_eq!(c.recovery_grace(floor), Duration::from_secs(4));
+        assert!(!c.record_delivery(Duration::from_millis(3000)));
+        assert!(c.record_delivery(Duration::from_millis(4001)));
+        c.record_delivery(Duration::from_secs(3600));
+        assert_eq!(c.recovery_grace(floor), MAX_RECOVERY_GRACE);
+    }
+
+    #[test]
+    fn a_checkpoint_written_before_the_delivery_times_loads() {
+        let old: Checkpoint =
+            serde_json::from_str(r#"{"acked_through":7,"scan_from":{}}"#).unwrap();
+        assert_eq!(old.acked_through, 7);
+        assert_eq!(
+            old.recovery_grace(Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
     }
 }

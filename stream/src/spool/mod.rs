@@ -48,7 +48,9 @@ pub struct SpoolOptions {
     /// tails for records already delivered. The dead writer's produce
     /// requests still queued at the broker land in that time, are found, and
     /// are not sent twice. Kafka bounds nothing here: this is the longest the
-    /// broker is assumed to take with a request it has received.
+    /// broker is assumed to take with a request it has received, when it was
+    /// fast; a writer that saw it slow leaves a longer wait in its checkpoint
+    /// ([`Checkpoint::recovery_grace`]).
     pub recovery_grace: Duration,
 }
 
