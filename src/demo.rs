@@ -191,16 +191,7 @@ pub async fn run(
 /// it lists), for ten minutes at most; an engine that refuses the question
 /// (reports no version at all) is not waited for.
 async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
-    use forgelog_sync::{Kind, Mode};
-    // forgelog's engine says its version at `/weight_info`, as vLLM does.
-    let (kind, mode) = match args.engine.synced() {
-        Some(kind) => (kind, args.sync_mode),
-        None => (Kind::Vllm, Mode::Weights),
-    };
-    let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
-        step_timeout: 10,
-        ..forgelog_sync::SyncArgs::new(engine, kind, mode)
-    });
+    let sync = args.sync.reader(engine);
     for _ in 0..1200 {
         // Unreachable for a moment: asked again.
         match sync.served().await {

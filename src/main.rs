@@ -26,6 +26,7 @@ mod tasks;
 mod token_in;
 mod topics;
 mod up;
+mod upstream;
 mod view;
 
 #[derive(Parser)]

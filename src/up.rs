@@ -26,14 +26,8 @@ pub struct UpArgs {
     /// Use this vLLM-compatible engine instead of starting `forgelog engine`
     #[arg(long)]
     pub upstream: Option<String>,
-    /// What --upstream is, with --train: forgelog (an engine that follows the
-    /// log itself), vllm or sglang (`forgelog sync` runs in this process and
-    /// makes it serve each published version); --model is the folder it serves
-    #[arg(long, value_enum, default_value_t = UpstreamKind::Forgelog, requires = "upstream")]
-    pub engine: UpstreamKind,
-    /// With --train and --engine vllm|sglang: whether it loads full weights or a LoRA adapter per version
-    #[arg(long, value_enum, default_value_t = forgelog_sync::Mode::Weights)]
-    pub sync_mode: forgelog_sync::Mode,
+    #[command(flatten)]
+    pub sync: crate::upstream::UpstreamArgs,
     /// The model the local engine serves
     #[arg(long, default_value = "smollm2")]
     pub model: String,
@@ -89,26 +83,6 @@ pub struct UpArgs {
     pub device: forgelog_engine::DeviceKind,
 }
 
-/// The engine behind `--upstream`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UpstreamKind {
-    Forgelog,
-    Vllm,
-    Sglang,
-}
-
-impl UpstreamKind {
-    /// The engine `forgelog sync` keeps in sync (`None`: forgelog's own
-    /// engine follows the log itself).
-    pub fn synced(self) -> Option<forgelog_sync::Kind> {
-        match self {
-            UpstreamKind::Forgelog => None,
-            UpstreamKind::Vllm => Some(forgelog_sync::Kind::Vllm),
-            UpstreamKind::Sglang => Some(forgelog_sync::Kind::Sglang),
-        }
-    }
-}
-
 /// The learner for `up --train`: run `run`'s groups, checkpoints under `home`.
 fn train_args(
     args: &UpArgs,
@@ -156,31 +130,6 @@ fn train_args(
         ]);
     }
     crate::learn::trainer_args(&args.model, config, run, &args.home, &extra)
-}
-
-/// Whether the engine at `upstream` loads the versions the learner
-/// publishes: it says which it serves (`policy_version` in `/v1/models`), as
-/// `forgelog engine --brokers … --run RUN` does. One that does not (vLLM)
-/// would sample every round with its first weights while the learner took
-/// them for on-policy: refused, with what to do.
-async fn serves_policy_versions(upstream: &str) -> Result<()> {
-    let url = format!("{}/v1/models", upstream.trim_end_matches('/'));
-    let models: serde_json::Value = reqwest::get(&url)
-        .await
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| anyhow::anyhow!("--upstream: {url}: {e}"))?
-        .json()
-        .await
-        .map_err(|e| anyhow::anyhow!("--upstream: {url}: not JSON: {e}"))?;
-    if models["policy_version"].is_u64() || models["data"][0]["policy_version"].is_u64() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "--train with --upstream {upstream}: that engine does not report the policy version it serves \
-         ({url} has no policy_version), so it would not load what the learner publishes. \
-         Use an engine that follows the log (forgelog engine --brokers BROKERS --run RUN), \
-         or leave out --upstream for the embedded one."
-    )
 }
 
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {
@@ -260,27 +209,14 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         (None, Some(e)) => e.url.clone(),
         (None, None) => unreachable!("an engine starts when no upstream is given"),
     };
-    let sync_kind = args.engine.synced();
     // Makes the external engine serve what the learner publishes; its
     // failure stops the demo (nothing more is sampled by a version it did
     // not load) with the engine, route and answer named.
-    let sync = match (args.train, sync_kind) {
-        (true, Some(kind)) => {
-            let sync = forgelog_sync::EngineSync::new(forgelog_sync::SyncArgs {
-                stage_dir: Some(args.home.join("checkpoints-staged")),
-                run: Some(run.clone()),
-                ..forgelog_sync::SyncArgs::new(&upstream, kind, args.sync_mode)
-            });
-            // Before any call: the engine names the version it serves first.
-            let served = sync.start().await?;
-            let brokers = config.brokers.clone();
-            Some(tokio::spawn(async move {
-                forgelog_sync::follow_from(&sync, &brokers, served).await
-            }))
-        }
-        (true, None) if args.upstream.is_some() => {
-            serves_policy_versions(&upstream).await?;
-            None
+    let mut sync = match (args.train, &args.upstream) {
+        (true, Some(_)) => {
+            args.sync
+                .follow(&upstream, &config.brokers, &run, &args.home)
+                .await?
         }
         _ => None,
     };
@@ -296,7 +232,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         run_id: Some(run.clone()),
         admin_token: Some(admin_token.clone()),
         token_in: crate::token_in::load(tokenizer.as_deref())?,
-        policy_adapters: sync_kind.is_some() && args.sync_mode == forgelog_sync::Mode::Adapter,
+        policy_adapters: args.sync.policy_adapters(),
         ..ProxyConfig::new(&upstream)
     };
     let spool = args.home.join("proxy-spool");
@@ -315,16 +251,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
-    let synced = async {
-        match sync {
-            Some(task) => match task.await {
-                Ok(Ok(())) => anyhow::anyhow!("the engine's sync stopped"),
-                Ok(Err(e)) => anyhow::Error::from(e).context("the engine's sync failed"),
-                Err(e) => anyhow::Error::from(e).context("the engine's sync"),
-            },
-            None => std::future::pending().await,
-        }
-    };
+    let synced = crate::upstream::ended(&mut sync);
     let result = if args.demo {
         tokio::select! {
             r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args) => r,

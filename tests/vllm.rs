@@ -2,9 +2,11 @@
 //! started by the test on SmolLM2 written as a Hugging Face folder by
 //! forgelog, behind a proxy rendering prompts with the same folder's
 //! tokenizer and template (token in); the proxy's start check compares its
-//! rendering with vLLM's `/tokenize`. `forgelog run` puts mini-swe-agent in
-//! sandboxes on two shipped tasks: every call is recorded with the ids and
-//! logprobs vLLM sampled and a prompt the proxy made. Then a multi-turn
+//! rendering with vLLM's `/tokenize`. `forgelog run --train --engine vllm`
+//! puts mini-swe-agent in sandboxes on two shipped tasks: every call is
+//! recorded with the ids and logprobs vLLM sampled and a prompt the proxy
+//! made, and the second group is sampled by the version trained on the
+//! first, which vLLM serves (kept in sync from the log). Then a multi-turn
 //! session through `forgelog proxy`: every follow-up call is spliced onto the
 //! ids vLLM sampled before it (CLEAN), one path.
 //!
@@ -33,7 +35,7 @@ use support::shipped;
 use support::vllm::{adapted_policy, load_adapter, logprob_gap, untied, Vllm};
 
 #[test]
-fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
+fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
     let f = fixture();
     let model = tempfile::tempdir().unwrap();
     let policy = forgelog_model::load_policy(
@@ -42,9 +44,15 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
         &candle_core::Device::Cpu,
     )
     .unwrap();
+    // Untied: vLLM reloads every weight of it (`cargo bench --bench engine-gap`).
+    let policy = untied(&policy, &policy);
     support::write_hf_model_folder(&policy, model.path());
     let vllm = Vllm::start(model.path(), model.path());
+    let http = reqwest::Client::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
 
+    // `run --train` on vLLM: a group per task, a learner step per group, on
+    // policy (the second group starts once vLLM serves the first's version).
     let run = unique_run_id("run-vllm");
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
@@ -52,18 +60,24 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
         .arg(shipped())
         .args(["--harness", "mini-swe-agent", "--run", &run])
         .args(["--task", "hello-file", "--task", "count-lines"])
-        .args(["--group-size", "1", "--concurrency", "2"])
-        .args(["--upstream", &vllm.url, "--brokers", &f.stream.brokers])
+        .args(["--group-size", "2", "--concurrency", "2"])
+        .args(["--upstream", &vllm.url, "--engine", "vllm"])
+        .args(["--brokers", &f.stream.brokers])
+        .arg("--model")
+        .arg(model.path())
         .arg("--tokenizer")
         .arg(model.path())
         .args(["--max-model-calls", "3", "--max-tokens", "24"])
+        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
+        .args(["--learning-rate", "1e-4"])
         .output()
         .unwrap();
     eprintln!(
-        "forgelog run: {} in {:.0} s\n{}",
+        "forgelog run: {} in {:.0} s\n{}\n{}",
         out.status,
         started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout)
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
     );
     assert!(
         out.status.success(),
@@ -73,15 +87,67 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
     );
 
     let events = f.events(&run);
+    let versions: Vec<i64> = forgelog_stream::ReplayReader::new(&f.stream)
+        .unwrap()
+        .read(
+            forgelog_schemas::Topic::Policy.name(),
+            forgelog_stream::StartAt::Beginning,
+            Some(&run),
+        )
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.event {
+            Ok(Event::PolicyPublished(p)) => Some(p.version),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(versions, [1, 2], "a version per group, each published once");
     let calls = finished_calls(&events);
     let ok: Vec<_> = calls
         .iter()
         .filter(|c| c.status == CallStatus::Ok)
         .collect();
     assert!(
-        ok.len() >= 4,
-        "two rollouts, at least two calls each: {ok:?}"
+        ok.len() >= 8,
+        "four rollouts, at least two calls each: {ok:?}"
     );
+    // Each group sampled by the version before it, as vLLM named it (plan
+    // order: count-lines is group 0, hello-file group 1).
+    let task_of: std::collections::BTreeMap<&str, &str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(r) => Some((r.session_id.as_str(), r.task_id.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut served: std::collections::BTreeMap<&str, BTreeSet<i64>> = Default::default();
+    for c in &ok {
+        let version = c.policy_version.expect("vLLM's version on every call");
+        served
+            .entry(task_of[c.session_id.as_str()])
+            .or_default()
+            .insert(version);
+    }
+    assert_eq!(
+        served,
+        [
+            ("count-lines", BTreeSet::from([0])),
+            ("hello-file", BTreeSet::from([1]))
+        ]
+        .into(),
+        "each group sampled by the version before it"
+    );
+    // The last version reaches vLLM too (the run waits for it to be published,
+    // the sync loads it a moment later).
+    let mut last = Value::Null;
+    for _ in 0..120 {
+        last = rt.block_on(weight_info(&http, &vllm.url));
+        if last == json!("2") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(last, json!("2"), "vLLM serves the last version");
     for c in &ok {
         // vLLM's own sampled ids and logprobs, the prompt the proxy made.
         assert!(
@@ -113,7 +179,7 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
     for e in events.iter().cloned() {
         builder.process(e, &mut trees);
     }
-    assert_eq!(trees.len(), 2);
+    assert_eq!(trees.len(), 4);
     for t in &trees {
         let Event::TrajectoryBuilt(t) = t else {
             panic!("{t:?}")
@@ -158,8 +224,6 @@ fn mini_swe_agent_and_a_chat_session_through_a_real_vllm_are_recorded_token_in()
         .spawn()
         .unwrap();
     let url = format!("http://{listen}");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let http = reqwest::Client::new();
     let sessions = SessionClient::with_http(&url, Some("vllm-test-admin".into()), http.clone());
     let answers: Vec<Value> = rt.block_on(async {
         let mut up = false;

@@ -1,5 +1,5 @@
-//! Where `run --train` reads the policy version: the log (what the learner
-//! published) and the embedded engine (what it serves).
+//! Where `run --train` reads what the learner published: the log. (What the
+//! engine serves is its own word: [`crate::upstream::ServedClock`].)
 
 use forgelog_deploy::orchestrator::PolicyClock;
 use forgelog_stream::{ReplayReader, StreamConfig};
@@ -24,32 +24,5 @@ impl PolicyClock for LogClock {
             .await;
             newest.ok().flatten().map_or(0, |p| p.version.max(0) as u64)
         })
-    }
-}
-
-/// The version the embedded engine serves (its `/v1/models`): what samples
-/// the rollouts admission lets start, a moment after it is published.
-pub struct EngineClock {
-    pub models: String,
-    pub http: reqwest::Client,
-    /// The learner that publishes the versions: no newer one once it stopped.
-    pub learner: crate::learn::LearnerEnd,
-}
-
-impl PolicyClock for EngineClock {
-    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
-        Box::pin(async move {
-            let models: Option<serde_json::Value> = match self.http.get(&self.models).send().await {
-                Ok(r) => r.json().await.ok(),
-                Err(_) => None,
-            };
-            models
-                .and_then(|m| m["data"][0]["policy_version"].as_u64())
-                .unwrap_or(0)
-        })
-    }
-
-    fn stopped(&self) -> Option<String> {
-        self.learner.get()
     }
 }

@@ -9,9 +9,10 @@ mod progress;
 mod replay;
 
 use crate::up::LocalEngine;
+use crate::upstream::ServedClock;
 use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
-use clock::{EngineClock, LogClock};
+use clock::LogClock;
 use cluster::{kube_backend, KubeArgs};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
@@ -53,6 +54,8 @@ pub struct RunArgs {
     /// embedded engine, on the CPU)
     #[arg(long)]
     pub upstream: Option<String>,
+    #[command(flatten)]
+    pub sync: crate::upstream::UpstreamArgs,
     /// The model whose tokenizer and chat template the proxy renders prompts
     /// with (token in: a rollout's calls spliced into one sequence; default:
     /// --model when the embedded engine serves it; `none`: the engine renders)
@@ -86,11 +89,16 @@ pub struct RunArgs {
     /// The model of the embedded engine
     #[arg(long, default_value = "smollm2")]
     pub model: String,
-    /// Train the embedded engine's model on the run's groups with GRPO: the
-    /// learner publishes versions the engine loads, and groups start only
-    /// while the policy that samples them is within --max-staleness
-    #[arg(long, conflicts_with_all = ["upstream", "proxy"])]
+    /// Train --model on the run's groups with GRPO: the learner publishes
+    /// versions the engine loads (the embedded one, or --upstream with
+    /// --engine), and groups start only while the policy that samples them
+    /// is within --max-staleness
+    #[arg(long, conflicts_with = "proxy")]
     pub train: bool,
+    /// With --train: train a LoRA adapter of this rank on frozen weights
+    /// (with --engine vllm --sync-mode adapter, the engine loads each one)
+    #[arg(long, requires = "train")]
+    pub lora_rank: Option<usize>,
     /// With --train: groups per learner step (one version each)
     #[arg(long, default_value_t = 1)]
     pub groups_per_step: usize,
@@ -231,6 +239,8 @@ async fn orchestrate(
 ) -> Result<()> {
     let run_id = plan.run_id.clone();
     let mut engine = None;
+    let mut engine_url = None;
+    let mut sync = None;
     let mut local_proxy = None;
     let (url, token) = match &args.proxy {
         Some(url) => {
@@ -257,6 +267,14 @@ async fn orchestrate(
                     url
                 }
             };
+            // An external engine serves each version the learner publishes.
+            if args.train && args.upstream.is_some() {
+                sync = args
+                    .sync
+                    .follow(&upstream, &config.brokers, &run_id, &dir.path)
+                    .await?;
+            }
+            engine_url = Some(upstream.clone());
             // Sandboxes reach the proxy: its session API must refuse them.
             let token = forgelog_http::random_token();
             // The embedded engine's model: the proxy renders its prompts (token in).
@@ -268,6 +286,7 @@ async fn orchestrate(
                 run_id: Some(run_id.clone()),
                 admin_token: Some(token.clone()),
                 token_in: crate::token_in::load(tokenizer)?,
+                policy_adapters: args.sync.policy_adapters(),
                 ..ProxyConfig::new(&upstream)
             };
             let proxy =
@@ -299,14 +318,13 @@ async fn orchestrate(
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
-    let engine_url = engine.as_ref().map(|e: &LocalEngine| e.url.clone());
     // The learner steps on this bound, and admission starts groups under it.
     let bound = StalenessBound {
         groups_per_step: args.groups_per_step.max(1),
         max_staleness: args.max_staleness,
     };
     let learning = if args.train {
-        let extra = [
+        let mut extra = vec![
             "--learning-rate".to_string(),
             args.learning_rate.to_string(),
             "--groups-per-step".into(),
@@ -316,6 +334,9 @@ async fn orchestrate(
             "--idle-flush".into(),
             "10".into(),
         ];
+        if let Some(rank) = args.lora_rank {
+            extra.extend(["--lora-rank".into(), rank.to_string()]);
+        }
         let train = crate::learn::trainer_args(&args.model, config, &run_id, &dir.path, &extra)?;
         Some(crate::learn::Learning::start(
             config,
@@ -330,12 +351,12 @@ async fn orchestrate(
         .as_ref()
         .map(|l| l.learner_end.clone())
         .unwrap_or_default();
+    // Admission reads the version the engine serves, in its own word.
     let admission = || {
         args.train.then(|| Admission {
             bound,
-            clock: Box::new(EngineClock {
-                models: format!("{}/v1/models", engine_url.as_deref().unwrap_or_default()),
-                http: reqwest::Client::new(),
+            clock: Box::new(ServedClock {
+                engine: args.sync.reader(engine_url.as_deref().unwrap_or_default()),
                 learner: learner_end.clone(),
             }),
         })
@@ -349,7 +370,9 @@ async fn orchestrate(
     };
     // Whatever ends the rollouts, the learner and the consumers are stopped
     // below: their blocking tasks would otherwise keep the process alive.
-    let result = async {
+    // A failed sync ends them too: nothing more is sampled by a version the
+    // engine did not load.
+    let rollouts = async {
         if args.backend == "kube" {
             let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
             let orchestrator =
@@ -367,8 +390,11 @@ async fn orchestrate(
                     .with_admission(admission());
             drive(orchestrator, &history, total).await
         }
-    }
-    .await;
+    };
+    let result = tokio::select! {
+        r = rollouts => r,
+        e = crate::upstream::ended(&mut sync) => Err(e),
+    };
     if let Some(learning) = learning {
         if result.is_ok() {
             // The last groups' step, once the learner has them (an idle flush
@@ -388,6 +414,21 @@ async fn orchestrate(
                 newest = clock.newest_version().await;
             }
             eprintln!("trainer   {newest} versions published for {groups} groups");
+            // And an external engine serves the last of them, as it says.
+            if sync.is_some() {
+                let engine = args.sync.reader(engine_url.as_deref().unwrap_or_default());
+                let served = async {
+                    while engine.served().await.ok().flatten().unwrap_or(0) < newest {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                };
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                tokio::select! {
+                    _ = served => eprintln!("engine    serves version {newest}"),
+                    e = crate::upstream::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e:#}"),
+                    _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
+                }
+            }
         }
         learning.stop().await;
     }
