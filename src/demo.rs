@@ -191,15 +191,9 @@ pub async fn run(
 /// it lists), for ten minutes at most; an engine that refuses the question
 /// (reports no version at all) is not waited for.
 async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
-    let sync = args.sync.reader(engine);
-    for _ in 0..1200 {
-        // Unreachable for a moment: asked again.
-        match sync.served().await {
-            Ok(Some(v)) if v as i64 >= version => return,
-            Err(forgelog_sync::SyncError::Refused { .. }) => return,
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
+    let engine = args.sync.reader(engine);
+    let served = crate::upstream::until_served(&engine, version.max(0) as u64);
+    let _ = tokio::time::timeout(Duration::from_secs(600), served).await;
 }
 
 /// The run's events on `topic` once there are at least `count` (read every

@@ -90,6 +90,20 @@ impl UpstreamArgs {
     }
 }
 
+/// Until `engine` says it serves `version` or a newer one (unreachable for
+/// a moment: asked again). False at once when it refuses the question (it
+/// reports no version at all): nothing to wait for. Unbounded: the caller
+/// bounds it.
+pub async fn until_served(engine: &EngineSync, version: u64) -> bool {
+    loop {
+        match engine.served().await {
+            Ok(Some(v)) if v >= version => return true,
+            Err(forgelog_sync::SyncError::Refused { .. }) => return false,
+            _ => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+}
+
 /// A running sync: it ends only by failing.
 pub type SyncTask = tokio::task::JoinHandle<Result<(), forgelog_sync::SyncError>>;
 

@@ -87,19 +87,9 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     );
 
     let events = f.events(&run);
-    let versions: Vec<i64> = forgelog_stream::ReplayReader::new(&f.stream)
-        .unwrap()
-        .read(
-            forgelog_schemas::Topic::Policy.name(),
-            forgelog_stream::StartAt::Beginning,
-            Some(&run),
-        )
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r.event {
-            Ok(Event::PolicyPublished(p)) => Some(p.version),
-            _ => None,
-        })
+    let versions: Vec<i64> = published(&f.stream, &run)
+        .iter()
+        .map(|p| p.version)
         .collect();
     assert_eq!(versions, [1, 2], "a version per group, each published once");
     let calls = finished_calls(&events);
@@ -137,17 +127,12 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         .into(),
         "each group sampled by the version before it"
     );
-    // The last version reaches vLLM too (the run waits for it to be published,
-    // the sync loads it a moment later).
-    let mut last = Value::Null;
-    for _ in 0..120 {
-        last = rt.block_on(weight_info(&http, &vllm.url));
-        if last == json!("2") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    assert_eq!(last, json!("2"), "vLLM serves the last version");
+    // The run ends once vLLM serves the last version.
+    assert_eq!(
+        rt.block_on(weight_info(&http, &vllm.url)),
+        json!("2"),
+        "vLLM serves the last version"
+    );
     for c in &ok {
         // vLLM's own sampled ids and logprobs, the prompt the proxy made.
         assert!(
@@ -487,19 +472,7 @@ fn forgelog_sync_makes_a_real_vllm_serve_each_published_version() {
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(proxy.id() as i32, libc::SIGTERM) };
     assert!(proxy.wait().unwrap().success());
-    let reader = forgelog_stream::ReplayReader::new(&stream).unwrap();
-    let mut calls: Vec<Event> = reader
-        .read(
-            forgelog_schemas::Topic::Calls.name(),
-            forgelog_stream::StartAt::Beginning,
-            Some(&proxy_run),
-        )
-        .unwrap()
-        .into_iter()
-        .map(|r| r.event.unwrap())
-        .collect();
-    forgelog_schemas::compact::expand_events(&mut calls);
-    let calls = finished_calls(&calls);
+    let calls = finished_calls(&calls_of(&stream, &proxy_run));
     assert_eq!(calls.len(), 1);
     assert!(calls[0].trainable, "{:?}", calls[0].untrainable_reason);
     assert_eq!(
@@ -672,31 +645,10 @@ fn closed_loop(
         vllm.log_tail()
     );
 
-    let reader = forgelog_stream::ReplayReader::new(config).unwrap();
-    let read = |topic: forgelog_schemas::Topic| -> Vec<Event> {
-        reader
-            .read(
-                topic.name(),
-                forgelog_stream::StartAt::Beginning,
-                Some(&run),
-            )
-            .unwrap()
-            .into_iter()
-            .filter_map(|r| r.event.ok())
-            .collect()
-    };
-    let published: Vec<_> = read(forgelog_schemas::Topic::Policy)
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::PolicyPublished(p) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let published = published(config, &run);
     let versions: Vec<i64> = published.iter().map(|p| p.version).collect();
     assert_eq!(versions, [1, 2, 3]);
-    let mut calls = read(forgelog_schemas::Topic::Calls);
-    forgelog_schemas::compact::expand_events(&mut calls);
-    let ok: Vec<_> = finished_calls(&calls)
+    let ok: Vec<_> = finished_calls(&calls_of(config, &run))
         .into_iter()
         .filter(|c| c.status == CallStatus::Ok)
         .collect();
@@ -731,4 +683,40 @@ fn closed_loop(
     }
     assert_eq!(on_policy, 3, "every step on-policy: {published:?}");
     ok
+}
+
+/// `run`'s events on `topic`, each decodable.
+fn events_of(
+    config: &forgelog_stream::StreamConfig,
+    topic: forgelog_schemas::Topic,
+    run: &str,
+) -> Vec<Event> {
+    forgelog_stream::ReplayReader::new(config)
+        .unwrap()
+        .read(topic.name(), forgelog_stream::StartAt::Beginning, Some(run))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.event.expect("decodable"))
+        .collect()
+}
+
+/// `run`'s calls, whole (as every reader of the log sees them).
+fn calls_of(config: &forgelog_stream::StreamConfig, run: &str) -> Vec<Event> {
+    let mut calls = events_of(config, forgelog_schemas::Topic::Calls, run);
+    forgelog_schemas::compact::expand_events(&mut calls);
+    calls
+}
+
+/// The versions `run` published, in order.
+fn published(
+    config: &forgelog_stream::StreamConfig,
+    run: &str,
+) -> Vec<forgelog_schemas::PolicyPublished> {
+    events_of(config, forgelog_schemas::Topic::Policy, run)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p),
+            _ => None,
+        })
+        .collect()
 }

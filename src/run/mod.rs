@@ -417,14 +417,9 @@ async fn orchestrate(
             // And an external engine serves the last of them, as it says.
             if sync.is_some() {
                 let engine = args.sync.reader(engine_url.as_deref().unwrap_or_default());
-                let served = async {
-                    while engine.served().await.ok().flatten().unwrap_or(0) < newest {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                };
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 tokio::select! {
-                    _ = served => eprintln!("engine    serves version {newest}"),
+                    true = crate::upstream::until_served(&engine, newest) => eprintln!("engine    serves version {newest}"),
                     e = crate::upstream::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e:#}"),
                     _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
                 }

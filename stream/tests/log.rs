@@ -5,7 +5,7 @@ use forgelog_schemas::Topic;
 use forgelog_schemas::{testing::call_finished, Codec, Event};
 use forgelog_stream::testing::{shared_broker, unique_run_id, PrivateBroker};
 use forgelog_stream::{
-    EventConsumer, EventProducer, Received, ReplayReader, SpoolOptions, StartAt,
+    EventConsumer, EventProducer, Received, ReplayReader, SpoolOptions, StartAt, StreamConfig,
 };
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -312,6 +312,58 @@ async fn flush_waits_for_the_broker_and_the_checkpoint_follows_once_quiet() {
     assert_eq!(saved.acked_through, 30);
 }
 
+/// What a killed drainer leaves in `dir`: `events` in its spool, sent but
+/// never heard back about, past a checkpoint whose scan base is where the
+/// calls topic ends now and which says deliveries took `slowest_delivery_ms`.
+fn dead_writers_spool(
+    config: &StreamConfig,
+    dir: &std::path::Path,
+    events: &[Event],
+    slowest_delivery_ms: u64,
+) {
+    let spool = forgelog_stream::Spool::open(dir, SpoolOptions::default()).unwrap();
+    for e in events {
+        let value = Codec::global().encode(e).unwrap();
+        spool
+            .append(e.topic().name(), e.key().as_bytes(), &value)
+            .unwrap();
+    }
+    let reader = ReplayReader::new(config).unwrap();
+    let topic = Topic::Calls.name();
+    let ends = reader
+        .partitions(topic)
+        .unwrap()
+        .into_iter()
+        .map(|p| (p, reader.end(topic, p).unwrap()))
+        .collect();
+    let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
+    checkpoint.scan_from.insert(topic.to_string(), ends);
+    checkpoint.slowest_delivery_ms = slowest_delivery_ms;
+    checkpoint.store(dir).unwrap();
+}
+
+/// The dead writer's queued requests land: the same records, from a
+/// producer of their own.
+async fn land_late(config: &StreamConfig, events: &[Event]) {
+    let queued = tempfile::tempdir().unwrap();
+    let late = EventProducer::start(config, queued.path(), SpoolOptions::default()).unwrap();
+    for e in events {
+        late.send(e).unwrap();
+    }
+    late.close(Duration::from_secs(30)).await.unwrap();
+}
+
+/// The next owner's flush and close, then the run's calls: each event once, in order.
+async fn assert_sent_once(config: &StreamConfig, next_owner: EventProducer, run: &str) {
+    next_owner.flush(Duration::from_secs(60)).await.unwrap();
+    next_owner.close(Duration::from_secs(30)).await.unwrap();
+    let got = ReplayReader::new(config)
+        .unwrap()
+        .read(Topic::Calls.name(), StartAt::Beginning, Some(run))
+        .unwrap();
+    assert_exactly_once_in_order(&got, run, SESSIONS, 10);
+}
+
 /// A killed drainer's last produce requests can still be queued at the broker
 /// when the next owner of its spool starts. They land while it waits out the
 /// recovery grace, its scan of the tails finds them, and nothing is sent
@@ -323,54 +375,20 @@ async fn a_dead_writers_late_requests_are_found_not_sent_twice() {
     let run = unique_run_id("late-requests");
     let dir = tempfile::tempdir().unwrap();
     let events: Vec<Event> = (0..SESSIONS).map(|i| event(&run, i, 10)).collect();
-    // What the killed drainer left: its scan base, and records past its
-    // checkpoint that it had sent but never heard back about.
-    {
-        let spool = forgelog_stream::Spool::open(dir.path(), SpoolOptions::default()).unwrap();
-        for e in &events {
-            let value = Codec::global().encode(e).unwrap();
-            spool
-                .append(e.topic().name(), e.key().as_bytes(), &value)
-                .unwrap();
-        }
-        let reader = ReplayReader::new(&config).unwrap();
-        let topic = Topic::Calls.name();
-        let ends = reader
-            .partitions(topic)
-            .unwrap()
-            .into_iter()
-            .map(|p| (p, reader.end(topic, p).unwrap()))
-            .collect();
-        let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
-        checkpoint.scan_from.insert(topic.to_string(), ends);
-        checkpoint.store(dir.path()).unwrap();
-    }
+    dead_writers_spool(&config, dir.path(), &events, 0);
     let options = SpoolOptions {
         recovery_grace: Duration::from_secs(10),
         ..SpoolOptions::default()
     };
     let started = Instant::now();
     let next_owner = EventProducer::start(&config, dir.path(), options).unwrap();
-    // The dead writer's queued requests land: the same records, from a producer
-    // of their own.
-    let queued = tempfile::tempdir().unwrap();
-    let late = EventProducer::start(&config, queued.path(), SpoolOptions::default()).unwrap();
-    for e in &events {
-        late.send(e).unwrap();
-    }
-    late.close(Duration::from_secs(30)).await.unwrap();
+    land_late(&config, &events).await;
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "the late requests took longer than the grace: {:?}",
         started.elapsed()
     );
-    next_owner.flush(Duration::from_secs(60)).await.unwrap();
-    next_owner.close(Duration::from_secs(30)).await.unwrap();
-    let got = ReplayReader::new(&config)
-        .unwrap()
-        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
-        .unwrap();
-    assert_exactly_once_in_order(&got, &run, SESSIONS, 10);
+    assert_sent_once(&config, next_owner, &run).await;
 }
 
 /// The same, with the dead writer's requests landing after the default
@@ -384,50 +402,19 @@ async fn a_writer_that_saw_a_slow_broker_is_waited_for_longer() {
     let run = unique_run_id("slow-broker");
     let dir = tempfile::tempdir().unwrap();
     let events: Vec<Event> = (0..SESSIONS).map(|i| event(&run, i, 10)).collect();
-    {
-        let spool = forgelog_stream::Spool::open(dir.path(), SpoolOptions::default()).unwrap();
-        for e in &events {
-            let value = Codec::global().encode(e).unwrap();
-            spool
-                .append(e.topic().name(), e.key().as_bytes(), &value)
-                .unwrap();
-        }
-        let reader = ReplayReader::new(&config).unwrap();
-        let topic = Topic::Calls.name();
-        let ends = reader
-            .partitions(topic)
-            .unwrap()
-            .into_iter()
-            .map(|p| (p, reader.end(topic, p).unwrap()))
-            .collect();
-        let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
-        checkpoint.scan_from.insert(topic.to_string(), ends);
-        checkpoint.slowest_delivery_ms = 2000;
-        checkpoint.store(dir.path()).unwrap();
-    }
+    dead_writers_spool(&config, dir.path(), &events, 2000);
     let floor = SpoolOptions::default().recovery_grace;
     let started = Instant::now();
     let next_owner = EventProducer::start(&config, dir.path(), SpoolOptions::default()).unwrap();
     // Queued past the default grace, then landing.
     tokio::time::sleep(floor + Duration::from_millis(1500)).await;
-    let queued = tempfile::tempdir().unwrap();
-    let late = EventProducer::start(&config, queued.path(), SpoolOptions::default()).unwrap();
-    for e in &events {
-        late.send(e).unwrap();
-    }
-    late.close(Duration::from_secs(30)).await.unwrap();
+    land_late(&config, &events).await;
     let landed = started.elapsed();
     assert!(
         landed > floor && landed < Duration::from_secs(8),
         "the late requests landed after {landed:?}: not between the default grace and the slow broker's"
     );
-    next_owner.flush(Duration::from_secs(60)).await.unwrap();
-    next_owner.close(Duration::from_secs(30)).await.unwrap();
-    let got = ReplayReader::new(&config)
-        .unwrap()
-        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
-        .unwrap();
-    assert_exactly_once_in_order(&got, &run, SESSIONS, 10);
+    assert_sent_once(&config, next_owner, &run).await;
 }
 
 /// An event over the message limit used to enter the spool, be refused by the
