@@ -75,14 +75,19 @@ pub struct Learning {
 }
 
 impl Learning {
-    /// Starts the consumers (state in `state`) and, with `train`, the learner.
+    /// Starts the consumers of `run` (state in `state`) and, with `train`,
+    /// the learner.
     pub fn start(
         config: &StreamConfig,
+        run: &str,
         state: &Path,
         rewards: RewardConfig,
         train: Option<forgelog_trainer::TrainArgs>,
     ) -> Learning {
-        let options = ShellOptions::new(state);
+        let options = ShellOptions {
+            run: Some(run.to_string()),
+            ..ShellOptions::new(state)
+        };
         let stop_consumers = options.stop.clone();
         let consumers = {
             let config = config.clone();
@@ -95,7 +100,7 @@ impl Learning {
             })
         };
         eprintln!(
-            "consumers trajectories, rewards (state in {})",
+            "consumers trajectories, rewards of run {run} (state in {})",
             state.display()
         );
         let learner_end = LearnerEnd::default();

@@ -247,6 +247,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     };
     let learning = Learning::start(
         config,
+        &run,
         &args.home.join("consumers"),
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,

@@ -23,6 +23,35 @@ fn row(stdout: &str, name: &str) -> Vec<f64> {
         .collect()
 }
 
+/// `forgelog up --demo` of `run` on `brokers`, in `home`.
+fn up_demo(brokers: &str, run: &str, home: &std::path::Path) -> Command {
+    let mut up = forgelog();
+    up.args(["up", "--demo", "--json", "--brokers", brokers, "--run", run])
+        .args(["--engine-listen", &free_local_addr().to_string()])
+        .args(["--proxy-listen", &free_local_addr().to_string()])
+        .arg("--home")
+        .arg(home.join("state"))
+        .arg("--export-to")
+        .arg(home.join("data"));
+    up
+}
+
+/// The events of `run` on `topic`, as `forgelog tail` prints them.
+fn tail(brokers: &str, topic: &str, run: &str) -> Vec<serde_json::Value> {
+    let tail = forgelog()
+        .args(["tail", topic, "--from-beginning", "--run", run])
+        .args(["--brokers", brokers])
+        .output()
+        .unwrap();
+    assert!(tail.status.success());
+    String::from_utf8_lossy(&tail.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Another demo runs on the same log at the same time: each `up` derives its
+/// own run's trees and groups, so neither run's are in the log twice.
 #[test]
 fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -30,24 +59,25 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
     let home = tempfile::tempdir().unwrap();
     let data = home.path().join("data");
     let run = unique_run_id("demo");
-    let out = forgelog()
-        .args([
-            "up",
-            "--demo",
-            "--json",
-            "--brokers",
-            &config.brokers,
-            "--run",
-            &run,
-        ])
-        .args(["--engine-listen", &free_local_addr().to_string()])
-        .args(["--proxy-listen", &free_local_addr().to_string()])
-        .arg("--home")
-        .arg(home.path().join("state"))
-        .arg("--export-to")
-        .arg(&data)
+    let (beside, beside_home) = (unique_run_id("demo-beside"), tempfile::tempdir().unwrap());
+    let mut neighbour = up_demo(&config.brokers, &beside, beside_home.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = up_demo(&config.brokers, &run, home.path())
         .output()
         .unwrap();
+    assert!(neighbour.wait().unwrap().success());
+    for r in [&run, &beside] {
+        let trees = tail(&config.brokers, "forgelog.trajectories", r).len();
+        let groups = tail(&config.brokers, "forgelog.batches", r).len();
+        assert_eq!(
+            (trees, groups),
+            (16, 4),
+            "run {r}'s trees and groups in the log"
+        );
+    }
     let json = String::from_utf8_lossy(&out.stdout).to_string();
     // With --json the words (the table among them) go to stderr.
     let stdout = String::from_utf8_lossy(&out.stderr).to_string();
@@ -111,22 +141,7 @@ fn up_demo_runs_to_its_summary_and_leaves_a_sound_export() {
         "{verdict}"
     );
     // The table's tool calls are the trees' (read back from the log here).
-    let tail = forgelog()
-        .args([
-            "tail",
-            "forgelog.trajectories",
-            "--from-beginning",
-            "--run",
-            &run,
-        ])
-        .args(["--brokers", &config.brokers])
-        .output()
-        .unwrap();
-    assert!(tail.status.success());
-    let trajectories: Vec<serde_json::Value> = String::from_utf8_lossy(&tail.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let trajectories = tail(&config.brokers, "forgelog.trajectories", &run);
     let logged: u64 = trajectories
         .iter()
         .map(|t| t["tool_calls"].as_u64().unwrap())

@@ -92,12 +92,22 @@ pub struct ShellOptions {
     /// Only this partition of each input topic: one task of a scaled-out
     /// consumer (see [`crate::scale_out`]). `None`: every partition.
     pub partition: Option<i32>,
+    /// Only this run's events: a process that serves one run (`up`, `run`)
+    /// derives that run's trees and groups, and leaves every other run on the
+    /// same log to its own process (two processes deriving one run would
+    /// each send its outputs). `None`: every run (`forgelog consume`).
+    pub run: Option<String>,
 }
 
 impl ShellOptions {
     /// Whether this shell reads `partition` of its inputs.
     fn takes(&self, partition: i32) -> bool {
         self.partition.is_none_or(|only| only == partition)
+    }
+
+    /// Whether this shell feeds `event` to its core (its run, if it has one).
+    fn derives(&self, event: &Event) -> bool {
+        self.run.as_deref().is_none_or(|run| event.run_id() == run)
     }
 
     pub fn new(state_dir: impl Into<PathBuf>) -> ShellOptions {
@@ -109,6 +119,7 @@ impl ShellOptions {
             idle_wait: Duration::from_millis(500),
             stop: Arc::default(),
             partition: None,
+            run: None,
         }
     }
 }
@@ -445,6 +456,7 @@ pub fn run_on<P: Processor>(
                             });
                             return ControlFlow::Break(());
                         }
+                        Ok(event) if !options.derives(&event) => {}
                         Ok(event) => state.processor.process(event, &mut out),
                         Err(why) => {
                             stats.undecodable += 1;
@@ -610,9 +622,12 @@ fn catch_up<P: Processor>(
             }
             let from = state.position(topic, partition);
             let _ = reader.for_each_in(topic, partition, from, end, |rec| {
-                if let Ok(event) = rec.event {
-                    state.processor.process(event, &mut out);
-                    out.clear();
+                match rec.event {
+                    Ok(event) if options.derives(&event) => {
+                        state.processor.process(event, &mut out);
+                        out.clear();
+                    }
+                    _ => {}
                 }
                 fed += 1;
                 ControlFlow::Continue(())

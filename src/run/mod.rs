@@ -340,6 +340,7 @@ async fn orchestrate(
         let train = crate::learn::trainer_args(&args.model, config, &run_id, &dir.path, &extra)?;
         Some(crate::learn::Learning::start(
             config,
+            &run_id,
             &dir.path.join("consumers"),
             Default::default(),
             Some(train),

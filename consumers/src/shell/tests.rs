@@ -128,6 +128,68 @@ fn on_a_memory_log_the_shells_emit_what_the_cores_derive_once_across_restarts() 
     );
 }
 
+/// A process that serves one run (`up`, `run`) derives that run only: two of
+/// them on one log each send their own run's trees and groups, not the
+/// other's too (each would send what the other sends: every output twice).
+#[test]
+fn a_shell_for_one_run_derives_that_run_and_leaves_the_others() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let (a, b) = (recorded_run("a", 2, 4, 3, 8), recorded_run("b", 3, 4, 3, 8));
+    let log = MemoryLog::default();
+    for pair in a.iter().zip(&b) {
+        log.append(pair.0).unwrap();
+        log.append(pair.1).unwrap();
+    }
+    for e in b.iter().skip(a.len()).chain(a.iter().skip(b.len())) {
+        log.append(e).unwrap();
+    }
+    let state = tempfile::tempdir().unwrap();
+    let derive = |run: &str| {
+        let options = |name: &str| ShellOptions {
+            exit_when_idle: true,
+            idle_wait: Duration::ZERO,
+            run: Some(run.to_string()),
+            ..ShellOptions::new(state.path().join(run).join(name))
+        };
+        let trees = run_on(
+            &log,
+            &log,
+            TrajectoryBuilder::default(),
+            &options("trajectories"),
+        );
+        let groups = run_on(
+            &log,
+            &log,
+            RewardJoin::new(RewardConfig::default()),
+            &options("rewards"),
+        );
+        (trees.unwrap().emitted, groups.unwrap().emitted)
+    };
+    assert_eq!(
+        derive("a"),
+        (2 * 4, 2),
+        "run a's trees and groups, none of b's"
+    );
+    assert_eq!(derive("b"), (3 * 4, 3));
+    let runs = |topic: Topic| -> Vec<String> {
+        let mut runs: Vec<String> = log
+            .events(topic.name())
+            .iter()
+            .map(|e| e.run_id().to_string())
+            .collect();
+        runs.sort();
+        runs
+    };
+    let expect = |per_run: usize, a: usize, b: usize| -> Vec<String> {
+        std::iter::repeat_n("a".to_string(), a * per_run)
+            .chain(std::iter::repeat_n("b".to_string(), b * per_run))
+            .collect()
+    };
+    assert_eq!(runs(Topic::Trajectories), expect(4, 2, 3));
+    assert_eq!(runs(Topic::Batches), expect(1, 2, 3));
+}
+
 /// Each partition's output events, in order: (partition, event id).
 fn by_partition(log: &MemoryLog, topic: Topic) -> Vec<(i32, String)> {
     let mut all = Vec::new();
