@@ -79,14 +79,13 @@ fn main() {
         sampled.push(codec.tokenizer.token_to_id("<|im_end|>").unwrap());
         per_call += fresh.len() + sampled.len();
         final_len = prompt.ids.len() + sampled.len();
-        history.push(AnsweredCall {
-            call: call as i64,
-            messages: messages.clone(),
-            tools: Some(tools.clone()),
-            answer: answer.clone(),
-            prompt_ids: prompt.ids,
-            sampled_ids: sampled,
-        });
+        history.push(AnsweredCall::new(
+            call as i64,
+            prompt,
+            Some(tools.clone()),
+            answer.clone(),
+            sampled,
+        ));
         // The harness sends the call back with its own id.
         let mut resent = answer;
         if let Some(c) = resent["tool_calls"].get_mut(0) {
@@ -102,7 +101,7 @@ fn main() {
         );
     }
     println!(
-        "{CALLS} calls, {spliced_calls} spliced; final sequence {final_len} tokens; splice per call {:.0} µs (three renders of the whole conversation, one suffix tokenized)",
+        "{CALLS} calls, {spliced_calls} spliced; final sequence {final_len} tokens; splice per call {:.0} µs (two renders of the whole conversation, one suffix tokenized)",
         splice_time.as_secs_f64() * 1e6 / CALLS as f64
     );
     println!("training tokens per rollout: per-call {per_call}, spliced {final_len}");

@@ -373,6 +373,7 @@ fn token_in_forks_where_the_qwen3_template_drops_reasoning() {
             answer: answer.clone(),
             prompt_ids: codec.encode(&text).unwrap(),
             sampled_ids: answer_ids,
+            prompt_text: Some(text),
         }];
         let messages = [first[0].clone(), answer, user("And of Italy?")];
         prompt(&history, &messages, None, &codec).unwrap().made

@@ -376,6 +376,7 @@ fn answered_call(c: CallFinished) -> Option<AnsweredCall> {
         answer,
         prompt_ids: c.prompt_token_ids,
         sampled_ids: c.completion_token_ids,
+        prompt_text: None,
     })
 }
 

@@ -15,6 +15,7 @@
 
 use crate::hf;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// The model's chat template and tokenizer, as the engine applies them.
 pub trait ChatRenderer {
@@ -42,6 +43,32 @@ pub struct AnsweredCall {
     pub answer: Value,
     pub prompt_ids: Vec<u32>,
     pub sampled_ids: Vec<u32>,
+    /// The template's rendering of `messages` (with the generation prompt),
+    /// kept from when the prompt was made so that the next splice need not
+    /// render it again; `None` for a call restored from the log.
+    pub prompt_text: Option<String>,
+}
+
+impl AnsweredCall {
+    /// `prompt`, made for call `call` with `tools`, answered with `answer`
+    /// (what the harness got) sampled as `sampled_ids`.
+    pub fn new(
+        call: i64,
+        prompt: Prompt,
+        tools: Option<Value>,
+        answer: Value,
+        sampled_ids: Vec<u32>,
+    ) -> AnsweredCall {
+        AnsweredCall {
+            call,
+            messages: prompt.messages,
+            tools,
+            answer,
+            prompt_ids: prompt.ids,
+            sampled_ids,
+            prompt_text: Some(prompt.text),
+        }
+    }
 }
 
 /// How a prompt's ids were made.
@@ -58,6 +85,12 @@ pub enum Made {
 pub struct Prompt {
     pub ids: Vec<u32>,
     pub made: Made,
+    /// The conversation the ids stand for: a spliced call's earlier turns as
+    /// they were sent and answered (not as the harness re-sent them), then
+    /// the new messages; a rendered call's messages.
+    pub messages: Vec<Value>,
+    /// The template's rendering of `messages`, with the generation prompt.
+    pub text: String,
 }
 
 /// The prompt for `messages` and `tools`, spliced onto the call of `history`
@@ -73,13 +106,17 @@ pub fn prompt(
         Ok(Prompt {
             ids: renderer.encode(&text)?,
             made: Made::Rendered { why },
+            messages: messages.to_vec(),
+            text,
         })
     };
-    let base = history
-        .iter()
-        .rev()
-        .filter(|b| extends(messages, tools, b))
-        .max_by_key(|b| b.messages.len());
+    // The longest first (the oldest of equals): the first that it extends is
+    // the base, and usually the first tried (a conversation's latest call).
+    let mut longest_first: Vec<&AnsweredCall> = history.iter().collect();
+    longest_first.sort_by_key(|b| std::cmp::Reverse(b.messages.len()));
+    let base = longest_first
+        .into_iter()
+        .find(|b| extends(messages, tools, b));
     let Some(base) = base else {
         return fresh(match history.last() {
             None => "no earlier call to splice onto (the session's first, or its first since the proxy started)".to_string(),
@@ -92,11 +129,14 @@ pub fn prompt(
     joined.extend_from_slice(&base.messages);
     joined.push(base.answer.clone());
     joined.extend_from_slice(&messages[n + 1..]);
-    let asked = renderer.render(&joined[..n], tools, true)?;
+    let asked = match &base.prompt_text {
+        Some(text) => Cow::Borrowed(text.as_str()),
+        None => Cow::Owned(renderer.render(&joined[..n], tools, true)?),
+    };
     let with_answer = renderer.render(&joined[..=n], tools, false)?;
     let whole = renderer.render(&joined, tools, true)?;
     let call = base.call;
-    let Some(turn) = with_answer.strip_prefix(asked.as_str()) else {
+    let Some(turn) = with_answer.strip_prefix(asked.as_ref()) else {
         return fresh(format!(
             "the chat template does not render call {call}'s answer after its prompt"
         ));
@@ -115,6 +155,8 @@ pub fn prompt(
     Ok(Prompt {
         ids,
         made: Made::Spliced { base_call: call },
+        messages: joined,
+        text: whole,
     })
 }
 
@@ -184,14 +226,16 @@ pub fn same_message(a: &Value, b: &Value) -> bool {
     a["role"] == b["role"] && text_of(a).trim() == text_of(b).trim() && calls_of(a) == calls_of(b)
 }
 
-fn text_of(m: &Value) -> String {
+fn text_of(m: &Value) -> Cow<'_, str> {
     match &m["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(_) => hf::hf_message(m)["content"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        _ => String::new(),
+        Value::String(s) => Cow::Borrowed(s),
+        Value::Array(_) => Cow::Owned(
+            hf::hf_message(m)["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        _ => Cow::Borrowed(""),
     }
 }
 

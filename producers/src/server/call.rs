@@ -373,15 +373,15 @@ impl Call {
                     OpenAiChatDialect::encode_response(&resp)["choices"][0]["message"].take();
                 e.chat_response = message.to_string();
                 e.prompt_made = Some(made(&prompt.made, token_in));
-                if e.trainable {
-                    self.session.remember_answer(AnsweredCall {
-                        call: self.index,
-                        messages: messages_of(&upstream.body).to_vec(),
-                        tools: tools_of(&upstream.body).cloned(),
-                        answer: message,
-                        prompt_ids: e.prompt_token_ids.clone(),
-                        sampled_ids: e.completion_token_ids.clone(),
-                    });
+                // Spliced onto only if the engine read the ids it was asked with.
+                if e.trainable && e.prompt_token_ids == prompt.ids {
+                    self.session.remember_answer(AnsweredCall::new(
+                        self.index,
+                        prompt,
+                        tools_of(&upstream.body).cloned(),
+                        message,
+                        e.completion_token_ids.clone(),
+                    ));
                 }
             }
             _ => e.chat_response = answer["choices"][0]["message"].to_string(),

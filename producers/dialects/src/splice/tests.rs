@@ -98,6 +98,9 @@ struct Session<'r> {
     renderer: &'r ChatMl,
     messages: Vec<Value>,
     history: Vec<AnsweredCall>,
+    /// The same calls as a restarted proxy restores them from the log: the
+    /// messages as the harness sent them, no rendering kept.
+    restored: Vec<AnsweredCall>,
 }
 
 impl<'r> Session<'r> {
@@ -106,20 +109,24 @@ impl<'r> Session<'r> {
             renderer,
             messages: first,
             history: Vec::new(),
+            restored: Vec::new(),
         }
     }
 
     /// One call: its prompt, then `answer` sampled as `sampled`.
     fn call(&mut self, answer: Value, sampled: Vec<u32>) -> Prompt {
         let p = prompt(&self.history, &self.messages, None, self.renderer).unwrap();
-        self.history.push(AnsweredCall {
-            call: self.history.len() as i64,
+        // The rendering kept from the last call changes nothing.
+        let restored = prompt(&self.restored, &self.messages, None, self.renderer).unwrap();
+        assert_eq!((&p.ids, &p.made), (&restored.ids, &restored.made));
+        let call = self.history.len() as i64;
+        let answered = AnsweredCall::new(call, p.clone(), None, answer.clone(), sampled);
+        self.restored.push(AnsweredCall {
             messages: self.messages.clone(),
-            tools: None,
-            answer: answer.clone(),
-            prompt_ids: p.ids.clone(),
-            sampled_ids: sampled,
+            prompt_text: None,
+            ..answered.clone()
         });
+        self.history.push(answered);
         self.messages.push(answer);
         p
     }
