@@ -1,5 +1,6 @@
-//! Throughput and latency of the engine on a real model, without HTTP:
-//! `cargo run --release -p forgelog-engine --bin engine-bench [-- --model smollm2 --tokens 64]`.
+//! Throughput and latency of the engine on a real model (or random weights of
+//! a published `--shape`), without HTTP:
+//! `cargo run --release -p forgelog-engine --example engine-bench [-- --model smollm2 --tokens 64 --device cuda]`.
 //! Prints decode tokens/s at batch 1 and 16, time to first token, and peak RSS.
 
 use clap::Parser;
@@ -13,6 +14,14 @@ use std::time::{Duration, Instant};
 struct Args {
     #[arg(long, default_value = "smollm2")]
     model: String,
+    /// Random weights of a published shape instead of `--model`
+    /// (`qwen3-0.6b`, `qwen3-1.7b`, `qwen3-4b`, `qwen3-8b`), with a tiny
+    /// tokenizer: the cost of a token depends on the shape, not the values.
+    #[arg(long)]
+    shape: Option<String>,
+    /// `cpu` or `cuda` (a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Tokens each request samples (stop tokens ignored).
     #[arg(long, default_value_t = 64)]
     tokens: usize,
@@ -37,11 +46,18 @@ fn peak_rss_mb() -> f64 {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let started = Instant::now();
-    let policy = forgelog_model::load_policy(
-        &args.model,
-        &forgelog_stream::models_dir(),
-        &candle_core::Device::Cpu,
-    )?;
+    let device = match args.device.as_str() {
+        "cuda" => candle_core::Device::new_cuda(0)?,
+        _ => candle_core::Device::Cpu,
+    };
+    let policy = match &args.shape {
+        Some(shape) => {
+            let config = forgelog_model::testing::qwen3_shape(shape)
+                .ok_or_else(|| format!("unknown --shape {shape:?}"))?;
+            forgelog_model::testing::random_policy(&config, shape, &device)?
+        }
+        None => forgelog_model::load_policy(&args.model, &forgelog_stream::models_dir(), &device)?,
+    };
     println!("model {} loaded in {:.2?}", policy.name, started.elapsed());
     let engine = Engine::start(policy);
     let filler = "The quick brown fox jumps over the lazy dog. "

@@ -77,6 +77,99 @@ pub fn tiny_qwen3_config(vocab_size: usize) -> ModelConfig {
     }
 }
 
+/// The published shape of a Qwen3 dense model (its `config.json`) by
+/// name: `qwen3-0.6b`, `qwen3-1.7b`, `qwen3-4b`, `qwen3-8b`. Benches fill
+/// it with [`tiny_weights`]: the cost of a step depends on the shape, not
+/// the values.
+pub fn qwen3_shape(name: &str) -> Option<ModelConfig> {
+    let (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, tied) = match name
+    {
+        "qwen3-0.6b" => (1024, 3072, 28, 16, true),
+        "qwen3-1.7b" => (2048, 6144, 28, 16, true),
+        "qwen3-4b" => (2560, 9728, 36, 32, true),
+        "qwen3-8b" => (4096, 12288, 36, 32, false),
+        _ => return None,
+    };
+    Some(ModelConfig {
+        architecture: Architecture::Qwen3,
+        vocab_size: 151_936,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads: 8,
+        head_dim: Some(128),
+        rope_theta: 1_000_000.0,
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: 40_960,
+        tie_word_embeddings: tied,
+    })
+}
+
+/// The weights one token's forward pass multiplies by: every projection
+/// and the output head (tied or not), not the embedding lookup nor the
+/// norms. A training step costs about `6 ×` this per token fed (`4 ×` when
+/// the weights take no gradient, as under LoRA), attention aside.
+pub fn matmul_parameters(config: &ModelConfig) -> usize {
+    let head = config.vocab_size * config.hidden_size;
+    tiny_weights_shapes(config)
+        .iter()
+        .filter(|(name, shape)| shape.len() == 2 && name.contains(".layers."))
+        .map(|(_, shape)| shape.iter().product::<usize>())
+        .sum::<usize>()
+        + head
+}
+
+/// [`tiny_weights`]' names and shapes filled on `device` by its own
+/// generator: uniform with a variance of one over the fan-in (norms 1), a
+/// big shape's in a moment where [`tiny_weights`] spends minutes on one
+/// core. Not reproducible: for benches, whose cost depends on the shape
+/// alone.
+pub fn random_weights(
+    config: &ModelConfig,
+    device: &Device,
+) -> candle_core::Result<HashMap<String, Tensor>> {
+    tiny_weights_shapes(config)
+        .into_iter()
+        .map(|(name, shape)| {
+            let fan_in = *shape.last().unwrap_or(&1) as f32;
+            let tensor = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, candle_core::DType::F32, device)?
+            } else {
+                let bound = (3.0 / fan_in).sqrt();
+                Tensor::rand(-bound, bound, shape, device)?
+            };
+            Ok((name, tensor))
+        })
+        .collect()
+}
+
+/// A policy of `config` on `device` with [`random_weights`], the
+/// [`tiny_tokenizer`] and ChatML: what the engine needs to sample, for
+/// benches of a shape no package ships. Ids past the tokenizer's ~300
+/// decode to nothing.
+pub fn random_policy(
+    config: &ModelConfig,
+    name: &str,
+    device: &Device,
+) -> candle_core::Result<crate::Policy> {
+    let weights = random_weights(config, device)?;
+    let model = crate::Transformer::load(
+        candle_nn::VarBuilder::from_tensors(weights.clone(), candle_core::DType::F32, device),
+        config,
+    )?;
+    let tokenizer = tiny_tokenizer();
+    let stop_token_ids = tokenizer.token_to_id("<|im_end|>").into_iter().collect();
+    Ok(crate::Policy {
+        name: name.into(),
+        model,
+        tokenizer,
+        chat_template: crate::ChatTemplate::new(CHATML, "", "<|im_end|>"),
+        stop_token_ids,
+        weights,
+    })
+}
+
 /// The name and shape of every weight of `config`.
 pub fn tiny_weights_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let c = config;

@@ -11,7 +11,7 @@
 
 use candle_core::{DType, Device};
 use forgelog_model::lora::PROJECTIONS;
-use forgelog_model::{Architecture, LoraConfig, ModelConfig};
+use forgelog_model::{LoraConfig, ModelConfig};
 use forgelog_trainer::learner::SampledSequence;
 use forgelog_trainer::{Learner, LearnerConfig};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -56,24 +56,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Qwen3-0.6B's `config.json` shape.
-fn qwen3_0_6b() -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Qwen3,
-        vocab_size: 151_936,
-        hidden_size: 1024,
-        intermediate_size: 3072,
-        num_hidden_layers: 28,
-        num_attention_heads: 16,
-        num_key_value_heads: 8,
-        head_dim: Some(128),
-        rope_theta: 1_000_000.0,
-        rms_norm_eps: 1e-6,
-        max_position_embeddings: 4096,
-        tie_word_embeddings: true,
-    }
-}
 
 /// One group: two members after the same 96-token prompt, 32 sampled tokens each.
 fn group(vocab: u32) -> Vec<SampledSequence> {
@@ -152,7 +134,7 @@ fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is read.
-    let model = qwen3_0_6b();
+    let model = forgelog_model::testing::qwen3_shape("qwen3-0.6b").expect("a known shape");
     let params: usize = forgelog_model::testing::tiny_weights_shapes(&model)
         .iter()
         .map(|(_, shape)| shape.iter().product::<usize>())

@@ -1,12 +1,16 @@
-//! Training throughput at a fixed batch: SmolLM2 (or `--model`), `--sequences`
-//! sequences of `--prompt` context tokens followed by `--sampled` sampled
-//! tokens. Prints the forward+backward time, the optimizer step, a
-//! checkpoint write, and tokens per second.
+//! Training throughput at a fixed batch: SmolLM2 (or `--model`, or random
+//! weights of a published `--shape`), `--sequences` sequences of `--prompt`
+//! context tokens followed by `--sampled` sampled tokens, every weight
+//! trained or a `--lora` adapter. Prints the forward+backward time, the
+//! optimizer step, tokens per second, the model FLOP/s and, given the
+//! device's `--peak-tflops`, the MFU; then a checkpoint write.
 //!
-//! `cargo run --release -p forgelog-trainer --bin trainer-bench [-- --device cuda]`
+//! `cargo run --release -p forgelog-trainer --example trainer-bench [-- --device cuda --dtype bf16 --shape qwen3-0.6b --peak-tflops 989]`
 
 use candle_core::{DType, Device};
 use clap::Parser;
+use forgelog_model::lora::PROJECTIONS;
+use forgelog_model::LoraConfig;
 use forgelog_trainer::learner::SampledSequence;
 use forgelog_trainer::{Learner, LearnerConfig};
 use std::time::Instant;
@@ -15,6 +19,22 @@ use std::time::Instant;
 struct Args {
     #[arg(long, default_value = "smollm2")]
     model: String,
+    /// Random weights of a published shape instead of `--model`
+    /// (`qwen3-0.6b`, `qwen3-1.7b`, `qwen3-4b`, `qwen3-8b`): nothing is read
+    /// from disk.
+    #[arg(long)]
+    shape: Option<String>,
+    /// Train a LoRA adapter of this rank (alpha twice the rank) on every
+    /// projection instead of every weight.
+    #[arg(long)]
+    lora: Option<usize>,
+    /// The device's dense peak at `--dtype`, in TFLOP/s, for the MFU
+    /// (NVIDIA's sheet: H200 989 in bf16, 67 in f32 without tensor cores).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// Skip the checkpoint write at the end (a big shape's takes minutes).
+    #[arg(long)]
+    no_checkpoint: bool,
     #[arg(long, default_value = "cpu")]
     device: String,
     #[arg(long, default_value = "f32")]
@@ -44,18 +64,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => DType::F32,
     };
     let t = Instant::now();
-    let policy = forgelog_model::load_policy(&args.model, &forgelog_stream::models_dir(), &device)?;
+    let (name, weights, config) = match &args.shape {
+        Some(shape) => {
+            let config = forgelog_model::testing::qwen3_shape(shape)
+                .ok_or_else(|| format!("unknown --shape {shape:?}"))?;
+            let weights = forgelog_model::testing::random_weights(&config, &device)?;
+            (shape.clone(), weights, config)
+        }
+        None => {
+            let policy =
+                forgelog_model::load_policy(&args.model, &forgelog_stream::models_dir(), &device)?;
+            let config = policy.model.config().clone();
+            (args.model.clone(), policy.weights, config)
+        }
+    };
+    let lora = match args.lora {
+        Some(rank) => Some(LoraConfig::new(
+            rank,
+            2.0 * rank as f64,
+            PROJECTIONS.map(String::from).to_vec(),
+        )?),
+        None => None,
+    };
+    let training = match &lora {
+        Some(l) => format!("LoRA r={}", l.rank),
+        None => "every weight".to_string(),
+    };
     let mut learner = Learner::new(
-        &policy.weights,
-        policy.model.config(),
+        &weights,
+        &config,
         &device,
         dtype,
-        LearnerConfig::default(),
+        LearnerConfig {
+            lora,
+            ..LearnerConfig::default()
+        },
     )?;
-    drop(policy);
+    drop(weights);
+    let matmul = forgelog_model::testing::matmul_parameters(&config);
     println!(
-        "model {} on {:?} {dtype:?}: loaded in {:.1}s",
-        args.model,
+        "model {name} ({:.2}B weights multiplied a token) on {:?} {dtype:?}, {training}: made in {:.1}s",
+        matmul as f64 / 1e9,
         args.device,
         t.elapsed().as_secs_f64()
     );
@@ -89,16 +138,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for step in 0..args.steps {
         let t = Instant::now();
         let eval = learner.evaluate(&seqs)?;
+        // A GPU runs queued work after the call returns: time it done.
+        device.synchronize()?;
         let backward = t.elapsed().as_secs_f64();
         let t = Instant::now();
         learner.apply_gradients(&eval.grads)?;
+        device.synchronize()?;
         let optimizer = t.elapsed().as_secs_f64();
         let total = backward + optimizer;
+        // Forward 2, input gradients 2, weight gradients 2 (none under LoRA).
+        let per_token = if args.lora.is_some() { 4.0 } else { 6.0 };
+        let tflops = per_token * matmul as f64 * fed as f64 / total / 1e12;
+        let mfu = args
+            .peak_tflops
+            .map(|peak| format!(", MFU {:.1}%", 100.0 * tflops / peak))
+            .unwrap_or_default();
         println!(
-            "step {step}: forward+backward {backward:.2}s, AdamW {optimizer:.2}s: {:.0} tokens/s fed, {:.1} sampled tokens/s trained",
+            "step {step}: forward+backward {backward:.3}s, AdamW {optimizer:.3}s: {:.0} tokens/s fed, {:.1} sampled tokens/s trained, {tflops:.1} model TFLOP/s{mfu}",
             fed as f64 / total,
             sampled as f64 / total
         );
+    }
+    if args.no_checkpoint {
+        return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let store = forgelog_trainer::checkpoint::CheckpointStore::new(

@@ -17,7 +17,7 @@ fn tiny_policy(dir: &std::path::Path) -> Policy {
     forgelog_model::load_hf_dir(dir, &Device::Cpu).unwrap()
 }
 
-/// The learner's device: `FORGELOG_TRAINER_TEST_DEVICE=cuda` (gpu-check.sh) runs
+/// The learner's device: `FORGELOG_TRAINER_TEST_DEVICE=cuda` (scripts/gpu-check.sh) runs
 /// these checks on the GPU, against the engine on the CPU.
 fn device() -> Device {
     match std::env::var("FORGELOG_TRAINER_TEST_DEVICE").as_deref() {
