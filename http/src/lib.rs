@@ -1,8 +1,9 @@
 //! forgelog-http: an axum router served on an open port with the limits such
 //! a port needs, which `axum::serve` does not set: a connection that sends
-//! half a header is closed after [`HttpOptions::header_read_timeout`]
-//! (slowloris), and shutting down waits for the requests in flight for a
-//! bounded grace, then closes what is left instead of waiting on it.
+//! half a header, or starts no request for
+//! [`HttpOptions::header_read_timeout`], is closed, over HTTP/1 and HTTP/2
+//! alike (slowloris), and shutting down waits for the requests in flight for
+//! a bounded grace, then closes what is left instead of waiting on it.
 
 pub mod telemetry;
 
@@ -10,13 +11,16 @@ use axum::http::HeaderMap;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
+use tower::ServiceExt;
 
 /// 256 random bits as `fl-<hex>`: session keys and admin tokens.
 pub fn random_token() -> String {
@@ -35,23 +39,56 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Whether `headers` carry `token` as their bearer token, compared in
-/// constant time (a timing oracle would leak it a byte at a time).
+/// Whether `headers` carry `token` as their bearer token (see [`token_matches`]).
 pub fn is_bearer(headers: &HeaderMap, token: &str) -> bool {
-    bearer(headers).is_some_and(|given| {
-        given.len() == token.len()
-            && given
-                .bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    })
+    bearer(headers).is_some_and(|given| token_matches(given, token))
+}
+
+/// Whether a caller's `given` key is `token`, compared in constant time (a
+/// timing oracle would leak it a byte at a time). A blank token matches
+/// nothing: an empty header must never open a door.
+pub fn token_matches(given: &str, token: &str) -> bool {
+    !token.trim().is_empty()
+        && given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// clap's parser for a flag or variable that holds an admin token: a blank
+/// one is refused at start rather than served.
+pub fn admin_token_arg(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("an empty admin token would let in any caller that sends an empty key".into())
+    } else {
+        Ok(value.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blank_token_matches_nothing_and_is_refused_as_an_argument() {
+        assert!(token_matches("fl-secret", "fl-secret"));
+        assert!(!token_matches("fl-secreT", "fl-secret"));
+        assert!(!token_matches("fl-secret-", "fl-secret"));
+        for blank in ["", " ", "\t"] {
+            assert!(!token_matches(blank, blank), "{blank:?}");
+            assert!(admin_token_arg(blank).is_err(), "{blank:?}");
+        }
+        assert_eq!(admin_token_arg("fl-x").unwrap(), "fl-x");
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct HttpOptions {
-    /// A client must send a request's whole header within this time (an idle
-    /// keep-alive connection is closed after it too, as servers do).
+    /// A client must send a request's whole header within this time, and a
+    /// connection that starts no request for about this long is closed
+    /// (gracefully: what is in flight finishes), over HTTP/1 and HTTP/2.
     pub header_read_timeout: Duration,
 }
 
@@ -106,8 +143,14 @@ async fn accept(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
+    // A graceful HTTP/2 shutdown waits for the client to answer a PING; one
+    // that never answers is closed by the keep-alive timeout instead.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(options.header_read_timeout))
+        .keep_alive_timeout(options.header_read_timeout);
+    let (closing, _) = watch::channel(false);
     let mut connections = JoinSet::new();
     let grace = loop {
         tokio::select! {
@@ -122,14 +165,23 @@ async fn accept(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                let requests = Arc::new(AtomicU64::new(0));
+                let counted = requests.clone();
+                let service = TowerToHyperService::new(router.clone().map_request(
+                    move |request: axum::extract::Request<hyper::body::Incoming>| {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        request
+                    },
+                ));
                 let connection = builder
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
                     .into_owned();
-                let connection = graceful.watch(connection);
-                connections.spawn(async move {
-                    let _ = connection.await;
-                });
+                connections.spawn(serve_connection(
+                    connection,
+                    requests,
+                    options.header_read_timeout,
+                    closing.subscribe(),
+                ));
                 // Reap the finished ones as we go.
                 while connections.try_join_next().is_some() {}
             }
@@ -137,9 +189,12 @@ async fn accept(
         }
     };
     drop(listener);
-    let finished = tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_ok();
+    let _ = closing.send(true);
+    let finished = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
     if !finished {
         tracing::warn!(
             ?grace,
@@ -149,4 +204,38 @@ async fn accept(
     }
     connections.shutdown().await;
     finished
+}
+
+/// Drives one connection to its end, shutting it down gracefully when the
+/// server closes or when no request started on it for a whole `idle`
+/// period. HTTP/1's header timeout alone leaves an HTTP/2 connection that
+/// never sends a request open for ever; a graceful shutdown still lets the
+/// requests in flight (a long stream, say) finish.
+async fn serve_connection<C: GracefulConnection>(
+    connection: C,
+    requests: Arc<AtomicU64>,
+    idle: Duration,
+    mut closing: watch::Receiver<bool>,
+) {
+    let mut connection = std::pin::pin!(connection);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + idle, idle);
+    let mut seen = 0;
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            _ = connection.as_mut() => return,
+            _ = ticks.tick(), if !shutting_down => {
+                let started = requests.load(Ordering::Relaxed);
+                if started == seen {
+                    connection.as_mut().graceful_shutdown();
+                    shutting_down = true;
+                }
+                seen = started;
+            }
+            _ = closing.changed(), if !shutting_down => {
+                connection.as_mut().graceful_shutdown();
+                shutting_down = true;
+            }
+        }
+    }
 }

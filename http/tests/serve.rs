@@ -1,4 +1,4 @@
-//! The server on a real socket, spoken to in raw HTTP/1.1.
+//! The server on a real socket, spoken to in raw HTTP/1.1 and HTTP/2 frames.
 
 use axum::routing::get;
 use axum::Router;
@@ -6,6 +6,7 @@ use forgelog_http::{HttpOptions, HttpServer};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
 async fn server(header_read_timeout: Duration) -> HttpServer {
     let router = Router::new()
@@ -52,6 +53,16 @@ async fn read_to_close(s: &mut TcpStream, within: Duration) -> Option<String> {
     }
 }
 
+/// The server is fine after what a test did: it serves a whole request, and
+/// shuts down at once.
+async fn still_serves(server: HttpServer) {
+    let mut s = get_path(&server, "/quick").await;
+    let mut buf = [0u8; 256];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("quick"));
+    assert!(server.shutdown(Duration::from_secs(1)).await);
+}
+
 #[tokio::test]
 async fn half_a_header_is_closed_after_the_header_read_timeout() {
     let server = server(Duration::from_millis(500)).await;
@@ -63,12 +74,7 @@ async fn half_a_header_is_closed_after_the_header_read_timeout() {
     let answer = read_to_close(&mut s, Duration::from_secs(10)).await;
     assert!(answer.is_some(), "still open after 10 s");
     assert!(started.elapsed() < Duration::from_secs(5));
-    // The server is fine, and serves whole requests.
-    let mut s = get_path(&server, "/quick").await;
-    let mut buf = [0u8; 256];
-    let n = s.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("quick"));
-    assert!(server.shutdown(Duration::from_secs(1)).await);
+    still_serves(server).await;
 }
 
 #[tokio::test]
@@ -102,4 +108,84 @@ async fn shutdown_does_not_wait_past_its_grace_on_a_hanging_request() {
             .as_deref(),
         Some("")
     );
+}
+
+/// An HTTP/2 client with prior knowledge: the preface and an empty SETTINGS
+/// frame.
+async fn h2c_connect(server: &HttpServer) -> TcpStream {
+    let mut s = TcpStream::connect(server.addr()).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    s
+}
+
+/// Plays a well-behaved HTTP/2 client that never sends a request: answers
+/// the server's SETTINGS and PINGs, as every HTTP/2 library does by itself,
+/// until the server closes. Whether it closed within `within`.
+async fn idle_politely(mut s: TcpStream, within: Duration) -> bool {
+    let talk = async {
+        loop {
+            let mut header = [0u8; 9];
+            if s.read_exact(&mut header).await.is_err() {
+                return;
+            }
+            let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let (kind, flags) = (header[3], header[4]);
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+            let ack: Option<Vec<u8>> = match (kind, flags & 1) {
+                (4, 0) => Some(vec![0, 0, 0, 4, 1, 0, 0, 0, 0]),
+                (6, 0) => Some([&[0, 0, 8, 6, 1, 0, 0, 0, 0][..], &payload].concat()),
+                _ => None,
+            };
+            if let Some(ack) = ack {
+                if s.write_all(&ack).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(within, talk).await.is_ok()
+}
+
+#[tokio::test]
+async fn idle_http2_connections_are_closed_whether_or_not_they_answer_pings() {
+    let server = server(Duration::from_millis(500)).await;
+    let mut polite = JoinSet::new();
+    for _ in 0..200 {
+        let s = h2c_connect(&server).await;
+        polite.spawn(idle_politely(s, Duration::from_secs(10)));
+    }
+    // One that sends its preface and then reads nothing, answers nothing.
+    let mut mute = h2c_connect(&server).await;
+    let started = Instant::now();
+    while let Some(closed) = polite.join_next().await {
+        assert!(
+            closed.unwrap(),
+            "an idle HTTP/2 connection still open after 10 s"
+        );
+    }
+    assert!(
+        read_to_close(&mut mute, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a mute HTTP/2 connection still open after 10 s"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    still_serves(server).await;
+}
+
+#[tokio::test]
+async fn a_request_longer_than_the_idle_time_is_answered_whole() {
+    let server = server(Duration::from_millis(200)).await;
+    let mut s = get_path(&server, "/slow").await;
+    let answer = read_to_close(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"),
+        "{answer}"
+    );
+    assert!(server.shutdown(Duration::from_secs(1)).await);
 }
