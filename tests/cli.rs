@@ -434,6 +434,57 @@ fn a_command_with_no_broker_says_so_once_and_exits_2() {
     }
 }
 
+/// A blank admin token, by flag or variable, is refused before anything
+/// starts: an empty `x-api-key:` header would have matched it.
+#[test]
+fn a_blank_admin_token_is_refused_at_start() {
+    let listen = free_local_addr().to_string();
+    // The arguments, and a variable set.
+    type Case<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>);
+    let cases: [Case; 4] = [
+        (
+            &[
+                "proxy",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--admin-token",
+                "",
+            ],
+            None,
+        ),
+        (
+            &["proxy", "--upstream", "http://127.0.0.1:9"],
+            Some(("FORGELOG_ADMIN_TOKEN", " ")),
+        ),
+        (&["engine", "--listen", &listen, "--admin-token", " "], None),
+        (
+            &[
+                "run",
+                "tasks",
+                "--proxy",
+                "http://127.0.0.1:9",
+                "--admin-token",
+                "\t",
+            ],
+            None,
+        ),
+    ];
+    for (args, env) in cases {
+        let mut cmd = forgelog();
+        cmd.args(args).env_remove("FORGELOG_ADMIN_TOKEN");
+        if let Some((name, value)) = env {
+            cmd.env(name, value);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
+        assert!(
+            err.contains("an empty admin token would let in any caller"),
+            "{args:?} {env:?}: {err}"
+        );
+    }
+}
+
 /// `-q` keeps only errors; `-v` adds what a command does.
 #[test]
 fn verbosity_flags_choose_the_log_level() {

@@ -74,7 +74,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub run: Option<String>,
     /// Bearer token for `POST /admin/reload`; none given: a random one, printed
-    #[arg(long, env = "FORGELOG_ENGINE_ADMIN_TOKEN")]
+    #[arg(long, env = "FORGELOG_ENGINE_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
     pub admin_token: Option<String>,
     /// `/admin/reload` loads checkpoints from under this URL only
     /// (`file:///…/checkpoints/`, `s3://bucket/prefix/`); none: reload over HTTP is off

@@ -32,7 +32,7 @@ pub struct ServeArgs {
     pub brokers: String,
     /// Bearer token for the session API (POST /sessions, /sessions/{id}/finish);
     /// none given: a random one, printed at start
-    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
     pub admin_token: Option<String>,
     /// Largest request body accepted, in MiB (at most 7: a call's events must
     /// fit the log's 16 MiB messages)

@@ -65,7 +65,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "upstream")]
     pub proxy: Option<String>,
     /// The admin token of --proxy
-    #[arg(long, env = "FORGELOG_ADMIN_TOKEN")]
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
     pub admin_token: Option<String>,
     #[command(flatten)]
     pub broker: BrokerArgs,

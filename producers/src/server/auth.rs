@@ -38,6 +38,6 @@ pub(super) async fn admin_only(
 pub(super) fn is_admin(st: &ProxyState, headers: &HeaderMap) -> bool {
     match &st.config.admin_token {
         None => true,
-        Some(t) => api_key(headers, None) == Some(t.as_str()),
+        Some(t) => api_key(headers, None).is_some_and(|k| forgelog_http::token_matches(k, t)),
     }
 }
