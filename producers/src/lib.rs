@@ -426,7 +426,7 @@ impl RunningProxy {
     /// Stops serving: lets the calls in flight finish for the config's
     /// `shutdown_grace` and records those left as interrupted; then flushes
     /// what was recorded (to the broker, for up to `flush`) and stops the
-    /// spool's drainer when nothing else holds it.
+    /// spool's drainer, even while a call hung upstream still holds it.
     pub async fn shutdown(self, flush: Duration) -> Result<(), ProxyError> {
         let grace = self.state.config.shutdown_grace;
         let deadline = tokio::time::Instant::now() + grace;
@@ -437,7 +437,7 @@ impl RunningProxy {
             events.flush(flush).await?;
         }
         drop(self.state);
-        if let Some(Ok(spool)) = self.spool.map(Arc::try_unwrap) {
+        if let Some(spool) = self.spool {
             spool.close(flush).await?;
         }
         Ok(())

@@ -282,3 +282,31 @@ async fn three_replicas_serve_every_session_whichever_one_a_request_reaches() {
     let rollouts = read_events(&stream, Topic::Rollouts, &run_id, &marks).await;
     assert_eq!(rollouts.len(), 24, "a start and an end per session");
 }
+
+/// A proxy stopped as SIGTERM stops it, with a call hung upstream, leaves
+/// a spool that says what the broker has: every event delivered (the hung
+/// call's among them, as interrupted), none pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_proxy_leaves_no_delivered_event_pending_in_its_spool() {
+    let stream = forgelog_stream::testing::shared_broker().await;
+    let hung = forgelog_producers::fake_upstream::FakeOptions {
+        delay: std::time::Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let rig = Rig::start(stream, hung, "proxy-stop").await;
+    let (_, key) = rig.session("r").await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let url = format!("{}/v1/chat/completions", rig.proxy.url());
+    let call = tokio::spawn(rig.http.post(url).bearer_auth(key).json(&chat).send());
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let Rig { proxy, spool, .. } = rig;
+    proxy
+        .shutdown(std::time::Duration::from_secs(30))
+        .await
+        .expect("proxy stops");
+    let left = forgelog_stream::SpoolStatus::read(spool.path()).unwrap();
+    // The session, its call started, and finished as interrupted: the
+    // checkpoint says the broker has all three.
+    assert_eq!((left.pending, left.acked_through), (0, 3), "{left:?}");
+    call.abort();
+}

@@ -22,7 +22,7 @@ pub struct Rig {
     /// Each topic partition's end when the rig started: the run's events are past it.
     pub marks: Vec<(Topic, i32, i64)>,
     upstream_url: String,
-    spool: tempfile::TempDir,
+    pub spool: tempfile::TempDir,
 }
 
 pub const ADMIN: &str = "test-admin-token";

@@ -95,7 +95,8 @@ pub struct EventProducer {
     spool: Arc<Spool>,
     brokers: String,
     stop: watch::Sender<bool>,
-    drainer: tokio::task::JoinHandle<()>,
+    /// Taken by the first [`EventProducer::close`].
+    drainer: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl EventProducer {
@@ -114,7 +115,7 @@ impl EventProducer {
             spool,
             brokers: config.brokers.clone(),
             stop,
-            drainer,
+            drainer: std::sync::Mutex::new(Some(drainer)),
         })
     }
 
@@ -155,12 +156,22 @@ impl EventProducer {
         }
     }
 
-    /// Flushes (up to `timeout`), then stops the drainer. What is not acknowledged
-    /// stays in the spool for the next start.
-    pub async fn close(self, timeout: Duration) -> Result<(), FlushTimeout> {
+    /// Flushes (up to `timeout`), then stops the drainer, which saves what
+    /// the broker acknowledged. What is not acknowledged, or sent after
+    /// this, stays in the spool for the next start. Shared, because a task
+    /// that outlives a shutdown (a call hung upstream) may still hold the
+    /// producer: the spool must say what was delivered all the same.
+    pub async fn close(&self, timeout: Duration) -> Result<(), FlushTimeout> {
         let flushed = self.flush(timeout).await;
         let _ = self.stop.send(true);
-        let _ = self.drainer.await;
+        let drainer = self
+            .drainer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(drainer) = drainer {
+            let _ = drainer.await;
+        }
         flushed
     }
 }
