@@ -469,15 +469,15 @@ async fn completions(State(up): State<Arc<FakeUpstream>>, Json(req): Json<Value>
 }
 
 impl FakeUpstream {
-    /// The configured delay, or 3 s where the last message says `[slow]`.
+    /// The configured delay, or 3 s where the last message says `[slow]`,
+    /// or an hour where it says `[hang]` (the proxy's start-up probe is
+    /// answered at once all the same).
     async fn wait(&self, messages: &[Value]) {
-        let slow = messages
-            .last()
-            .is_some_and(|m| text_of(&m["content"]).contains("[slow]"));
-        let delay = if slow {
-            Duration::from_secs(3)
-        } else {
-            self.options.delay
+        let last = messages.last().map(|m| text_of(&m["content"]));
+        let delay = match last {
+            Some(text) if text.contains("[hang]") => Duration::from_secs(3600),
+            Some(text) if text.contains("[slow]") => Duration::from_secs(3),
+            _ => self.options.delay,
         };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

@@ -289,13 +289,9 @@ async fn three_replicas_serve_every_session_whichever_one_a_request_reaches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_proxy_leaves_no_delivered_event_pending_in_its_spool() {
     let stream = forgelog_stream::testing::shared_broker().await;
-    let hung = forgelog_producers::fake_upstream::FakeOptions {
-        delay: std::time::Duration::from_secs(3600),
-        ..Default::default()
-    };
-    let rig = Rig::start(stream, hung, "proxy-stop").await;
+    let rig = Rig::start(stream, Default::default(), "proxy-stop").await;
     let (_, key) = rig.session("r").await;
-    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "[hang]"}]});
     let url = format!("{}/v1/chat/completions", rig.proxy.url());
     let call = tokio::spawn(rig.http.post(url).bearer_auth(key).json(&chat).send());
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
