@@ -22,9 +22,10 @@ fi
 [ -x gpu-bin/trainer-bench ] || { echo "gpu-check: no gpu-bin/ (run scripts/gpu-build.sh where cargo is)" >&2; exit 1; }
 
 # CUDA 13's libraries as a PyTorch install brings them (nvidia/cu13/lib), else
-# the system's; the driver's libcuda.so.1 from the loader's paths.
+# the system's; the driver's libcuda.so.1 from the loader's paths or where
+# container runtimes mount the driver (/usr/local/nvidia).
 wheels=$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null || true)
-export LD_LIBRARY_PATH=${wheels:+$wheels:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=${wheels:+$wheels:}/usr/local/cuda/lib64:/usr/local/nvidia/lib64:/usr/local/nvidia/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
 if ldd gpu-bin/trainer-bench | grep 'not found'; then
   echo "gpu-check: libraries missing (above); LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >&2
