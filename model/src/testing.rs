@@ -79,8 +79,9 @@ pub fn tiny_qwen3_config(vocab_size: usize) -> ModelConfig {
 
 /// The published shape of a Qwen3 dense model (its `config.json`) by
 /// name: `qwen3-0.6b`, `qwen3-1.7b`, `qwen3-4b`, `qwen3-8b`. Benches fill
-/// it with [`tiny_weights`]: the cost of a step depends on the shape, not
-/// the values.
+/// it with [`tiny_weights`] (reproducible, slow) or [`random_weights`] (on
+/// the device, at once): the cost of a step depends on the shape, not the
+/// values.
 pub fn qwen3_shape(name: &str) -> Option<ModelConfig> {
     let (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, tied) = match name
     {
