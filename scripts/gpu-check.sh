@@ -43,7 +43,7 @@ measure() {
   local rc=$?
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
-  grep -E '^(test result|model|batch|prompt|step|peak|checkpoint)|FAILED|panicked|Error' "$out/$name.log" | head -40
+  grep -E '^(test result|model|batch|prompt|step|peak|checkpoint|  [0-9]+ steps)|FAILED|panicked|Error' "$out/$name.log" | head -40
   echo "== $name: exit $rc in $((SECONDS - start)) s, peak GPU memory $(sort -n "$out/$name.mem" | tail -1) MiB"
 }
 
@@ -51,7 +51,10 @@ export FORGELOG_TRAINER_TEST_DEVICE=cuda
 measure learner-tests gpu-bin/learner-tests --test-threads 1
 train=(gpu-bin/trainer-bench --device cuda --no-checkpoint --steps 3)
 measure train-qwen3-0.6b-bf16 "${train[@]}" --shape qwen3-0.6b --dtype bf16 --peak-tflops "$bf16_peak" --sequences 16 --prompt 448 --sampled 64
-measure engine-qwen3-0.6b-f32 gpu-bin/engine-bench --device cuda --shape qwen3-0.6b --tokens 64 --batches 1,16,64
+measure engine-qwen3-0.6b-f32 gpu-bin/engine-bench --device cuda --shape qwen3-0.6b --tokens 32 --batches 1,16,64
 measure train-qwen3-0.6b-f32 "${train[@]}" --shape qwen3-0.6b --dtype f32 --peak-tflops "$f32_peak" --sequences 16 --prompt 448 --sampled 64
 measure train-qwen3-8b-bf16-lora16 "${train[@]}" --shape qwen3-8b --dtype bf16 --lora 16 --peak-tflops "$bf16_peak" --sequences 8 --prompt 448 --sampled 64
 measure train-qwen3-4b-bf16 "${train[@]}" --shape qwen3-4b --dtype bf16 --peak-tflops "$bf16_peak" --sequences 8 --prompt 448 --sampled 64
+# Four times the tokens a step: how much of a step is fixed cost.
+measure train-qwen3-0.6b-bf16-x4 "${train[@]}" --shape qwen3-0.6b --dtype bf16 --peak-tflops "$bf16_peak" --sequences 64 --prompt 448 --sampled 64
+measure train-qwen3-8b-bf16-lora16-x4 "${train[@]}" --shape qwen3-8b --dtype bf16 --lora 16 --peak-tflops "$bf16_peak" --sequences 32 --prompt 448 --sampled 64

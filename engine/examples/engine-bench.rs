@@ -1,7 +1,9 @@
 //! Throughput and latency of the engine on a real model (or random weights of
 //! a published `--shape`), without HTTP:
 //! `cargo run --release -p forgelog-engine --example engine-bench [-- --model smollm2 --tokens 64 --device cuda]`.
-//! Prints decode tokens/s at batch 1 and 16, time to first token, and peak RSS.
+//! Prints decode tokens/s at batch 1 and 16, time to first token, where a
+//! scheduler step's time went (the engine's `forgelog_engine_step_seconds`),
+//! and peak RSS.
 
 use clap::Parser;
 use forgelog_engine::sampling::SamplerConfig;
@@ -32,6 +34,23 @@ struct Args {
     prompt_tokens: Option<usize>,
 }
 
+/// `(phase, seconds in all, steps)` of the engine's step histogram so far,
+/// from its Prometheus text.
+fn step_phases() -> Vec<(String, f64, f64)> {
+    let text = forgelog_http::telemetry::render();
+    let value = |phase: &str, suffix: &str| {
+        let key = format!("forgelog_engine_step_seconds_{suffix}{{phase=\"{phase}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    ["schedule", "forward", "sample"]
+        .iter()
+        .map(|p| (p.to_string(), value(p, "sum"), value(p, "count")))
+        .collect()
+}
+
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kb = status
@@ -59,6 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => forgelog_model::load_policy(&args.model, &forgelog_stream::models_dir(), &device)?,
     };
     println!("model {} loaded in {:.2?}", policy.name, started.elapsed());
+    forgelog_http::telemetry::recorder();
     let engine = Engine::start(policy);
     let filler = "The quick brown fox jumps over the lazy dog. "
         .repeat(args.prompt_tokens.unwrap_or(0) / 10);
@@ -82,6 +102,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.tokens
     );
     for &batch in &args.batches {
+        let before = step_phases();
         let started = Instant::now();
         let handles: Vec<_> = (0..batch as u64)
             .map(|seed| {
@@ -101,6 +122,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokens as f64 / wall.as_secs_f64(),
             first_token.iter().max().unwrap(),
         );
+        let after = step_phases();
+        let phases: Vec<String> = after
+            .iter()
+            .zip(&before)
+            .map(|((phase, sum, count), (_, sum0, count0))| {
+                let steps = (count - count0).max(1.0);
+                format!("{phase} {:.2} ms", 1e3 * (sum - sum0) / steps)
+            })
+            .collect();
+        let steps = after.first().map_or(0.0, |a| a.2) - before.first().map_or(0.0, |b| b.2);
+        println!("  {steps:.0} steps, per step: {}", phases.join(", "));
     }
     println!("peak RSS {:.0} MB", peak_rss_mb());
     Ok(())

@@ -40,6 +40,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("forgelog_engine_generation_tokens_total", Kind::Counter, "Tokens sampled"),
     ("forgelog_engine_time_to_first_token_seconds", Kind::Histogram, "From a request's arrival to its first sampled token"),
     ("forgelog_engine_request_seconds", Kind::Histogram, "From a request's arrival to its last sampled token"),
+    ("forgelog_engine_step_seconds", Kind::Histogram, "One scheduler step, by phase: schedule, forward (the model on its device), sample (logits to the host, sampling, replies)"),
     ("forgelog_engine_running", Kind::Gauge, "Sequences being generated now"),
     ("forgelog_engine_policy_version", Kind::Gauge, "The policy version the engine serves"),
     // engine sync

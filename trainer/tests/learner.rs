@@ -11,6 +11,7 @@ use forgelog_schemas::{GroupMember, Sequence, TrainingBatch};
 use forgelog_trainer::checkpoint::CheckpointStore;
 use forgelog_trainer::learner::{SampledSequence, StepAssembler};
 use forgelog_trainer::{Learner, LearnerConfig};
+use std::collections::HashMap;
 
 fn tiny_policy(dir: &std::path::Path) -> Policy {
     forgelog_model::testing::write_tiny_llama(dir, 7).unwrap();
@@ -176,7 +177,7 @@ fn gradients_of_the_grpo_loss_match_finite_differences() {
         let at = |delta: f32| {
             let mut w = original.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             w[k] += delta;
-            var.set(&Tensor::from_vec(w, &shape, &Device::Cpu).unwrap())
+            var.set(&Tensor::from_vec(w, &shape, var.device()).unwrap())
                 .unwrap();
             let loss = learner.evaluate(&seqs).unwrap().loss;
             var.set(&original).unwrap();
@@ -424,12 +425,20 @@ fn a_lora_learner_trains_only_the_adapter() {
         "A and B of 7 projections in 2 layers"
     );
     assert!(trained.keys().all(|n| is_adapter_tensor(n)));
+    // Compared on the CPU, where the reference model is.
     let logits = |model: &forgelog_model::Transformer| {
         model
             .forward(&[5, 6, 7, 8, 9], &mut forgelog_model::KvCache::new())
+            .and_then(|l| l.to_device(&Device::Cpu))
             .unwrap()
     };
-    let start = learner.model_weights().unwrap();
+    let on_cpu = |weights: HashMap<String, Tensor>| -> HashMap<String, Tensor> {
+        weights
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(&Device::Cpu).unwrap()))
+            .collect()
+    };
+    let start = on_cpu(learner.model_weights().unwrap());
     for (name, w) in &policy.weights {
         assert_eq!(max_abs(&(w - &start[name]).unwrap()), 0.0, "{name}");
     }
@@ -471,7 +480,7 @@ fn a_lora_learner_trains_only_the_adapter() {
         .keys()
         .all(|n| is_adapter_tensor(n)));
 
-    let merged = learner.model_weights().unwrap();
+    let merged = on_cpu(learner.model_weights().unwrap());
     let mut moved = 0;
     for (name, w) in &policy.weights {
         moved += (max_abs(&(w - &merged[name]).unwrap()) > 0.0) as usize;
