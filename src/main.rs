@@ -55,11 +55,29 @@ pub struct BrokerArgs {
     /// Kafka bootstrap servers (comma-separated host:port)
     #[arg(long, env = "FORGELOG_BROKERS", default_value = forgelog_stream::DEFAULT_BROKERS)]
     pub brokers: String,
+    /// Where events too large for one record of the log go, as claim checks (an object_store URL or a path; default: claims/ under FORGELOG_HOME)
+    #[arg(long, env = forgelog_stream::claims::CLAIMS_ENV, value_parser = nonblank)]
+    pub claims: Option<String>,
+    /// The largest record (key and value, bytes) the log holds inline; larger events become claim checks (a stock Kafka broker serves 1 MiB, tansu 0.6 about 4.75 MiB)
+    #[arg(long, env = forgelog_stream::claims::MAX_RECORD_BYTES_ENV, default_value_t = forgelog_stream::claims::DEFAULT_MAX_RECORD_BYTES as u64, value_parser = clap::value_parser!(u64).range(1024..=15 << 20))]
+    pub max_record_bytes: u64,
+}
+
+fn nonblank(value: &str) -> Result<String, String> {
+    match value.trim() {
+        "" => Err("must not be blank".into()),
+        v => Ok(v.to_string()),
+    }
 }
 
 impl BrokerArgs {
     fn config(&self) -> StreamConfig {
-        StreamConfig::new(&self.brokers)
+        let mut config = StreamConfig::new(&self.brokers);
+        if let Some(location) = &self.claims {
+            config.claims.location = location.clone();
+        }
+        config.claims.max_record_bytes = self.max_record_bytes as usize;
+        config
     }
 }
 

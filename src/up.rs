@@ -239,6 +239,10 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let proxy = RunningProxy::start(proxy_config, config, spool, args.proxy_listen).await?;
     let base = format!("http://{}", proxy.addr);
     eprintln!("proxy     {base} → {upstream}  (session API admin token: {admin_token})");
+    eprintln!(
+        "claims    events over {} bytes → {} (--claims, --max-record-bytes)",
+        config.claims.max_record_bytes, config.claims.location
+    );
 
     let train = if args.train {
         Some(train_args(args, config, &run)?)

@@ -111,6 +111,7 @@ fn the_log_goes_through_a_verified_tls_connection_and_untrusting_clients_get_not
     let config = StreamConfig {
         brokers: front.to_string(),
         extra: parse_properties(&std::fs::read_to_string(&trusting).unwrap()).unwrap(),
+        claims: forgelog_stream::claims::ClaimsConfig::from_env(),
     };
     let events: Vec<Event> = (0..20)
         .map(|i| call_finished(&run, "s1", i, 8, 4).into())

@@ -357,6 +357,9 @@ impl RunningProxy {
             spool,
             SpoolOptions::default(),
         )?);
+        let claims = producer.claims();
+        tracing::info!(max_record_bytes = claims.max_record_bytes(), claims = %claims.url(),
+            "events larger than a record go to the claim store");
         let state = Arc::new(ProxyState::new(config, producer.clone(), probe));
         restore::restore_sessions(&state, stream).await;
         let mut proxy = RunningProxy::serve(state, listen).await?;

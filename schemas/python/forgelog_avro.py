@@ -22,6 +22,11 @@ Packed per-token arrays (`prompt_token_ids`, `completion_token_ids`,
 what is new since an earlier call of their session (`*_splice` fields, schema
 v5): see schemas/README.md.
 
+An event too large for one record of the log is a claim check: a record of
+kind `EventClaim` (`avro/EventClaim.avsc`) whose `url` holds the event's
+bytes (file://, s3://, ...); fetch them, check `sha256` and `size`, and
+`decode` those bytes as the event.
+
 Command line (needs only `pip install fastavro`):
 
     python forgelog_avro.py read EVENTS    # each event of a file of length-prefixed

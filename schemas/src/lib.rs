@@ -4,6 +4,7 @@
 //! Every event on every topic is one of [`Event`]'s variants, encoded by [`Codec`]
 //! as `C3 01` + the schema's CRC-64-AVRO fingerprint (little-endian) + the Avro body.
 
+mod claim;
 mod codec;
 pub mod compact;
 mod datum;
@@ -16,6 +17,7 @@ mod record;
 pub mod testing;
 mod topics;
 
+pub use claim::{content_hash, Claim, ClaimError, MEDIA_TYPE as CLAIM_MEDIA_TYPE};
 pub use codec::{
     fingerprint, legacy_fingerprint, schema_files, Codec, DecodeError, EncodeError, SchemaFile,
     HISTORY, SCHEMA_VERSION,

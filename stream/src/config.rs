@@ -12,6 +12,8 @@ pub struct StreamConfig {
     pub brokers: String,
     /// Extra librdkafka properties (security, SASL, ...), applied last.
     pub extra: Vec<(String, String)>,
+    /// Where events too large for one record go ([`crate::claims`]).
+    pub claims: crate::claims::ClaimsConfig,
 }
 
 /// Largest event the clients accept: a 100k-token call with its raw request fits.
@@ -97,6 +99,7 @@ impl StreamConfig {
         StreamConfig {
             brokers: brokers.into(),
             extra: env_properties().map(<[_]>::to_vec).unwrap_or_default(),
+            claims: crate::claims::ClaimsConfig::from_env(),
         }
     }
 

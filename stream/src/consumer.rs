@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 /// A message as the consumers read it.
 fn received(msg: &BorrowedMessage<'_>) -> Received {
-    Received::decode(
+    crate::claims::receive(
         msg.topic(),
         msg.partition(),
         msg.offset(),

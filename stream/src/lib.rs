@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod broker;
+pub mod claims;
 mod config;
 mod consumer;
 mod log;

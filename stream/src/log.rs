@@ -125,7 +125,7 @@ impl MemoryLog {
 
     /// Appends `event` to its topic; returns (partition, offset).
     pub fn append(&self, event: &Event) -> Result<(i32, i64), SendError> {
-        let value = SendError::encode_within_limit(event)?;
+        let value = SendError::encode_for_log(event, None)?;
         Ok(self.append_raw(event.topic().name(), event.key().as_bytes(), &value))
     }
 
@@ -195,7 +195,11 @@ impl LogReader for MemoryLog {
         };
         for (i, (key, value)) in messages.into_iter().enumerate() {
             let offset = from.max(0) + i as i64;
-            if f(Received::decode(topic, partition, offset, &key, &value)).is_break() {
+            if f(crate::claims::receive(
+                topic, partition, offset, &key, &value,
+            ))
+            .is_break()
+            {
                 return Ok(ControlFlow::Break(()));
             }
         }

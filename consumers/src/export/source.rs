@@ -6,7 +6,7 @@
 //! or its session id in older logs), so they sit in one partition, in order.
 
 use super::RolloutScore;
-use forgelog_schemas::{CallFinished, Codec, Event, Topic, TrainingBatch, TrajectoryBuilt};
+use forgelog_schemas::{CallFinished, Event, Topic, TrainingBatch, TrajectoryBuilt};
 use forgelog_stream::{ConsumeError, LogReader};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -140,10 +140,11 @@ pub fn each_rollout<E: From<SourceError>>(
         let mut bytes = vec![0; s.len];
         spill.seek(SeekFrom::Start(s.at))?;
         spill.read_exact(&mut bytes)?;
-        match Codec::global().decode(&bytes) {
+        // The record as the log holds it: a large trajectory is a claim.
+        match forgelog_stream::claims::decode(&bytes) {
             Ok(Event::TrajectoryBuilt(t)) => Ok(t),
             Ok(other) => Err(SourceError::Decode(other.kind().name().into())),
-            Err(e) => Err(SourceError::Decode(e.to_string())),
+            Err(e) => Err(SourceError::Decode(e)),
         }
     };
     let whole = |calls: BTreeMap<i64, CallFinished>| {

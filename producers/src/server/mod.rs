@@ -304,10 +304,13 @@ impl ProxyState {
             return Recorded::Whole;
         };
         let mut sent = events.send(&event).map(|_| Recorded::Whole);
-        if let (Err(too_large @ SendError::TooLarge { .. }), Event::CallFinished(call)) =
-            (&sent, &mut event)
+        if let (
+            Err(too_large @ (SendError::TooLarge { .. } | SendError::Claim { .. })),
+            Event::CallFinished(call),
+        ) = (&sent, &mut event)
         {
-            // A call is large by its bodies; its tokens, what training needs, are small.
+            // A call is large by its bodies; its tokens, what training needs,
+            // are small (and with the claim store down, fit a record).
             record::without_bodies(call, too_large);
             sent = events.send(&event).map(|_| Recorded::WithoutBodies);
         }

@@ -14,6 +14,7 @@
 //! Messages carry no headers: tansu 0.6 looks headers up with a full scan of
 //! its header table for every record fetched, which makes reads quadratic.
 
+use crate::claims::ClaimStore;
 use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
 use crate::{ConsumeError, ReplayReader, StreamConfig, MAX_EVENT_BYTES};
 use delivering::DeliveringProducer;
@@ -42,6 +43,12 @@ pub enum SendError {
     Encode(#[from] EncodeError),
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    #[error("a {kind} event of {bytes} bytes could not be kept as a claim check: {source}")]
+    Claim {
+        kind: &'static str,
+        bytes: usize,
+        source: crate::store::StoreError,
+    },
     #[error("a {kind} event of {bytes} bytes is over the log's {max}-byte limit: not recorded")]
     TooLarge {
         kind: &'static str,
@@ -51,20 +58,35 @@ pub enum SendError {
 }
 
 impl SendError {
-    /// `event` encoded, if it fits the log's message limit: a larger one would
-    /// be refused by the broker after the caller was told it is recorded.
-    pub(crate) fn encode_within_limit(event: &Event) -> Result<Vec<u8>, SendError> {
+    /// `event` as the log's record, if it fits the largest event the clients
+    /// take (a larger one would be refused after the caller was told it is
+    /// recorded): encoded, and with `claims`, a claim for it when it is over
+    /// the largest record the broker serves.
+    pub(crate) fn encode_for_log(
+        event: &Event,
+        claims: Option<&ClaimStore>,
+    ) -> Result<Vec<u8>, SendError> {
         let value = Codec::global().encode(event)?;
         let bytes = value.len() + event.key().len();
+        let kind = event.kind().name();
         if bytes > MAX_EVENT_BYTES {
             metrics::counter!("forgelog_events_too_large_total").increment(1);
             return Err(SendError::TooLarge {
-                kind: event.kind().name(),
+                kind,
                 bytes,
                 max: MAX_EVENT_BYTES,
             });
         }
-        Ok(value)
+        match claims {
+            Some(claims) => claims
+                .record(event, value)
+                .map_err(|source| SendError::Claim {
+                    kind,
+                    bytes,
+                    source,
+                }),
+            None => Ok(value),
+        }
     }
 }
 
@@ -93,6 +115,7 @@ pub struct FlushTimeout {
 /// Sends events to their topics through the local spool.
 pub struct EventProducer {
     spool: Arc<Spool>,
+    claims: ClaimStore,
     brokers: String,
     stop: watch::Sender<bool>,
     /// Taken by the first [`EventProducer::close`].
@@ -107,12 +130,14 @@ impl EventProducer {
         spool_dir: impl Into<PathBuf>,
         options: SpoolOptions,
     ) -> Result<Self, SpoolError> {
+        let claims = ClaimStore::open(&config.claims)?;
         let spool = Arc::new(Spool::open(spool_dir, options)?);
         let (stop, stop_rx) = watch::channel(false);
         let drainer = Drainer::new(config, spool.clone())?;
         let drainer = tokio::spawn(drainer.run(stop_rx));
         Ok(EventProducer {
             spool,
+            claims,
             brokers: config.brokers.clone(),
             stop,
             drainer: std::sync::Mutex::new(Some(drainer)),
@@ -122,13 +147,18 @@ impl EventProducer {
     /// Encodes `event` and appends it to the spool; returns its spool seq.
     /// Never waits for the broker.
     pub fn send(&self, event: &Event) -> Result<u64, SendError> {
-        let value = SendError::encode_within_limit(event)?;
+        let value = SendError::encode_for_log(event, Some(&self.claims))?;
         let seq = self
             .spool
             .append(event.topic().name(), event.key().as_bytes(), &value)?;
         metrics::counter!("forgelog_events_sent_total", "topic" => event.topic().name())
             .increment(1);
         Ok(seq)
+    }
+
+    /// Where events too large for a record go.
+    pub fn claims(&self) -> &ClaimStore {
+        &self.claims
     }
 
     pub fn spool(&self) -> &Spool {

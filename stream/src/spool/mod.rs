@@ -73,6 +73,9 @@ pub enum SpoolError {
     InUse { dir: PathBuf },
     #[error("spool {dir}: {source}")]
     Io { dir: PathBuf, source: io::Error },
+    /// The producer's claim store did not open.
+    #[error("claim store {0}")]
+    Claims(#[from] crate::store::StoreError),
 }
 
 /// State the writer publishes to readers.
