@@ -12,7 +12,7 @@ use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{Claim, Event, Topic};
 use forgelog_stream::claims::ClaimsConfig;
-use forgelog_stream::testing::{shared_broker, unique_run_id};
+use forgelog_stream::testing::{unique_run_id, PrivateBroker};
 use forgelog_stream::{ReplayReader, StartAt};
 use serde_json::{json, Value};
 use std::process::Command;
@@ -25,7 +25,15 @@ fn a_6_mib_image_turn_is_claimed_and_every_rollout_is_built_and_exported() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let claims = dir.path().join("claims");
-    let mut config = rt.block_on(shared_broker());
+    // A broker of its own: the claims' store goes with the test's directory,
+    // and readers of a shared log would meet claims they cannot fetch.
+    let broker = PrivateBroker::start().unwrap();
+    let mut config = broker.config();
+    rt.block_on(forgelog_stream::admin::create_topics(
+        &config,
+        &Default::default(),
+    ))
+    .unwrap();
     config
         .extra
         .push(("message.max.bytes".into(), (1 << 20).to_string()));

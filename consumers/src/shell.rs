@@ -67,6 +67,11 @@ pub enum ShellError {
         key: String,
         expected: String,
     },
+    /// A claim check whose event could not be read (its store down, the
+    /// object gone or altered): stopping keeps it in the input, to be derived
+    /// once the store serves it; a dead letter would lose its rollout.
+    #[error("{why}; nothing after it is derived until it reads (the claim store must serve it; then start again)")]
+    UnreadableClaim { why: String },
     #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
     Settings {
         path: PathBuf,
@@ -458,6 +463,13 @@ pub fn run_on<P: Processor>(
                         }
                         Ok(event) if !options.derives(&event) => {}
                         Ok(event) => state.processor.process(event, &mut out),
+                        // Another run's claim is that run's to read.
+                        Err(_) if !rec.in_run(options.run.as_deref()) => {}
+                        Err(why) if forgelog_schemas::Claim::is_claim(&rec.value) => {
+                            tracing::error!(topic, partition = rec.partition, offset = rec.offset, %why, "claim check unreadable: stopping");
+                            failure = Some(ShellError::UnreadableClaim { why });
+                            return ControlFlow::Break(());
+                        }
                         Err(why) => {
                             stats.undecodable += 1;
                             metrics::counter!("forgelog_consumer_undecodable_total", "topic" => topic.to_string()).increment(1);

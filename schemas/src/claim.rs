@@ -195,6 +195,11 @@ mod tests {
             err.contains("claim check") && err.contains("VerifierResult"),
             "{err}"
         );
+        // Unresolved, it still belongs to its run only.
+        let received = crate::Received::decode("t", 0, 0, b"k", &record);
+        assert!(received.event.is_err());
+        assert!(received.in_run(Some("run-7")) && received.in_run(None));
+        assert!(!received.in_run(Some("run-8")));
     }
 
     #[test]

@@ -31,12 +31,17 @@ impl Received {
         }
     }
 
-    /// Whether this message belongs to `run` (any run when `None`; undecodable
-    /// messages always pass, so that they get reported).
+    /// Whether this message belongs to `run` (any run when `None`). One that
+    /// does not decode belongs to the run its first field names when it names
+    /// one (a claim check whose event cannot be fetched, say), else to every
+    /// run, so that it gets reported.
     pub fn in_run(&self, run: Option<&str>) -> bool {
         match (&self.event, run) {
+            (_, None) => true,
             (Ok(e), Some(r)) => e.run_id() == r,
-            _ => true,
+            (Err(_), Some(r)) => Codec::global()
+                .peek_run_id(&self.value)
+                .is_none_or(|id| id == r),
         }
     }
 }

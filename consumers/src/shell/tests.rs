@@ -347,3 +347,57 @@ fn after_a_crash_the_state_is_carried_from_its_snapshot_by_the_input_since() {
         "not the trajectories the core derives"
     );
 }
+
+/// A claim check whose event cannot be fetched stops the shell, naming where
+/// it is; it is not set aside as a dead letter (its rollout would never be
+/// built). Once the claim store serves it, the shell derives past it.
+#[test]
+fn an_unreadable_claim_stops_the_shell_and_is_derived_once_it_reads() {
+    use forgelog_stream::claims::{ClaimStore, ClaimsConfig};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::open(&ClaimsConfig {
+        location: dir.path().join("claims").display().to_string(),
+        max_record_bytes: 2048,
+    })
+    .unwrap();
+    let log = MemoryLog::default();
+    let inputs = recorded_run("claimed", 1, 2, 2, 4000);
+    let mut claimed = 0;
+    for e in &inputs {
+        let encoded = forgelog_schemas::Codec::global().encode(e).unwrap();
+        let record = store.record(e, encoded).unwrap();
+        claimed += forgelog_schemas::Claim::is_claim(&record) as usize;
+        log.append_raw(e.topic().name(), e.key().as_bytes(), &record);
+    }
+    assert!(claimed > 0, "some events are claims");
+    let options = ShellOptions {
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(dir.path().join("trajectories"))
+    };
+    // The store moved away: the shell stops at the first claim, loudly.
+    std::fs::rename(dir.path().join("claims"), dir.path().join("away")).unwrap();
+    let err = run_on(&log, &log, TrajectoryBuilder::default(), &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("claim check at forgelog.calls/") && err.contains("offset"),
+        "{err}"
+    );
+    assert!(log.events(Topic::DeadLetters.name()).is_empty());
+    // Back: everything is derived, as from a log without claims.
+    std::fs::rename(dir.path().join("away"), dir.path().join("claims")).unwrap();
+    run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
+    let by_topic = {
+        let mut m = std::collections::BTreeMap::new();
+        for e in &inputs {
+            m.entry(e.topic()).or_insert_with(Vec::new).push(e.clone());
+        }
+        m
+    };
+    let expected = rebuild(&by_topic, RewardConfig::default()).trajectories;
+    assert_eq!(ids(&log.events(Topic::Trajectories.name())), ids(&expected));
+    assert!(!expected.is_empty());
+}
