@@ -291,19 +291,10 @@ impl Loop {
             // A GPU runs the step asynchronously: wait for it, so the phases
             // split device time from host time (reading the logits would wait anyway).
             .and_then(|logits| self.model.device().synchronize().map(|()| logits));
-        let logits = match logits {
-            Ok(logits) => logits,
-            Err(e) => {
-                for sequence in self.active.drain(..) {
-                    let _ = sequence.reply.send(Err(e.to_string()));
-                }
-                return;
-            }
-        };
         let sampling = Instant::now();
         record_step_phase("schedule", forward - started);
         record_step_phase("forward", sampling - forward);
-        let logits = match on_host(logits) {
+        let logits = match logits.and_then(on_host) {
             Ok(logits) => logits,
             Err(e) => {
                 for sequence in self.active.drain(..) {

@@ -5,7 +5,6 @@ use forgelog_dialects::hf;
 use forgelog_dialects::splice::ChatRenderer;
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tokenizers::Tokenizer;
 
@@ -153,11 +152,11 @@ impl ChatCodec {
     /// SHA-256 (hex) of the tokenizer as `tokenizer.json` writes it, and of
     /// the template's source: what a call's log records it was rendered with.
     pub fn sha256s(&self) -> (String, String) {
-        let hex = |bytes: &[u8]| forgelog_schemas::hex(&Sha256::digest(bytes));
+        use forgelog_schemas::content_hash;
         let tokenizer = self.tokenizer.to_string(false).unwrap_or_default();
         (
-            hex(tokenizer.as_bytes()),
-            hex(self.template.source().as_bytes()),
+            content_hash(tokenizer.as_bytes()),
+            content_hash(self.template.source().as_bytes()),
         )
     }
 }

@@ -7,7 +7,6 @@
 use crate::server::Replicas;
 use forgelog_schemas::compact::SessionMemory;
 use forgelog_schemas::{CallFinished, CallStatus, Event, RolloutStarted};
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,7 +27,7 @@ pub fn session_id(run_id: &str, rollout_id: &str) -> String {
 
 /// SHA-256 of an API key, in hex: how the table and the log know a key.
 pub fn key_sha256(key: &str) -> String {
-    forgelog_schemas::hex(&Sha256::digest(key.as_bytes()))
+    forgelog_schemas::content_hash(key.as_bytes())
 }
 
 #[derive(Debug)]

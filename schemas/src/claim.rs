@@ -5,7 +5,6 @@
 
 use crate::codec::{fingerprint, HEADER_LEN, MAGIC};
 use crate::{hex, Event};
-use apache_avro::types::Value;
 use apache_avro::Schema;
 use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
@@ -13,8 +12,8 @@ use std::sync::LazyLock;
 /// What a claimed object is: one event, Avro single-object encoded.
 pub const MEDIA_TYPE: &str = "application/vnd.forgelog.event+avro";
 
-/// The record the log holds for a claimed event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The record the log holds for a claimed event (fields in the schema's order).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Claim {
     pub run_id: String,
     /// The claimed event's kind.
@@ -92,14 +91,8 @@ impl Claim {
     /// The record for the log: single-object encoded, as events are.
     pub fn encode(&self) -> Vec<u8> {
         let s = claim_schema();
-        let record = Value::Record(vec![
-            ("run_id".into(), Value::String(self.run_id.clone())),
-            ("kind".into(), Value::String(self.kind.clone())),
-            ("sha256".into(), Value::String(self.sha256.clone())),
-            ("size".into(), Value::Long(self.size as i64)),
-            ("media_type".into(), Value::String(self.media_type.clone())),
-            ("url".into(), Value::String(self.url.clone())),
-        ]);
+        let record =
+            apache_avro::to_value(self).expect("a claim is a record of strings and a long");
         let mut out = Vec::with_capacity(HEADER_LEN + 256);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&s.fingerprint);
@@ -114,32 +107,13 @@ impl Claim {
         if !Claim::is_claim(value) {
             return None;
         }
-        let corrupt = |why: String| ClaimError::Corrupt(why);
-        let decoded =
-            apache_avro::from_avro_datum(&claim_schema().schema, &mut &value[HEADER_LEN..], None)
-                .map_err(|e| corrupt(e.to_string()))
-                .and_then(|v| match v {
-                    Value::Record(fields) => Ok(fields),
-                    other => Err(corrupt(format!("not a record: {other:?}"))),
-                });
-        Some(decoded.and_then(|fields| {
-            let text = |i: usize| match fields.get(i) {
-                Some((_, Value::String(s))) => Ok(s.clone()),
-                _ => Err(corrupt(format!("field {i} is not a string"))),
-            };
-            let size = match fields.get(3) {
-                Some((_, Value::Long(n))) if *n >= 0 => *n as u64,
-                _ => return Err(corrupt("size is not a length".into())),
-            };
-            Ok(Claim {
-                run_id: text(0)?,
-                kind: text(1)?,
-                sha256: text(2)?,
-                size,
-                media_type: text(4)?,
-                url: text(5)?,
-            })
-        }))
+        let corrupt = |e: apache_avro::Error| ClaimError::Corrupt(e.to_string());
+        let mut body = &value[HEADER_LEN..];
+        Some(
+            apache_avro::from_avro_datum(&claim_schema().schema, &mut body, None)
+                .and_then(|v| apache_avro::from_value(&v))
+                .map_err(corrupt),
+        )
     }
 
     /// `bytes` if they are what this claim names (length and hash).
