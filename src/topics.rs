@@ -18,6 +18,11 @@ pub enum TopicsAction {
         /// Copies of each partition (1 on a single broker)
         #[arg(long, default_value_t = 1)]
         replication: i32,
+        /// The topics' max.message.bytes: the largest record batch the broker
+        /// takes. The proxy reads it at start and keeps larger events as claim
+        /// checks (a broker that does not enforce it, like tansu, still tells it)
+        #[arg(long)]
+        max_message_bytes: Option<usize>,
         #[command(flatten)]
         broker: BrokerArgs,
     },
@@ -37,11 +42,13 @@ pub fn run(rt: &tokio::runtime::Runtime, action: TopicsAction) -> Result<()> {
         TopicsAction::Create {
             partitions,
             replication,
+            max_message_bytes,
             broker,
         } => {
             let layout = TopicLayout {
                 partitions,
                 replication,
+                max_message_bytes,
             };
             let created = rt.block_on(admin::create_topics(&broker.config(), &layout))?;
             for t in Topic::ALL {

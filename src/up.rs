@@ -240,8 +240,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     let base = format!("http://{}", proxy.addr);
     eprintln!("proxy     {base} → {upstream}  (session API admin token: {admin_token})");
     eprintln!(
-        "claims    events over {} bytes → {} (--claims, --max-record-bytes)",
-        config.claims.max_record_bytes, config.claims.location
+        "claims    events over {} bytes → {} (--claims, --max-record-bytes; lower where the broker's topics say so)",
+        proxy.max_record_bytes().unwrap_or(config.claims.max_record_bytes),
+        config.claims.location
     );
 
     let train = if args.train {

@@ -68,9 +68,10 @@ pub enum ShellError {
         expected: String,
     },
     /// A claim check whose event could not be read (its store down, the
-    /// object gone or altered): stopping keeps it in the input, to be derived
-    /// once the store serves it; a dead letter would lose its rollout.
-    #[error("{why}; nothing after it is derived until it reads (the claim store must serve it; then start again)")]
+    /// object gone or altered): its partition waits there, tried again each
+    /// sweep, while the others are derived (a dead letter would lose its
+    /// rollout). A shell that stops when idle says so once the rest is done.
+    #[error("{why}; nothing after it in its partition is derived until it reads (the claim store must serve it; then start again)")]
     UnreadableClaim { why: String },
     #[error("state {path} was written with other settings ({saved}); this run has {current}. Use a new --state directory")]
     Settings {
@@ -425,9 +426,11 @@ pub fn run_on<P: Processor>(
         "resumed"
     );
 
-    // 4. Sweeps.
+    // 4. Sweeps. A partition waiting on a claim it cannot read is held
+    // there (and tried again each sweep); the others go on.
     let mut stats = RunStats::default();
     let mut out: Vec<Event> = Vec::new();
+    let mut held: BTreeMap<(&str, i32), String> = BTreeMap::new();
     loop {
         let mut progressed = false;
         'sweep: for topic in P::INPUTS {
@@ -441,12 +444,11 @@ pub fn run_on<P: Processor>(
                 let end = reader.end(topic, partition)?;
                 let t = std::time::Instant::now();
                 let mut failure: Option<ShellError> = None;
+                let mut unreadable: Option<String> = None;
                 let _ = reader.for_each_in(topic, partition, from, end, |rec| {
                     if options.stop.load(Ordering::Relaxed) {
                         return ControlFlow::Break(());
                     }
-                    progressed = true;
-                    stats.consumed += 1;
                     match rec.event {
                         // A task of one partition sees a key's events only if
                         // every input is keyed as the processor expects.
@@ -466,8 +468,7 @@ pub fn run_on<P: Processor>(
                         // Another run's claim is that run's to read.
                         Err(_) if !rec.in_run(options.run.as_deref()) => {}
                         Err(why) if forgelog_schemas::Claim::is_claim(&rec.value) => {
-                            tracing::error!(topic, partition = rec.partition, offset = rec.offset, %why, "claim check unreadable: stopping");
-                            failure = Some(ShellError::UnreadableClaim { why });
+                            unreadable = Some(why);
                             return ControlFlow::Break(());
                         }
                         Err(why) => {
@@ -492,6 +493,8 @@ pub fn run_on<P: Processor>(
                             }
                         }
                     }
+                    progressed = true;
+                    stats.consumed += 1;
                     state.inputs.entry(topic.to_string()).or_default().insert(partition, rec.offset + 1);
                     cadence.consumed();
                     if let Some(snapshot) = cadence.due() {
@@ -509,6 +512,18 @@ pub fn run_on<P: Processor>(
                 if let Some(err) = failure {
                     return Err(err);
                 }
+                match unreadable {
+                    Some(why) => {
+                        if held.insert((topic, partition), why.clone()).as_ref() != Some(&why) {
+                            tracing::error!(topic, partition, %why, "claim check unreadable: this partition waits for it, the others go on");
+                        }
+                    }
+                    None => {
+                        held.remove(&(topic, partition));
+                    }
+                }
+                metrics::gauge!("forgelog_consumer_held_partitions", "consumer" => P::NAME)
+                    .set(held.len() as f64);
                 if options.stop.load(Ordering::Relaxed) {
                     break 'sweep;
                 }
@@ -530,6 +545,11 @@ pub fn run_on<P: Processor>(
         }
         if stopping {
             rt.block_on(producer.flush(Duration::from_secs(600)))?;
+            // What every other partition held is derived; this one's claim
+            // stays in the input, to be derived once the store serves it.
+            if let Some(why) = held.into_values().next() {
+                return Err(ShellError::UnreadableClaim { why });
+            }
             return Ok(stats);
         }
         if !progressed {

@@ -10,7 +10,7 @@ pub(crate) const MAGIC: [u8; 2] = [0xC3, 0x01];
 pub(crate) const HEADER_LEN: usize = 10;
 
 /// The version of the schemas in `avro/`: one more than the newest in [`HISTORY`].
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Schemas of earlier versions, still readable: `(kind, version, avsc text)`,
 /// the file being `avro/history/<version>/<kind>.avsc`.
@@ -47,6 +47,11 @@ pub const HISTORY: &[(EventKind, &str, &str)] = &[
         EventKind::CallFinished,
         "v5",
         include_str!("../avro/history/v5/CallFinished.avsc"),
+    ),
+    (
+        EventKind::CallFinished,
+        "v6",
+        include_str!("../avro/history/v6/CallFinished.avsc"),
     ),
 ];
 
@@ -287,6 +292,20 @@ impl Codec {
     pub fn schema(&self, kind: EventKind) -> (&Schema, u64) {
         let current = &self.current[&kind];
         (&current.schema, u64::from_le_bytes(current.fingerprint))
+    }
+
+    /// The record a log holds in place of the encoded event `value` that a
+    /// broker refused for good (`reason`): a call's stand-in
+    /// ([`crate::CallFinished::stand_in_for`]); `None` for any other record
+    /// (it stays refused). A pure function of its input: a producer that
+    /// retries after a crash sends the same bytes.
+    pub fn stand_in(&self, value: &[u8], reason: &str) -> Option<Vec<u8>> {
+        match self.decode(value).ok()? {
+            Event::CallFinished(call) => self
+                .encode(&Event::CallFinished(call.stand_in_for(reason)))
+                .ok(),
+            _ => None,
+        }
     }
 
     pub fn encode(&self, event: &Event) -> Result<Vec<u8>, EncodeError> {

@@ -149,6 +149,10 @@ pub struct CallFinished {
     /// rendered the chat itself, as every call before v6.
     #[serde(default)]
     pub prompt_made: Option<PromptMade>,
+    /// Set when the log refused the call's own event and holds this record in
+    /// its place (v7): why. See [`CallFinished::stand_in_for`].
+    #[serde(default)]
+    pub stand_in: Option<String>,
 }
 
 /// The prompt of a call the proxy asked the engine with token ids.
@@ -377,6 +381,36 @@ pub struct ChatView {
 }
 
 impl CallFinished {
+    /// Slims the call to what training needs, after the log refused it as it
+    /// was (`note` says why, in `error`): without the bodies the harness saw
+    /// and the chat form (so not replayable or exportable as SFT), keeping its
+    /// tokens and logprobs.
+    pub fn without_bodies(&mut self, note: &str) {
+        self.response_body = Vec::new();
+        self.chat_request = String::new();
+        self.chat_request_splice = None;
+        self.chat_response = String::new();
+        let note = format!("{note}; recorded without its response and chat-form bodies");
+        self.error = Some(match self.error.take() {
+            Some(e) => format!("{e}; {note}"),
+            None => note,
+        });
+    }
+
+    /// What the log holds in place of this call's event once a broker
+    /// refused that for good (`reason`): the call without its bodies, its
+    /// tokens kept as context (not trained: the log lacks the call's whole
+    /// record), marked [`CallFinished::stand_in`]. Its rollout
+    /// still counts every call it made, so its trajectory and group are built.
+    pub fn stand_in_for(mut self, reason: &str) -> CallFinished {
+        let why = format!("the log refused this call's event: {reason}");
+        self.without_bodies(&why);
+        self.trainable = false;
+        self.untrainable_reason = Some(why);
+        self.stand_in = Some(reason.to_string());
+        self
+    }
+
     /// The call's chat view; `None` when it has none (an unparsable or
     /// empty `chat_request`: a call recorded without its bodies).
     pub fn chat_view(&self) -> Option<ChatView> {

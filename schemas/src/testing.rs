@@ -58,6 +58,7 @@ pub fn call_finished(
         prompt_splice: None,
         chat_request_splice: None,
         prompt_made: None,
+        stand_in: None,
     }
 }
 

@@ -29,7 +29,7 @@ fn every_kind_has_a_sample_and_round_trips() {
 #[test]
 fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for version in ["v1", "v2", "v3", "v4", "v5", "v6"] {
+    for version in ["v1", "v2", "v3", "v4", "v5", "v6", "v7"] {
         let dir = root.join(version);
         for e in samples::all() {
             let path = dir.join(format!("{}.avro", e.kind().name()));
@@ -73,6 +73,10 @@ fn fixtures_of_every_schema_version_decode_with_current_schemas() {
     let v6 = std::fs::read(root.join("v6/CallFinished.avro")).unwrap();
     assert_ne!(v5[2..10], v6[2..10]);
     assert_eq!(v6.len(), v5.len() + 1, "one union index more");
+    // v7 adds CallFinished.stand_in (older calls read null: their own events).
+    let v7 = std::fs::read(root.join("v7/CallFinished.avro")).unwrap();
+    assert_ne!(v6[2..10], v7[2..10]);
+    assert_eq!(v7.len(), v6.len() + 1, "one union index more");
 }
 
 /// A run id is read from an event's first bytes only when they are an event's:
@@ -365,7 +369,12 @@ fn event() -> impl Strategy<Value = Event> {
                 opt(text()),
                 any::<(i64, i64, i64, i64)>()
             ),
-            (opt(splice()), opt(splice()), opt(prompt_made()))
+            (
+                opt(splice()),
+                opt(splice()),
+                opt(prompt_made()),
+                opt(text())
+            )
         )
             .prop_map(
                 |(
@@ -382,7 +391,7 @@ fn event() -> impl Strategy<Value = Event> {
                         untrainable_reason,
                         (latency_ms, finished_at_ms, call_index, unparsed_tool_calls),
                     ),
-                    (prompt_splice, chat_request_splice, prompt_made),
+                    (prompt_splice, chat_request_splice, prompt_made, stand_in),
                 )| {
                     CallFinished {
                         run_id,
@@ -415,6 +424,7 @@ fn event() -> impl Strategy<Value = Event> {
                         prompt_splice,
                         chat_request_splice,
                         prompt_made,
+                        stand_in,
                     }
                     .into()
                 }
@@ -737,7 +747,8 @@ fn the_schema_version_is_one_past_the_newest_in_history() {
 /// A body cut just before a trailing optional field is refused: apache-avro
 /// reads a nullable union it finds no bytes for as null, so without the
 /// codec's check the event decoded with the field lost (found by
-/// `truncated_events_never_panic` once `CallFinished` ended with one, v6).
+/// `truncated_events_never_panic` once `CallFinished` ended with one, v6;
+/// `stand_in` is its last since v7).
 #[test]
 fn a_body_cut_before_a_trailing_optional_field_is_refused() {
     let mut call = samples::all()
@@ -747,18 +758,61 @@ fn a_body_cut_before_a_trailing_optional_field_is_refused() {
             _ => None,
         })
         .unwrap();
-    call.prompt_made = None;
+    call.stand_in = None;
     let without = codec().encode(&call.clone().into()).unwrap();
-    call.prompt_made = Some(PromptMade {
-        spliced_from: Some(3),
-        why_rendered: None,
-        tokenizer_sha256: "ab".into(),
-        chat_template_sha256: "cd".into(),
-    });
+    call.stand_in = Some("refused".into());
     let with = codec().encode(&call.into()).unwrap();
     // Cut before the union's index: every field before it is whole.
     match codec().decode(&with[..without.len() - 1]) {
         Err(DecodeError::Truncated { kind }) => assert_eq!(kind, "CallFinished"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A call the log refused is stood in for by its tokens, the same bytes every
+/// time (a producer that crashed and retries sends what recovery can match);
+/// other kinds have no stand-in.
+#[test]
+fn a_refused_call_is_stood_in_for_by_its_tokens_alone() {
+    for e in samples::all() {
+        let value = codec().encode(&e).unwrap();
+        let stand_in = codec().stand_in(&value, "too large for broker b");
+        let Event::CallFinished(call) = e else {
+            assert_eq!(stand_in, None, "{:?}", e.kind());
+            continue;
+        };
+        let stand_in = stand_in.unwrap();
+        assert_eq!(
+            Some(&stand_in),
+            codec().stand_in(&value, "too large for broker b").as_ref()
+        );
+        let Ok(Event::CallFinished(s)) = codec().decode(&stand_in) else {
+            panic!("not a call")
+        };
+        assert_eq!(s.stand_in.as_deref(), Some("too large for broker b"));
+        assert_eq!(
+            (
+                &s.event_id,
+                s.call_index,
+                &s.prompt_token_ids,
+                &s.completion_logprobs
+            ),
+            (
+                &call.event_id,
+                call.call_index,
+                &call.prompt_token_ids,
+                &call.completion_logprobs
+            )
+        );
+        assert!(
+            !s.trainable
+                && s.untrainable_reason
+                    .unwrap()
+                    .contains("too large for broker b")
+        );
+        assert!(
+            s.response_body.is_empty() && s.chat_request.is_empty() && s.chat_response.is_empty()
+        );
+    }
+    assert_eq!(codec().stand_in(b"not an event", "x"), None);
 }

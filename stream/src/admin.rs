@@ -3,7 +3,7 @@
 
 use crate::StreamConfig;
 use forgelog_schemas::Topic;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use std::time::Duration;
@@ -13,6 +13,10 @@ use std::time::Duration;
 pub struct TopicLayout {
     pub partitions: i32,
     pub replication: i32,
+    /// The topics' `max.message.bytes`, when set: the largest record batch
+    /// the broker takes. A broker that does not enforce it (tansu 0.6) still
+    /// keeps and describes it, so producers learn the log's ceiling.
+    pub max_message_bytes: Option<usize>,
 }
 
 impl Default for TopicLayout {
@@ -20,6 +24,7 @@ impl Default for TopicLayout {
         TopicLayout {
             partitions: 3,
             replication: 1,
+            max_message_bytes: None,
         }
     }
 }
@@ -56,16 +61,21 @@ pub async fn create_topics(
         .inner()
         .fetch_metadata(None, Duration::from_secs(10))
         .map_err(|e| AdminError::of(config, e))?;
+    let max_message_bytes = layout.max_message_bytes.map(|m| m.to_string());
     let new: Vec<NewTopic> = Topic::ALL
         .iter()
         .map(|t| {
-            NewTopic::new(
+            let topic = NewTopic::new(
                 t.name(),
                 layout.partitions,
                 TopicReplication::Fixed(layout.replication),
             )
             .set("retention.ms", "-1")
-            .set("retention.bytes", "-1")
+            .set("retention.bytes", "-1");
+            match &max_message_bytes {
+                Some(m) => topic.set("max.message.bytes", m),
+                None => topic,
+            }
         })
         .collect();
     // The request's own limit too: with no broker it would wait for one forever.
@@ -85,6 +95,34 @@ pub async fn create_topics(
         }
     }
     Ok(created)
+}
+
+/// The largest record batch the broker says `topics` take: the smallest of
+/// their `max.message.bytes` (a stock Kafka describes every topic's, its
+/// broker default included; tansu 0.6 only those set at creation). `None`
+/// when the broker says nothing, or cannot be asked within `timeout`.
+pub async fn record_ceiling(
+    config: &StreamConfig,
+    topics: &[Topic],
+    timeout: Duration,
+) -> Result<Option<usize>, AdminError> {
+    let admin: AdminClient<DefaultClientContext> = config.client("forgelog-admin").create()?;
+    let resources: Vec<ResourceSpecifier> = topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t.name()))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    let described = admin
+        .describe_configs(&resources, &opts)
+        .await
+        .map_err(|e| AdminError::of(config, e))?;
+    Ok(described
+        .into_iter()
+        .filter_map(Result::ok)
+        .flat_map(|resource| resource.entries)
+        .filter(|entry| entry.name == "max.message.bytes")
+        .filter_map(|entry| entry.value?.trim().parse::<usize>().ok())
+        .min())
 }
 
 /// A topic as the broker describes it.

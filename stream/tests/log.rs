@@ -328,16 +328,10 @@ fn dead_writers_spool(
             .append(e.topic().name(), e.key().as_bytes(), &value)
             .unwrap();
     }
-    let reader = ReplayReader::new(config).unwrap();
-    let topic = Topic::Calls.name();
-    let ends = reader
-        .partitions(topic)
-        .unwrap()
-        .into_iter()
-        .map(|p| (p, reader.end(topic, p).unwrap()))
-        .collect();
     let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
-    checkpoint.scan_from.insert(topic.to_string(), ends);
+    checkpoint
+        .scan_from
+        .insert(Topic::Calls.name().to_string(), calls_topic_ends(config));
     checkpoint.slowest_delivery_ms = slowest_delivery_ms;
     checkpoint.store(dir).unwrap();
 }
@@ -419,10 +413,14 @@ async fn a_writer_that_saw_a_slow_broker_is_waited_for_longer() {
 
 /// An event over the message limit used to enter the spool, be refused by the
 /// client on every retry, and hold back every event behind it, for good.
+/// Refused, a call is parked and a stand-in takes its place in the log (its
+/// tokens, not its bodies), so its rollout still counts every call; a writer
+/// killed after the stand-in landed and before its ack never sends it twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_the_spool() {
     let config = shared_broker().await;
     let run = unique_run_id("oversize");
+    let scan_base = calls_topic_ends(&config);
     let spool_dir = tempfile::tempdir().unwrap();
     let mut huge = call_finished(&run, "s0", 99, 10, 16);
     huge.response_body = vec![b'x'; forgelog_stream::MAX_MESSAGE_BYTES + 1];
@@ -439,9 +437,8 @@ async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_
         producer.close(Duration::from_secs(5)).await.unwrap();
     }
     // A spool an older producer wrote: the oversize record between good ones.
-    {
-        let spool =
-            forgelog_stream::Spool::open(spool_dir.path(), SpoolOptions::default()).unwrap();
+    let old_spool = |dir: &std::path::Path| {
+        let spool = forgelog_stream::Spool::open(dir, SpoolOptions::default()).unwrap();
         let codec = Codec::global();
         for i in 0..10 {
             let e = event(&run, i, 10);
@@ -457,16 +454,13 @@ async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_
                 )
                 .unwrap();
         }
-    }
+        spool
+    };
+    drop(old_spool(spool_dir.path()));
     let producer =
         EventProducer::start(&config, spool_dir.path(), SpoolOptions::default()).unwrap();
     producer.flush(Duration::from_secs(60)).await.unwrap();
     producer.close(Duration::from_secs(5)).await.unwrap();
-    let reader = ReplayReader::new(&config).unwrap();
-    let got = reader
-        .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
-        .unwrap();
-    assert_exactly_once_in_order(&got, &run, 10, 10);
     let status = forgelog_stream::SpoolStatus::read(spool_dir.path()).unwrap();
     assert_eq!(status.pending, 0);
     let [parked] = &status.parked[..] else {
@@ -475,7 +469,62 @@ async fn an_oversize_event_is_refused_at_send_and_an_oversize_record_never_jams_
     assert_eq!(parked.seq, 3);
     assert!(parked.reason.contains("too large"), "{}", parked.reason);
     let rec = parked.record(spool_dir.path()).unwrap().unwrap();
-    assert_eq!(rec.value, Codec::global().encode(&huge.into()).unwrap());
+    assert_eq!(
+        rec.value,
+        Codec::global().encode(&huge.clone().into()).unwrap()
+    );
+    let assert_log = || {
+        let got = ReplayReader::new(&config)
+            .unwrap()
+            .read(Topic::Calls.name(), StartAt::Beginning, Some(&run))
+            .unwrap();
+        let (stand_ins, calls): (Vec<Received>, Vec<Received>) = got.into_iter().partition(
+            |r| matches!(&r.event, Ok(Event::CallFinished(c)) if c.event_id == huge.event_id),
+        );
+        assert_exactly_once_in_order(&calls, &run, 10, 10);
+        let [stand_in] = &stand_ins[..] else {
+            panic!("one stand-in expected, {} in the log", stand_ins.len())
+        };
+        let Ok(Event::CallFinished(stand_in)) = &stand_in.event else {
+            unreachable!()
+        };
+        assert_eq!(stand_in.stand_in.as_deref(), Some(parked.reason.as_str()));
+        assert_eq!(
+            (&stand_in.prompt_token_ids, &stand_in.completion_token_ids),
+            (&huge.prompt_token_ids, &huge.completion_token_ids),
+            "its tokens kept"
+        );
+        assert!(stand_in.response_body.is_empty() && !stand_in.trainable);
+    };
+    assert_log();
+
+    // Killed after the stand-in landed, before its ack: the next owner of
+    // the spool sends it again only if the log lacks it.
+    let dead = tempfile::tempdir().unwrap();
+    let spool = old_spool(dead.path());
+    spool.park(&rec, &parked.reason).unwrap();
+    drop(spool);
+    let mut checkpoint = forgelog_stream::spool::Checkpoint::default();
+    checkpoint
+        .scan_from
+        .insert(Topic::Calls.name().to_string(), scan_base);
+    checkpoint.store(dead.path()).unwrap();
+    let next_owner = EventProducer::start(&config, dead.path(), SpoolOptions::default()).unwrap();
+    next_owner.flush(Duration::from_secs(60)).await.unwrap();
+    next_owner.close(Duration::from_secs(5)).await.unwrap();
+    assert_log();
+}
+
+/// Where each partition of the calls topic ends now.
+fn calls_topic_ends(config: &StreamConfig) -> BTreeMap<i32, i64> {
+    let reader = ReplayReader::new(config).unwrap();
+    let topic = Topic::Calls.name();
+    reader
+        .partitions(topic)
+        .unwrap()
+        .into_iter()
+        .map(|p| (p, reader.end(topic, p).unwrap()))
+        .collect()
 }
 
 /// A group consumer (the engine's policy follower) used to fail with

@@ -22,6 +22,9 @@ pub struct VersionRow {
     /// Null rewards (the verifier did not score), counted apart.
     pub unscored: usize,
     pub model_calls: i64,
+    /// Calls the log holds by a stand-in ([`forgelog_schemas::CallFinished::stand_in`]):
+    /// their events were refused, their tokens are context.
+    pub stand_ins: i64,
     pub tool_calls: i64,
     pub sampled_tokens: i64,
     /// When its first call started and its last one ended, as the proxy
@@ -67,6 +70,7 @@ struct Rollout {
     first_call_version: Option<(i64, Option<i64>)>,
     reward: Option<Option<f64>>,
     model_calls: i64,
+    stand_ins: i64,
     tool_calls: i64,
     sampled: i64,
     /// Its calls' earliest start and latest end (ms).
@@ -98,6 +102,7 @@ impl Report {
                 Event::CallFinished(c) => {
                     let r = rollouts.entry(&c.rollout_id).or_default();
                     r.model_calls += 1;
+                    r.stand_ins += i64::from(c.stand_in.is_some());
                     r.sampled += c.completion_token_ids.len() as i64;
                     let ran = (c.finished_at_ms - c.latency_ms, c.finished_at_ms);
                     r.calls_span = widen(r.calls_span, Some(ran));
@@ -145,6 +150,7 @@ impl Report {
                 });
             row.rollouts += 1;
             row.model_calls += r.model_calls;
+            row.stand_ins += r.stand_ins;
             row.tool_calls += r.tool_calls;
             row.sampled_tokens += r.sampled;
             let span = widen(row.first_call_ms.zip(row.last_call_ms), r.calls_span);
@@ -234,6 +240,13 @@ impl fmt::Display for Report {
                 c.clean,
                 c.follow_ups,
                 c.rate().map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
+            )?;
+        }
+        let stand_ins: i64 = self.rows.iter().map(|r| r.stand_ins).sum();
+        if stand_ins > 0 {
+            writeln!(
+                f,
+                "STAND-INS: {stand_ins} calls' events were refused by the log; each is held by its tokens, as context (`forgelog spool status` lists the originals)"
             )?;
         }
         if self.published.is_empty() {

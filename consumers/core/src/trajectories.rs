@@ -140,4 +140,49 @@ mod tests {
         b.process(late, &mut out);
         assert_eq!(out.len(), 1, "a duplicate after emission is ignored");
     }
+
+    /// A call whose event the log refused is there as its stand-in: the
+    /// rollout's trajectory is built with the same paths and tokens, the
+    /// stand-in's sampled tokens as context (mask 0); the report counts it.
+    #[test]
+    fn a_stand_in_call_is_context_in_its_rollouts_trajectory() {
+        let mut events = recorded_run("r", 1, 1, 3, 10);
+        let whole = run_all(events.clone());
+        let mut stood_in = 0;
+        for e in events.iter_mut() {
+            if let Event::CallFinished(c) = e {
+                if c.call_index == 2 {
+                    stood_in = c.completion_token_ids.len();
+                    *c = c.clone().stand_in_for("refused by the broker: too large");
+                }
+            }
+        }
+        assert!(stood_in > 0);
+        let out = run_all(events.clone());
+        let ([Event::TrajectoryBuilt(t)], [Event::TrajectoryBuilt(w)]) = (&out[..], &whole[..])
+        else {
+            panic!("one trajectory expected: {out:?}")
+        };
+        assert_eq!(t.sequences.len(), w.sequences.len());
+        let sampled =
+            |s: &forgelog_schemas::Sequence| s.loss_mask.iter().filter(|&&m| m == 1).count();
+        for (s, ws) in t.sequences.iter().zip(&w.sequences) {
+            assert_eq!(
+                (&s.call_indices, &s.token_ids),
+                (&ws.call_indices, &ws.token_ids)
+            );
+            let context = if s.call_indices.contains(&2) {
+                stood_in
+            } else {
+                0
+            };
+            assert_eq!(sampled(s), sampled(ws) - context, "{:?}", s.call_indices);
+        }
+        let report = crate::report::Report::of(&events);
+        assert_eq!(report.rows.iter().map(|r| r.stand_ins).sum::<i64>(), 1);
+        assert!(
+            report.to_string().contains("STAND-INS: 1 calls"),
+            "{report}"
+        );
+    }
 }

@@ -97,6 +97,10 @@ pub struct SftRow {
     /// The conversation as Hugging Face chat templates read it; `None` when the calls carry no chat view.
     pub messages: Option<Value>,
     pub tools: Option<Value>,
+    /// The images the messages show, in order (URLs as the harness sent them,
+    /// `data:` URLs included); each stands in its message's content as an
+    /// `{"type": "image"}` part, as vision-language processors read them.
+    pub images: Vec<String>,
 }
 
 impl SftRow {
@@ -181,7 +185,10 @@ pub fn rows(
         for (path_index, s) in t.sequences.iter().enumerate().filter(|(_, s)| !s.discarded) {
             let call = |i: &i64| by_call.get(&(t.session_id.as_str(), *i)).copied();
             let last = s.call_indices.last().and_then(call);
-            let (messages, tools) = last.and_then(conversation).unzip();
+            let (messages, tools, images) = match last.and_then(conversation) {
+                Some(c) => (Some(c.messages), c.tools, c.images),
+                None => (None, None, Vec::new()),
+            };
             out.push(SftRow {
                 row_id: format!("{}/{path_index}", t.rollout_id),
                 run_id: t.run_id.clone(),
@@ -213,26 +220,70 @@ pub fn rows(
                     .map(|i| call(i).and_then(|c| c.finish_reason.clone()))
                     .collect(),
                 messages,
-                tools: tools.flatten(),
+                tools,
+                images,
             });
         }
     }
     (out, filtered_out)
 }
 
+/// A call's conversation as an SFT row holds it.
+struct Conversation {
+    messages: Value,
+    tools: Option<Value>,
+    images: Vec<String>,
+}
+
 /// The call's request messages followed by its answer, as Hugging Face
-/// templates read them; its tools, if any.
-fn conversation(call: &CallFinished) -> Option<(Value, Option<Value>)> {
+/// templates read them; its tools, if any; the images they show.
+fn conversation(call: &CallFinished) -> Option<Conversation> {
     let view = call.chat_view()?;
     let answer = view.answer?;
+    let mut images = Vec::new();
     let messages = view
         .messages
         .iter()
         .chain([&answer])
-        .map(hf_message)
+        .map(|m| with_images(m, &mut images))
         .collect();
     let tools = (!view.tools.is_empty()).then_some(Value::Array(view.tools));
-    Some((Value::Array(messages), tools))
+    Some(Conversation {
+        messages: Value::Array(messages),
+        tools,
+        images,
+    })
+}
+
+/// `message` as Hugging Face templates read it ([`hf_message`]); one that
+/// shows images keeps its content as parts, text and `{"type": "image"}` in
+/// order, each image's URL appended to `images`.
+fn with_images(message: &Value, images: &mut Vec<String>) -> Value {
+    let mut hf = hf_message(message);
+    let Some(parts) = message.get("content").and_then(Value::as_array) else {
+        return hf;
+    };
+    let url = |p: &Value| {
+        p.pointer("/image_url/url")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    if !parts.iter().any(|p| url(p).is_some()) {
+        return hf;
+    }
+    let content: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| match (url(p), p.get("text").and_then(Value::as_str)) {
+            (Some(url), _) => {
+                images.push(url);
+                Some(serde_json::json!({"type": "image"}))
+            }
+            (None, Some(text)) => Some(serde_json::json!({"type": "text", "text": text})),
+            (None, None) => None,
+        })
+        .collect();
+    hf["content"] = Value::Array(content);
+    hf
 }
 
 #[cfg(test)]

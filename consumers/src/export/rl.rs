@@ -237,6 +237,7 @@ mod tests {
             finish_reasons: vec![Some("stop".into())],
             messages: Some(Value::Array(messages)),
             tools: None,
+            images: Vec::new(),
         }
     }
 

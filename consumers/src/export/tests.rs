@@ -165,7 +165,8 @@ fn files_are_deterministic_and_parquet_reads_back() {
             "policy_versions",
             "finish_reasons",
             "messages_json",
-            "tools_json"
+            "tools_json",
+            "images"
         ]
     );
     let schema = batches[0].schema();

@@ -348,11 +348,12 @@ fn after_a_crash_the_state_is_carried_from_its_snapshot_by_the_input_since() {
     );
 }
 
-/// A claim check whose event cannot be fetched stops the shell, naming where
-/// it is; it is not set aside as a dead letter (its rollout would never be
-/// built). Once the claim store serves it, the shell derives past it.
+/// A claim check whose event cannot be fetched holds its partition there,
+/// named where it is, while every other partition is derived; it is not set
+/// aside as a dead letter (its rollout would never be built). Once the claim
+/// store serves it, the shell derives past it.
 #[test]
-fn an_unreadable_claim_stops_the_shell_and_is_derived_once_it_reads() {
+fn an_unreadable_claim_holds_its_partition_and_is_derived_once_it_reads() {
     use forgelog_stream::claims::{ClaimStore, ClaimsConfig};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _guard = rt.enter();
@@ -363,33 +364,33 @@ fn an_unreadable_claim_stops_the_shell_and_is_derived_once_it_reads() {
     })
     .unwrap();
     let log = MemoryLog::default();
-    let inputs = recorded_run("claimed", 1, 2, 2, 4000);
-    let mut claimed = 0;
+    let inputs = recorded_run("claimed", 3, 2, 2, 4000);
+    // Calls' claims: (partition, offset, rollout, object).
+    let mut claimed = Vec::new();
+    let mut calls_at = Vec::new();
     for e in &inputs {
         let encoded = forgelog_schemas::Codec::global().encode(e).unwrap();
         let record = store.record(e, encoded).unwrap();
-        claimed += forgelog_schemas::Claim::is_claim(&record) as usize;
-        log.append_raw(e.topic().name(), e.key().as_bytes(), &record);
+        let (partition, offset) = log.append_raw(e.topic().name(), e.key().as_bytes(), &record);
+        if let Event::CallStarted(forgelog_schemas::CallStarted { rollout_id, .. })
+        | Event::CallFinished(forgelog_schemas::CallFinished { rollout_id, .. }) = e
+        {
+            calls_at.push((partition, offset, rollout_id.clone()));
+            if let Some(claim) = forgelog_schemas::Claim::decode(&record) {
+                claimed.push((partition, offset, claim.unwrap().sha256));
+            }
+        }
     }
-    assert!(claimed > 0, "some events are claims");
-    let options = ShellOptions {
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
-        ..ShellOptions::new(dir.path().join("trajectories"))
-    };
-    // The store moved away: the shell stops at the first claim, loudly.
-    std::fs::rename(dir.path().join("claims"), dir.path().join("away")).unwrap();
-    let err = run_on(&log, &log, TrajectoryBuilder::default(), &options)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("claim check at forgelog.calls/") && err.contains("offset"),
-        "{err}"
-    );
-    assert!(log.events(Topic::DeadLetters.name()).is_empty());
-    // Back: everything is derived, as from a log without claims.
-    std::fs::rename(dir.path().join("away"), dir.path().join("claims")).unwrap();
-    run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
+    // One partition's claims gone: that partition is held at its first.
+    let (held, at, _) = claimed.first().cloned().expect("some calls are claims");
+    for (_, _, sha) in claimed.iter().filter(|(p, _, _)| *p == held) {
+        std::fs::rename(dir.path().join("claims").join(sha), dir.path().join(sha)).unwrap();
+    }
+    let waiting: std::collections::BTreeSet<&str> = calls_at
+        .iter()
+        .filter(|(p, o, _)| *p == held && *o >= at)
+        .map(|(_, _, r)| r.as_str())
+        .collect();
     let by_topic = {
         let mut m = std::collections::BTreeMap::new();
         for e in &inputs {
@@ -398,6 +399,40 @@ fn an_unreadable_claim_stops_the_shell_and_is_derived_once_it_reads() {
         m
     };
     let expected = rebuild(&by_topic, RewardConfig::default()).trajectories;
+    let rollouts = |events: &[Event]| -> std::collections::BTreeSet<String> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::TrajectoryBuilt(t) => Some(t.rollout_id.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let options = ShellOptions {
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(dir.path().join("trajectories"))
+    };
+    let err = run_on(&log, &log, TrajectoryBuilder::default(), &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("claim check at forgelog.calls/{held} offset {at}")),
+        "{err}"
+    );
+    assert!(log.events(Topic::DeadLetters.name()).is_empty());
+    let built = rollouts(&log.events(Topic::Trajectories.name()));
+    let others: std::collections::BTreeSet<String> = rollouts(&expected)
+        .into_iter()
+        .filter(|r| !waiting.contains(r.as_str()))
+        .collect();
+    assert!(!waiting.is_empty() && !others.is_empty(), "{waiting:?}");
+    assert_eq!(built, others, "every rollout but the held partition's");
+    // Back: everything is derived, as from a log without claims.
+    for (_, _, sha) in claimed.iter().filter(|(p, _, _)| *p == held) {
+        std::fs::rename(dir.path().join(sha), dir.path().join("claims").join(sha)).unwrap();
+    }
+    run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
     assert_eq!(ids(&log.events(Topic::Trajectories.name())), ids(&expected));
     assert!(!expected.is_empty());
 }

@@ -311,7 +311,7 @@ impl ProxyState {
         {
             // A call is large by its bodies; its tokens, what training needs,
             // are small (and with the claim store down, fit a record).
-            record::without_bodies(call, too_large);
+            call.without_bodies(&too_large.to_string());
             sent = events.send(&event).map(|_| Recorded::WithoutBodies);
         }
         sent.unwrap_or_else(|e| {

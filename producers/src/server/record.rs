@@ -98,6 +98,7 @@ impl<'a> CallIds<'a> {
             prompt_splice: None,
             chat_request_splice: None,
             prompt_made: None,
+            stand_in: None,
         }
     }
 
@@ -109,22 +110,6 @@ impl<'a> CallIds<'a> {
         )[..24]
             .to_string()
     }
-}
-
-/// `call` slimmed to fit the log after `refused` (its event was too large):
-/// without the bodies the harness saw and the chat form (so not replayable or
-/// exportable as SFT), keeping its tokens and logprobs (still trainable), and
-/// saying so in `error`.
-pub fn without_bodies(call: &mut CallFinished, refused: &impl std::fmt::Display) {
-    call.response_body = Vec::new();
-    call.chat_request = String::new();
-    call.chat_request_splice = None;
-    call.chat_response = String::new();
-    let note = format!("{refused}; recorded without its response and chat-form bodies");
-    call.error = Some(match call.error.take() {
-        Some(e) => format!("{e}; {note}"),
-        None => note,
-    });
 }
 
 /// A refused or failed call's status: the upstream's failures apart from the

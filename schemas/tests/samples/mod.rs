@@ -83,6 +83,7 @@ pub fn all() -> Vec<Event> {
             prompt_splice: None,
             chat_request_splice: None,
             prompt_made: None,
+            stand_in: None,
         }
         .into(),
         RolloutStarted {

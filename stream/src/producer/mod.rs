@@ -15,7 +15,7 @@
 //! its header table for every record fetched, which makes reads quadratic.
 
 use crate::claims::ClaimStore;
-use crate::spool::{Checkpoint, Spool, SpoolError, SpoolOptions, SpoolRecord};
+use crate::spool::{Checkpoint, ParkedRecord, Spool, SpoolError, SpoolOptions, SpoolRecord};
 use crate::{ConsumeError, ReplayReader, StreamConfig, MAX_EVENT_BYTES};
 use delivering::DeliveringProducer;
 use forgelog_schemas::{Codec, EncodeError, Event};
@@ -234,6 +234,23 @@ fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
     )
 }
 
+/// The record sent in place of `rec`, which the broker refused for good
+/// (`reason`): a call's stand-in ([`Codec::stand_in`]), under the same seq;
+/// `None` for any other event (it stays parked).
+fn stand_in(rec: &SpoolRecord, reason: &str) -> Option<SpoolRecord> {
+    Some(SpoolRecord {
+        seq: rec.seq,
+        topic: rec.topic.clone(),
+        key: rec.key.clone(),
+        value: Codec::global().stand_in(&rec.value, reason)?,
+    })
+}
+
+fn refused_stand_in(seq: u64, reason: &str) {
+    tracing::error!(seq, %reason, "spool: the broker refused a refused call's stand-in too; its rollout stays a call short");
+    metrics::counter!("forgelog_spool_stand_ins_refused_total").increment(1);
+}
+
 impl Drainer {
     fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
         let io = |source| SpoolError::Io {
@@ -271,6 +288,16 @@ impl Drainer {
     async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), DrainError> {
         let producer = DeliveringProducer::create(&self.config)?;
         let mut already = self.recover().await?;
+        // Records refused before (by this process or one killed since) and
+        // not yet acknowledged: their stand-ins go in their place, made from
+        // the reason parked with them, so a stand-in already in the log is
+        // found by the recovery and not sent twice.
+        let mut refused_before: HashMap<u64, String> = ParkedRecord::list(self.spool.dir())
+            .map_err(DrainError::Io)?
+            .into_iter()
+            .filter(|p| p.seq >= self.checkpoint.acked_through)
+            .map(|p| (p.seq, p.reason))
+            .collect();
         let mut reader = self.spool.reader(self.checkpoint.acked_through);
         let mut inflight = FuturesOrdered::new();
         let mut since_checkpoint = 0u64;
@@ -293,6 +320,13 @@ impl Drainer {
                 if !self.checkpoint.scan_from.contains_key(&rec.topic) {
                     or_end!('session, self.mark_scan_base(&rec.topic).await);
                 }
+                let (rec, stood_in) = match refused_before.remove(&rec.seq) {
+                    Some(reason) => match stand_in(&rec, &reason) {
+                        Some(stand_in) => (stand_in, true),
+                        None => (rec, false),
+                    },
+                    None => (rec, false),
+                };
                 let seq = rec.seq;
                 let topic = rec.topic.clone();
                 let delivery: std::pin::Pin<
@@ -306,7 +340,7 @@ impl Drainer {
                 let sent = Instant::now();
                 inflight.push_back(async move {
                     let delivered = delivery.await;
-                    (seq, topic, delivered, sent, Instant::now())
+                    (seq, topic, stood_in, delivered, sent, Instant::now())
                 });
             }
             if inflight.is_empty() {
@@ -324,26 +358,32 @@ impl Drainer {
                 }
                 continue;
             }
-            let Some((seq, topic, delivered, sent, done)) = inflight.next().await else {
+            let Some((seq, topic, stood_in, delivered, sent, done)) = inflight.next().await else {
                 continue;
             };
             match delivered {
                 Ok(fate) => {
                     match fate {
-                        Fate::At(partition, offset) => {
-                            let from = self
-                                .checkpoint
-                                .scan_from
-                                .entry(topic)
-                                .or_default()
-                                .entry(partition)
-                                .or_insert(0);
-                            *from = (*from).max(offset + 1);
-                        }
+                        Fate::At(partition, offset) => self.delivered_at(topic, partition, offset),
+                        Fate::Refused(reason) if stood_in => refused_stand_in(seq, &reason),
                         Fate::Refused(reason) => {
                             let rec = or_end!('session, self.spool.reader(seq).next_record());
                             let rec = or_end!('session, rec.ok_or_else(|| DrainError::Other(format!("spool record {seq} vanished"))));
                             or_end!('session, self.spool.park(&rec, &reason));
+                            // Its stand-in goes in its place, under its seq:
+                            // parked first, so a crash before the ack below
+                            // sends this same stand-in again, once.
+                            if let Some(stand_in) = stand_in(&rec, &reason) {
+                                let delivery = or_end!('session, self.produce(&producer, stand_in));
+                                match or_end!('session, delivery.await) {
+                                    Fate::At(partition, offset) => {
+                                        self.delivered_at(topic, partition, offset);
+                                        metrics::counter!("forgelog_spool_stand_ins_total")
+                                            .increment(1);
+                                    }
+                                    Fate::Refused(reason) => refused_stand_in(seq, &reason),
+                                }
+                            }
                         }
                     }
                     self.checkpoint.acked_through = seq + 1;
@@ -387,6 +427,18 @@ impl Drainer {
             self.save()?;
         }
         result
+    }
+
+    /// Notes that a record is at `offset`: the recovery scan starts past it.
+    fn delivered_at(&mut self, topic: String, partition: i32, offset: i64) {
+        let from = self
+            .checkpoint
+            .scan_from
+            .entry(topic)
+            .or_default()
+            .entry(partition)
+            .or_insert(0);
+        *from = (*from).max(offset + 1);
     }
 
     /// Saves the checkpoint (and frees acknowledged segments).

@@ -45,7 +45,10 @@ pub fn dataset_card(manifest: &Manifest) -> String {
          rollout was scored), and where each row comes from (`run_id`, `task_id`, `group_id`, \
          `harness`, `rollout_id`, `path_index`; `row_id` joins a JSONL row to its Parquet row). \
          The JSONL's `messages` are in the shape Hugging Face chat templates read (content a \
-         string, tool-call arguments a mapping); the Parquet keeps them as `messages_json`.\n\n\
+         string, tool-call arguments a mapping; a message that shows images keeps its content as \
+         parts, text and `{{\"type\": \"image\"}}`, and the row's `images` lists their URLs in \
+         order, as vision-language processors read them); the Parquet keeps them as \
+         `messages_json` and `images`.\n\n\
          {rl}`manifest.json` lists the filter, the log offsets read and each file's SHA-256.\n",
         rl = match manifest.kind {
             ExportKind::Sft | ExportKind::Atif => "",

@@ -85,6 +85,9 @@ pub(super) fn jsonl_line(r: &SftRow) -> Option<Vec<u8>> {
     if let Some(tools) = &r.tools {
         line["tools"] = tools.clone();
     }
+    if !r.images.is_empty() {
+        line["images"] = serde_json::json!(r.images);
+    }
     let mut out = serde_json::to_vec(&line).expect("json values serialize");
     out.push(b'\n');
     Some(out)
@@ -116,7 +119,12 @@ pub(super) fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError>
     let mut logprobs = ListBuilder::new(Float32Builder::new());
     let mut versions = ListBuilder::new(Int64Builder::new());
     let mut finish = ListBuilder::new(StringBuilder::new());
+    let mut images = ListBuilder::new(StringBuilder::new());
     for r in rows {
+        for image in &r.images {
+            images.values().append_value(image);
+        }
+        images.append(true);
         path.append_value(r.path_index as i64);
         calls.values().append_slice(&r.call_indices);
         calls.append(true);
@@ -163,6 +171,7 @@ pub(super) fn record_batch(rows: &[&SftRow]) -> Result<RecordBatch, ExportError>
         ("finish_reasons", Arc::new(finish.finish()), false),
         ("messages_json", strings(&|r| json(&r.messages)), true),
         ("tools_json", strings(&|r| json(&r.tools)), true),
+        ("images", Arc::new(images.finish()), false),
     ];
     Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
 }
