@@ -21,6 +21,7 @@ pub async fn run(
     engine: &str,
     run_id: &str,
     args: &crate::up::UpArgs,
+    sync: Option<crate::upstream::SyncReport>,
 ) -> Result<()> {
     let (export_to, json) = (args.export_to.as_path(), args.json);
     let train_steps = args.train.then_some(args.steps);
@@ -127,6 +128,9 @@ pub async fn run(
             "seconds per training step (round to served version): mean {mean:.1} over {} steps",
             round_seconds.len()
         ));
+    }
+    if let Some(line) = sync.and_then(|s| s.summary()) {
+        say(line);
     }
 
     let summary = RunSummary::of(&events);

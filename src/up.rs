@@ -79,7 +79,7 @@ pub struct UpArgs {
     pub tokens_per_step: usize,
     /// Where the local engine and the learner run: cpu, or cuda (a build
     /// with `--features cuda`)
-    #[arg(long, value_enum, default_value_t = forgelog_engine::DeviceKind::Cpu)]
+    #[arg(long, default_value_t = forgelog_engine::DeviceKind::Cpu)]
     pub device: forgelog_engine::DeviceKind,
 }
 
@@ -89,15 +89,11 @@ fn train_args(
     config: &StreamConfig,
     run: &str,
 ) -> Result<forgelog_trainer::TrainArgs> {
-    let device = match args.device {
-        forgelog_engine::DeviceKind::Cpu => "cpu",
-        forgelog_engine::DeviceKind::Cuda => "cuda",
-    };
     let mut extra = vec![
         "--learning-rate".to_string(),
         args.learning_rate.to_string(),
         "--device".into(),
-        device.into(),
+        args.device.to_string(),
     ];
     if let Some(rank) = args.lora_rank {
         extra.extend(["--lora-rank".into(), rank.to_string()]);
@@ -257,10 +253,11 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
+    let sync_report = sync.as_ref().map(|s| s.report.clone());
     let synced = crate::upstream::ended(&mut sync);
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args) => r,
+            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args, sync_report) => r,
             e = synced => Err(e),
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }

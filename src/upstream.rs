@@ -84,9 +84,13 @@ impl UpstreamArgs {
         // Before any call: the engine names the version it serves first.
         let served = sync.start().await?;
         let brokers = brokers.to_string();
-        Ok(Some(tokio::spawn(async move {
-            forgelog_sync::follow_from(&sync, &brokers, served).await
-        })))
+        let (kind, times) = (sync.kind(), sync.times());
+        let task =
+            tokio::spawn(async move { forgelog_sync::follow_from(&sync, &brokers, served).await });
+        Ok(Some(SyncTask {
+            task,
+            report: SyncReport { kind, times },
+        }))
     }
 }
 
@@ -105,7 +109,26 @@ pub async fn until_served(engine: &EngineSync, version: u64) -> bool {
 }
 
 /// A running sync: it ends only by failing.
-pub type SyncTask = tokio::task::JoinHandle<Result<(), forgelog_sync::SyncError>>;
+pub struct SyncTask {
+    task: tokio::task::JoinHandle<Result<(), forgelog_sync::SyncError>>,
+    pub report: SyncReport,
+}
+
+/// What a sync did, for the run's summary.
+#[derive(Debug, Clone)]
+pub struct SyncReport {
+    /// `vllm, adapter`: the engine and how it is synced.
+    kind: String,
+    times: forgelog_sync::SyncTimes,
+}
+
+impl SyncReport {
+    /// `sync per version (vllm, adapter): mean A s, max B s over N versions`.
+    pub fn summary(&self) -> Option<String> {
+        let times = self.times.summary()?;
+        Some(format!("sync per version ({}): {times}", self.kind))
+    }
+}
 
 /// Resolves when `sync` ends, with why (and leaves `None` in its place);
 /// never without one.
@@ -113,7 +136,7 @@ pub async fn ended(sync: &mut Option<SyncTask>) -> anyhow::Error {
     let Some(task) = sync.as_mut() else {
         return std::future::pending().await;
     };
-    let why = match task.await {
+    let why = match (&mut task.task).await {
         Ok(Ok(())) => anyhow::anyhow!("the engine's sync stopped"),
         Ok(Err(e)) => anyhow::Error::from(e).context("the engine's sync failed"),
         Err(e) => anyhow::Error::from(e).context("the engine's sync"),

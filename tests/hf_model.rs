@@ -126,3 +126,78 @@ fn a_lora_adapter_forgelog_wrote_is_the_same_adapter_to_peft() {
         assert!(checked["base_diff"].as_f64().unwrap() > 1e-3, "{checked}");
     }
 }
+
+/// The official Qwen3 chat template (TRL ships Qwen3's own, byte for byte,
+/// in `trl/chat_templates/qwen3.jinja`; no registry ships Qwen3's weights)
+/// renders in forgelog exactly as `transformers` renders it: tools in the
+/// system turn, tool calls and tool responses, and the reasoning of answers
+/// before the last question dropped from the history (what token in forks
+/// on), the last turn's kept.
+#[test]
+fn the_official_qwen3_template_renders_as_transformers_does() {
+    let source = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_qwen3(source.path(), 7).unwrap();
+    let tools = serde_json::json!([{"type": "function", "function": {
+        "name": "bash", "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]);
+    let call = serde_json::json!({"id": "c1", "type": "function",
+        "function": {"name": "bash", "arguments": {"cmd": "ls -la"}}});
+    let session = vec![
+        serde_json::json!({"role": "system", "content": "You are an agent."}),
+        serde_json::json!({"role": "user", "content": "List the files."}),
+        serde_json::json!({"role": "assistant", "content": "<think>\nI should look.\n</think>\n\nLooking.", "tool_calls": [call]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt"}),
+        serde_json::json!({"role": "assistant", "content": "", "reasoning_content": "Two files.", "tool_calls": [call]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt"}),
+        serde_json::json!({"role": "assistant", "content": "<think>\nDone.\n</think>\n\nTwo files: a.txt and b.txt."}),
+        serde_json::json!({"role": "user", "content": "And now?"}),
+    ];
+    let cases = serde_json::json!([
+        {"messages": session, "tools": tools, "add_generation_prompt": true},
+        {"messages": session[..7], "tools": tools, "add_generation_prompt": false},
+        {"messages": session[1..], "tools": null, "add_generation_prompt": true},
+    ]);
+    let cases_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(cases_file.path(), cases.to_string()).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python/qwen3_template_check.py");
+    let args = [
+        source.path().to_str().unwrap(),
+        cases_file.path().to_str().unwrap(),
+    ];
+    let theirs = tokio::runtime::Runtime::new().unwrap().block_on(
+        forgelog_stream::testing::python_json_with(
+            &forgelog_stream::testing::torch_venv_python(),
+            &script,
+            &args,
+        ),
+    );
+    let official = theirs["template"].as_str().unwrap();
+    assert!(official.contains("reasoning_content") && official.contains("<tool_response>"));
+    let ours = forgelog_model::ChatTemplate::new(official, "", "<|im_end|>");
+    for (case, expected) in cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(theirs["rendered"].as_array().unwrap())
+    {
+        let messages = case["messages"].as_array().unwrap();
+        let tools = Some(&case["tools"]).filter(|t| !t.is_null());
+        let add = case["add_generation_prompt"].as_bool().unwrap();
+        let rendered = ours.render(messages, tools, add).unwrap();
+        assert_eq!(rendered, expected.as_str().unwrap(), "{case}");
+    }
+    // Before the last question, answers lose their reasoning; after it,
+    // the tool-calling turns keep theirs.
+    let first = theirs["rendered"][0].as_str().unwrap();
+    assert!(
+        !first.contains("I should look.")
+            && !first.contains("Two files.")
+            && !first.contains("Done.")
+    );
+    let second = theirs["rendered"][1].as_str().unwrap();
+    assert!(
+        second.contains("<think>\nI should look.\n</think>")
+            && second.contains("<think>\nTwo files.\n</think>")
+    );
+}

@@ -653,6 +653,12 @@ fn closed_loop(
     let published = published(config, &run);
     let versions: Vec<i64> = published.iter().map(|p| p.version).collect();
     assert_eq!(versions, [1, 2, 3]);
+    let mode = if lora { "adapter" } else { "weights" };
+    assert!(
+        stdout.contains(&format!("sync per version (vllm, {mode}): mean "))
+            && stdout.contains("over 3 versions"),
+        "the time each version took to serve: {stdout}"
+    );
     let ok: Vec<_> = finished_calls(&calls_of(config, &run))
         .into_iter()
         .filter(|c| c.status == CallStatus::Ok)

@@ -23,7 +23,7 @@ struct Args {
     shape: Option<String>,
     /// `cpu` or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: forgelog_model::DeviceKind,
     /// Tokens each request samples (stop tokens ignored).
     #[arg(long, default_value_t = 64)]
     tokens: usize,
@@ -65,10 +65,7 @@ fn peak_rss_mb() -> f64 {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let started = Instant::now();
-    let device = match args.device.as_str() {
-        "cuda" => candle_core::Device::new_cuda(0)?,
-        _ => candle_core::Device::Cpu,
-    };
+    let device = args.device.open()?;
     let policy = match &args.shape {
         Some(shape) => {
             let config = forgelog_model::testing::qwen3_shape(shape)

@@ -48,11 +48,7 @@ pub enum EngineError {
     StaleVersion { version: u64, serving: u64 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-}
+pub use forgelog_model::DeviceKind;
 
 /// `forgelog engine`: serve a policy over the OpenAI/vLLM API.
 #[derive(Debug, Clone, clap::Args)]
@@ -65,7 +61,7 @@ pub struct EngineArgs {
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
     /// Where the model runs: cpu, or cuda (a build with `--features cuda`)
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    #[arg(long, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Follow `PolicyPublished` on `forgelog.policy` at these brokers and load each new policy.
     #[arg(long)]
@@ -366,17 +362,6 @@ async fn load_published(engine: &Engine, published: &forgelog_schemas::PolicyPub
     }
 }
 
-fn device(kind: DeviceKind) -> Result<Device, EngineError> {
-    match kind {
-        DeviceKind::Cpu => Ok(Device::Cpu),
-        DeviceKind::Cuda => Device::new_cuda(0).map_err(|e| {
-            EngineError::Device(format!(
-                "{e} (build with `--features cuda` for GPU support)"
-            ))
-        }),
-    }
-}
-
 /// How long a stopping engine lets the requests in flight finish.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -403,7 +388,7 @@ pub async fn serve_on(
     args: EngineArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), EngineError> {
-    let device = device(args.device)?;
+    let device = args.device.open().map_err(EngineError::Device)?;
     let model = args.model.clone();
     let policy = tokio::task::spawn_blocking(move || {
         forgelog_model::load_policy(&model, &forgelog_stream::models_dir(), &device)

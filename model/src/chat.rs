@@ -3,6 +3,7 @@
 
 use forgelog_dialects::hf;
 use forgelog_dialects::splice::ChatRenderer;
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
 use std::sync::Arc;
@@ -114,9 +115,63 @@ fn compile(source: &str) -> Result<Environment<'static>, String> {
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
+    env.add_filter("tojson", tojson);
     env.add_template_owned(NAME, source.to_string())
         .map_err(|e| e.to_string())?;
     Ok(env)
+}
+
+/// Hugging Face's `tojson`: Python's `json.dumps(value, ensure_ascii=False,
+/// indent=indent, sort_keys=sort_keys)`, so `", "` and `": "` between items
+/// (`","` at line ends when indented) and nothing escaped for HTML.
+/// minijinja's own is compact and escapes `<`, `>`, `&` and `'`: a Qwen
+/// template's tool list rendered otherwise than the model was trained on.
+fn tojson(value: minijinja::Value, kwargs: Kwargs) -> Result<minijinja::Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // Keys are in order already: a JSON object here is a sorted map.
+    let _sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let value = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    python_json(&value, indent, 0, &mut out);
+    Ok(minijinja::Value::from_safe_string(out))
+}
+
+/// `value` as Python's `json.dumps` writes it (`ensure_ascii=False`).
+fn python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    let items: Vec<(Option<&String>, &Value)> = match value {
+        Value::Array(a) if !a.is_empty() => a.iter().map(|v| (None, v)).collect(),
+        Value::Object(o) if !o.is_empty() => o.iter().map(|(k, v)| (Some(k), v)).collect(),
+        // Scalars and empty containers: serde_json escapes strings as
+        // Python does without ensure_ascii.
+        other => return out.push_str(&other.to_string()),
+    };
+    let (open, close) = if value.is_array() {
+        ('[', ']')
+    } else {
+        ('{', '}')
+    };
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    out.push(open);
+    for (i, (key, item)) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        newline(out, depth + 1);
+        if let Some(key) = key {
+            out.push_str(&Value::from(key.as_str()).to_string());
+            out.push_str(": ");
+        }
+        python_json(item, indent, depth + 1, out);
+    }
+    newline(out, depth);
+    out.push(close);
 }
 
 /// The model's tokenizer, chat template and stop tokens: how a prompt's ids
@@ -259,5 +314,26 @@ mod tests {
         assert!(text.starts_with("add{"), "{text}");
         let err = t.render(&[], Some(&tools), true).unwrap_err();
         assert!(err.to_string().contains("no messages"), "{err}");
+    }
+
+    /// `tojson` writes what Python's `json.dumps` writes (Hugging Face's
+    /// filter): spaced separators, `<` and non-ASCII as they are, indented
+    /// when asked (strings from `json.dumps` in CPython 3.11).
+    #[test]
+    fn tojson_writes_what_transformers_writes() {
+        let t = ChatTemplate::new(
+            "{{ messages[0].x | tojson }}|{{ messages[0].x | tojson(indent=2) }}|{{ [] | tojson }}",
+            "",
+            "",
+        );
+        let x = json!({"b": [1, 2.5, null, true], "a": "x < y & 'é'\n", "c": {}});
+        let text = t
+            .render(&[json!({"role": "user", "content": "", "x": x})], None, false)
+            .unwrap();
+        assert_eq!(
+            text,
+            "{\"a\": \"x < y & 'é'\\n\", \"b\": [1, 2.5, null, true], \"c\": {}}|\
+             {\n  \"a\": \"x < y & 'é'\\n\",\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"c\": {}\n}|[]"
+        );
     }
 }

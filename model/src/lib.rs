@@ -9,6 +9,7 @@
 
 pub mod chat;
 pub mod config;
+mod device;
 mod frozen;
 pub mod hf;
 mod kv_cache;
@@ -21,6 +22,7 @@ pub mod transformer;
 
 pub use chat::{ChatCodec, ChatTemplate, TemplateError};
 pub use config::{Architecture, ModelConfig};
+pub use device::DeviceKind;
 pub use kv_cache::KvCache;
 pub use load::{
     default_gguf_path, load_chat_codec, load_gguf, load_hf_dir, load_policy, load_tokenizer,

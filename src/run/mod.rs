@@ -420,7 +420,10 @@ async fn orchestrate(
                 let engine = args.sync.reader(engine_url.as_deref().unwrap_or_default());
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 tokio::select! {
-                    true = crate::upstream::until_served(&engine, newest) => eprintln!("engine    serves version {newest}"),
+                    true = crate::upstream::until_served(&engine, newest) => {
+                        let times = sync.as_ref().and_then(|s| s.report.summary());
+                        eprintln!("engine    serves version {newest}; {}", times.unwrap_or_default());
+                    }
                     e = crate::upstream::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e:#}"),
                     _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
                 }

@@ -7,7 +7,7 @@
 //!
 //! `cargo run --release -p forgelog-trainer --example trainer-bench [-- --device cuda --dtype bf16 --shape qwen3-0.6b --peak-tflops 989]`
 
-use candle_core::{DType, Device};
+use candle_core::DType;
 use clap::Parser;
 use forgelog_model::lora::PROJECTIONS;
 use forgelog_model::LoraConfig;
@@ -35,8 +35,9 @@ struct Args {
     /// Skip the checkpoint write at the end (a big shape's takes minutes).
     #[arg(long)]
     no_checkpoint: bool,
+    /// `cpu` or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: forgelog_model::DeviceKind,
     #[arg(long, default_value = "f32")]
     dtype: String,
     #[arg(long, default_value_t = 8)]
@@ -55,10 +56,7 @@ struct Args {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let device = match args.device.as_str() {
-        "cuda" => Device::new_cuda(0)?,
-        _ => Device::Cpu,
-    };
+    let device = args.device.open()?;
     let dtype = match args.dtype.as_str() {
         "bf16" => DType::BF16,
         _ => DType::F32,

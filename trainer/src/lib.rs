@@ -47,11 +47,7 @@ pub enum TrainError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-}
+pub use forgelog_model::DeviceKind;
 
 /// `forgelog train`: GRPO on `forgelog.batches`, publishing policies.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,7 +57,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "smollm2")]
     pub model: String,
     /// Where to train: cpu, or cuda (a build with `--features cuda`)
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    #[arg(long, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Where checkpoints go (object_store URL); default `file://$PWD/.forgelog/checkpoints`.
     #[arg(long)]
@@ -196,14 +192,7 @@ impl TrainArgs {
 }
 
 fn device_and_dtype(args: &TrainArgs) -> Result<(Device, DType), TrainError> {
-    let device = match args.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::new_cuda(0).map_err(|e| {
-            TrainError::Device(format!(
-                "{e} (build with `--features cuda` for GPU support)"
-            ))
-        })?,
-    };
+    let device = args.device.open().map_err(TrainError::Device)?;
     let dtype = match (args.dtype.as_str(), args.device) {
         ("f32", _) => DType::F32,
         ("bf16", DeviceKind::Cuda) => DType::BF16,

@@ -130,7 +130,9 @@ pub fn plan(kind: EngineKind, mode: SyncMode, version: u64, dir: &str) -> Plan {
                 json!({"model_path": dir, "weight_version": version.to_string(),
                        "flush_cache": true}),
             )],
-            read_back: get("/model_info"),
+            // Every SGLang release serves `/get_model_info` (with
+            // `weight_version`); newer ones alias it as `/model_info`.
+            read_back: get("/get_model_info"),
             resume: None,
         },
         (EngineKind::Sglang, SyncMode::Adapter) => Plan {

@@ -59,7 +59,7 @@ fn sglang_updates_from_disk_with_its_version_and_flushes() {
         p.steps[0].body,
         Some(json!({"model_path": "/ckpt/v000012", "weight_version": "12", "flush_cache": true}))
     );
-    assert_eq!(p.read_back.path, "/model_info");
+    assert_eq!(p.read_back.path, "/get_model_info");
     let a = plan(EngineKind::Sglang, SyncMode::Adapter, 12, "/ckpt/v000012");
     assert_eq!(paths(&a), ["/load_lora_adapter", "/flush_cache"]);
     assert_eq!(

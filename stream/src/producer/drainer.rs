@@ -1,0 +1,411 @@
+//! The drainer: reads the spool in order and produces it to Kafka, a
+//! bounded window in flight; recovers after a failure or a killed writer
+//! (how: [`super`]); parks what the broker refuses for good and sends
+//! a refused call's stand-in in its place.
+
+use super::delivering::DeliveringProducer;
+use crate::spool::{Checkpoint, ParkedRecord, Spool, SpoolError, SpoolRecord};
+use crate::{ConsumeError, ReplayReader, StreamConfig};
+use forgelog_schemas::Codec;
+use futures::stream::{FuturesOrdered, StreamExt};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const WINDOW: usize = 4096;
+/// The checkpoint is saved (with an fsync) every this many deliveries, and when
+/// the drainer has been idle for `CHECKPOINT_IDLE`. A stale checkpoint costs
+/// only a longer recovery scan after a crash, never a duplicate; saving it after
+/// every quiet moment cost an fsync per event at low rates.
+const CHECKPOINT_EVERY: u64 = 2048;
+const CHECKPOINT_IDLE: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+enum DrainError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
+    #[error("spool read: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("recovery scan: {0}")]
+    Scan(#[from] ConsumeError),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub(super) struct Drainer {
+    config: rdkafka::ClientConfig,
+    /// The log, for the recovery scan (bounded reads with the [`ReplayReader`]).
+    stream: StreamConfig,
+    spool: Arc<Spool>,
+    checkpoint: Checkpoint,
+}
+
+/// A record's fate, unless the drain must stop and retry.
+enum Fate {
+    /// In the log at (partition, offset).
+    At(i32, i64),
+    /// The broker (or the client) refuses this record for good: retrying it
+    /// would only hold back every record behind it.
+    Refused(String),
+}
+
+type Delivered = Result<Fate, DrainError>;
+
+/// Refusals no retry can change: the record itself is the problem.
+fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::InvalidRecord | C::InvalidMessage)
+    )
+}
+
+/// The record sent in place of `rec`, which the broker refused for good
+/// (`reason`): a call's stand-in ([`Codec::stand_in`]), under the same seq;
+/// `None` for any other event (it stays parked).
+fn stand_in(rec: &SpoolRecord, reason: &str) -> Option<SpoolRecord> {
+    Some(SpoolRecord {
+        seq: rec.seq,
+        topic: rec.topic.clone(),
+        key: rec.key.clone(),
+        value: Codec::global().stand_in(&rec.value, reason)?,
+    })
+}
+
+fn refused_stand_in(seq: u64, reason: &str) {
+    tracing::error!(seq, %reason, "spool: the broker refused a refused call's stand-in too; its rollout stays a call short");
+    metrics::counter!("forgelog_spool_stand_ins_refused_total").increment(1);
+}
+
+impl Drainer {
+    pub(super) fn new(config: &StreamConfig, spool: Arc<Spool>) -> Result<Drainer, SpoolError> {
+        let io = |source| SpoolError::Io {
+            dir: spool.dir().to_path_buf(),
+            source,
+        };
+        let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
+        Ok(Drainer {
+            config: config.producer(),
+            stream: config.clone(),
+            spool,
+            checkpoint,
+        })
+    }
+
+    pub(super) async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.session(&mut stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, pending = self.spool.pending(), "spool drain interrupted; retrying");
+                    metrics::counter!("forgelog_spool_drain_errors_total").increment(1);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// One producer's lifetime: recover, then drain until stopped or failed.
+    async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), DrainError> {
+        let producer = DeliveringProducer::create(&self.config)?;
+        let mut already = self.recover().await?;
+        // Records refused before (by this process or one killed since) and
+        // not yet acknowledged: their stand-ins go in their place, made from
+        // the reason parked with them, so a stand-in already in the log is
+        // found by the recovery and not sent twice.
+        let mut refused_before: HashMap<u64, String> = ParkedRecord::list(self.spool.dir())
+            .map_err(DrainError::Io)?
+            .into_iter()
+            .filter(|p| p.seq >= self.checkpoint.acked_through)
+            .map(|p| (p.seq, p.reason))
+            .collect();
+        let mut reader = self.spool.reader(self.checkpoint.acked_through);
+        let mut inflight = FuturesOrdered::new();
+        let mut since_checkpoint = 0u64;
+        let mut last_done = Instant::now();
+        // Every failure leaves the loop with `break 'session`, never `?`: what
+        // is in flight must settle before the next session (below).
+        macro_rules! or_end {
+            ($label:lifetime, $e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) => break $label Err(e.into()),
+                }
+            };
+        }
+        let result: Result<(), DrainError> = 'session: loop {
+            while inflight.len() < WINDOW {
+                let Some(rec) = or_end!('session, reader.next_record()) else {
+                    break;
+                };
+                if !self.checkpoint.scan_from.contains_key(&rec.topic) {
+                    or_end!('session, self.mark_scan_base(&rec.topic).await);
+                }
+                let (rec, stood_in) = match refused_before.remove(&rec.seq) {
+                    Some(reason) => match stand_in(&rec, &reason) {
+                        Some(stand_in) => (stand_in, true),
+                        None => (rec, false),
+                    },
+                    None => (rec, false),
+                };
+                let seq = rec.seq;
+                let topic = rec.topic.clone();
+                let delivery: std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Delivered> + Send>,
+                > = match already.take(&rec) {
+                    Some((partition, offset)) => {
+                        Box::pin(std::future::ready(Ok(Fate::At(partition, offset))))
+                    }
+                    None => Box::pin(or_end!('session, self.produce(&producer, rec))),
+                };
+                let sent = Instant::now();
+                inflight.push_back(async move {
+                    let delivered = delivery.await;
+                    (seq, topic, stood_in, delivered, sent, Instant::now())
+                });
+            }
+            if inflight.is_empty() {
+                if *stop.borrow() {
+                    break Ok(());
+                }
+                let unsaved = since_checkpoint > 0;
+                tokio::select! {
+                    _ = self.spool.appended() => {}
+                    _ = stop.changed() => {}
+                    _ = tokio::time::sleep(CHECKPOINT_IDLE), if unsaved => {
+                        or_end!('session, self.save());
+                        since_checkpoint = 0;
+                    }
+                }
+                continue;
+            }
+            let Some((seq, topic, stood_in, delivered, sent, done)) = inflight.next().await else {
+                continue;
+            };
+            match delivered {
+                Ok(fate) => {
+                    match fate {
+                        Fate::At(partition, offset) => self.delivered_at(topic, partition, offset),
+                        Fate::Refused(reason) if stood_in => refused_stand_in(seq, &reason),
+                        Fate::Refused(reason) => {
+                            let rec = or_end!('session, self.spool.reader(seq).next_record());
+                            let rec = or_end!('session, rec.ok_or_else(|| DrainError::Other(format!("spool record {seq} vanished"))));
+                            or_end!('session, self.spool.park(&rec, &reason));
+                            // Its stand-in goes in its place, under its seq:
+                            // parked first, so a crash before the ack below
+                            // sends this same stand-in again, once.
+                            if let Some(stand_in) = stand_in(&rec, &reason) {
+                                let delivery = or_end!('session, self.produce(&producer, stand_in));
+                                match or_end!('session, delivery.await) {
+                                    Fate::At(partition, offset) => {
+                                        self.delivered_at(topic, partition, offset);
+                                        metrics::counter!("forgelog_spool_stand_ins_total")
+                                            .increment(1);
+                                    }
+                                    Fate::Refused(reason) => refused_stand_in(seq, &reason),
+                                }
+                            }
+                        }
+                    }
+                    self.checkpoint.acked_through = seq + 1;
+                    self.spool.delivered_through(seq + 1);
+                    metrics::counter!("forgelog_events_delivered_total").increment(1);
+                    since_checkpoint += 1;
+                    // How long the broker took with this record's request:
+                    // from its send, or from the delivery before it when it
+                    // waited behind that one here (a burst queued locally
+                    // dies with a killed writer; only requests on the wire
+                    // land late). A slowdown is saved at once: a writer
+                    // killed now leaves requests queued about that long.
+                    let took = done.duration_since(sent.max(last_done));
+                    last_done = last_done.max(done);
+                    let slowing = self.checkpoint.record_delivery(took);
+                    if since_checkpoint >= CHECKPOINT_EVERY || slowing {
+                        or_end!('session, self.save());
+                        since_checkpoint = 0;
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if result.is_err() {
+            // Nothing of this producer may land after the next session's
+            // recovery scan. Every record handed to it gets a delivery report
+            // (delivered, or refused by the broker: librdkafka retries
+            // transport failures without end, `message.timeout.ms=0`), so once
+            // all reports are in, nothing of ours is on the wire: settled by
+            // fact, not by a wait. Stopping instead purges, as the process ends.
+            while !*stop.borrow() {
+                tokio::select! {
+                    report = inflight.next() => if report.is_none() { break },
+                    // The producer is gone without a close: nobody waits.
+                    changed = stop.changed() => if changed.is_err() { break },
+                }
+            }
+            let _ = tokio::task::spawn_blocking(move || producer.shut_down()).await;
+        }
+        if since_checkpoint > 0 {
+            self.save()?;
+        }
+        result
+    }
+
+    /// Notes that a record is at `offset`: the recovery scan starts past it.
+    fn delivered_at(&mut self, topic: String, partition: i32, offset: i64) {
+        let from = self
+            .checkpoint
+            .scan_from
+            .entry(topic)
+            .or_default()
+            .entry(partition)
+            .or_insert(0);
+        *from = (*from).max(offset + 1);
+    }
+
+    /// Saves the checkpoint (and frees acknowledged segments).
+    fn save(&mut self) -> Result<(), SpoolError> {
+        self.spool.acknowledge(&self.checkpoint)?;
+        self.checkpoint.saved();
+        Ok(())
+    }
+
+    fn produce(
+        &self,
+        producer: &DeliveringProducer,
+        rec: SpoolRecord,
+    ) -> Result<impl std::future::Future<Output = Delivered> + Send, DrainError> {
+        let delivery = match producer.send(&rec.topic, &rec.key, &rec.value) {
+            Ok(d) => d,
+            Err(e) if refused_for_good(&e) => {
+                return Ok(futures::future::Either::Left(std::future::ready(Ok(
+                    Fate::Refused(format!("refused by the Kafka client: {e}")),
+                ))))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(futures::future::Either::Right(async move {
+            match delivery.await {
+                Some(Ok((partition, offset))) => Ok(Fate::At(partition, offset)),
+                Some(Err(e)) if refused_for_good(&e) => {
+                    Ok(Fate::Refused(format!("refused by the broker: {e}")))
+                }
+                Some(Err(e)) => Err(DrainError::Kafka(e)),
+                None => Err(DrainError::Other("producer dropped the message".into())),
+            }
+        }))
+    }
+
+    /// Before the first message to `topic`, remember where its partitions end:
+    /// nothing of ours can be before that.
+    async fn mark_scan_base(&mut self, topic: &str) -> Result<(), DrainError> {
+        let (config, topic) = (self.stream.clone(), topic.to_string());
+        let ends = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let reader = ReplayReader::new(&config)?;
+            let partitions = reader.partitions(&topic).map_err(|e| {
+                DrainError::Other(format!(
+                    "{e} (create the topics first: forgelog topics create)"
+                ))
+            })?;
+            let mut ends = std::collections::BTreeMap::new();
+            for p in partitions {
+                ends.insert(p, reader.end(&topic, p)?);
+            }
+            Ok((topic, ends))
+        })
+        .await
+        .map_err(|e| DrainError::Other(e.to_string()))??;
+        self.checkpoint.scan_from.insert(ends.0, ends.1);
+        self.checkpoint.store(self.spool.dir())?;
+        Ok(())
+    }
+
+    /// The messages past each partition's scan base: among them are any of our
+    /// unacknowledged records that did reach the broker.
+    async fn recover(&mut self) -> Result<Arrived, DrainError> {
+        if self.spool.next_seq() <= self.checkpoint.acked_through
+            || self.checkpoint.scan_from.is_empty()
+        {
+            return Ok(Arrived::default());
+        }
+        // The writer before (a killed process, or this one's producer before
+        // a failure) may have produce requests still queued at the broker:
+        // read the tails before they land and they would be sent twice.
+        let grace = self
+            .checkpoint
+            .recovery_grace(self.spool.options().recovery_grace);
+        tracing::info!(
+            ?grace,
+            slowest_delivery_ms = self.checkpoint.slowest_delivery_ms,
+            pending = self.spool.pending(),
+            "spool recovery: waiting for a dead writer's requests to land"
+        );
+        tokio::time::sleep(grace).await;
+        let scan_from = self.checkpoint.scan_from.clone();
+        let config = self.stream.clone();
+        let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
+            let reader = ReplayReader::new(&config)?;
+            let mut arrived = Arrived::default();
+            for (topic, parts) in &scan_from {
+                for (&partition, &from) in parts {
+                    let hi = reader.end(topic, partition)?;
+                    let _ = reader.for_each_in(topic, partition, from, hi, |rec| {
+                        let digest = Arrived::digest(topic, &rec.key, &rec.value);
+                        arrived
+                            .at
+                            .entry(digest)
+                            .or_default()
+                            .push_back((partition, rec.offset));
+                        std::ops::ControlFlow::Continue(())
+                    })?;
+                }
+            }
+            Ok(arrived)
+        })
+        .await
+        .map_err(|e| DrainError::Other(e.to_string()))??;
+        if !arrived.at.is_empty() {
+            tracing::info!(
+                messages = arrived.at.len(),
+                "spool recovery: scanned the topics' tails for records already delivered"
+            );
+        }
+        Ok(arrived)
+    }
+}
+
+/// Messages found past the scan bases, by digest of (topic, key, value); each
+/// can stand for one spool record only.
+#[derive(Default)]
+struct Arrived {
+    at: HashMap<[u8; 32], std::collections::VecDeque<(i32, i64)>>,
+}
+
+impl Arrived {
+    fn digest(topic: &str, key: &[u8], value: &[u8]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for part in [topic.as_bytes(), key, value] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.finalize().into()
+    }
+
+    /// Where `rec` already is in the log, if it is (consuming that message).
+    fn take(&mut self, rec: &SpoolRecord) -> Option<(i32, i64)> {
+        if self.at.is_empty() {
+            return None;
+        }
+        self.at
+            .get_mut(&Self::digest(&rec.topic, &rec.key, &rec.value))?
+            .pop_front()
+    }
+}
