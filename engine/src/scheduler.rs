@@ -157,6 +157,7 @@ struct Sequence {
     prefilled: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    /// Set when its prefill starts (see [`Loop::start_sequences`]).
     policy_version: u64,
 }
 
@@ -258,6 +259,12 @@ impl Loop {
                     }
                     None => {}
                 }
+            }
+            if new {
+                // The weights its prompt and first token are computed with:
+                // a swap applied after its admission and before this step
+                // serves it (swaps are taken between steps).
+                self.active[i].policy_version = self.version.load(Ordering::SeqCst);
             }
             if self.active[i].prefilled < self.active[i].request.prompt.len() {
                 prefilling.push(i);
@@ -488,4 +495,62 @@ fn finish(
         return Some((FinishReason::Length, decode(tokenizer, tokens)));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forgelog_model::testing::{random_policy, tiny_config};
+
+    fn serving(version: u64) -> (Loop, Transformer) {
+        let device = Device::Cpu;
+        let policy = random_policy(&tiny_config(64), "tiny", &device).unwrap();
+        let next = random_policy(&tiny_config(64), "tiny", &device).unwrap();
+        let state = Loop {
+            model: policy.model,
+            tokenizer: Arc::new(policy.tokenizer),
+            stop_token_ids: Vec::new(),
+            version: Arc::new(AtomicU64::new(version)),
+            admitted: Arc::default(),
+            reused: Arc::default(),
+            active: Vec::new(),
+            seeds: 0,
+            prefix_cache: PrefixCache::new(0),
+        };
+        (state, next.model)
+    }
+
+    /// A request admitted before a swap and prefilled after it was sampled
+    /// by the new weights: it says so (it used to carry the version it was
+    /// admitted under). One prefilled before the swap keeps its version.
+    #[test]
+    fn a_request_carries_the_version_that_prefilled_it() {
+        let request = GenerationRequest {
+            prompt: vec![1, 2, 3],
+            max_tokens: 3,
+            sampling: SamplerConfig::default(),
+            stop: Vec::new(),
+            ignore_eos: true,
+        };
+        let (mut state, next) = serving(4);
+        let (early, mut early_answer) = oneshot::channel();
+        state.apply(Command::Generate(request.clone(), Instant::now(), early));
+        state.step();
+        let (late, mut late_answer) = oneshot::channel();
+        state.apply(Command::Generate(request, Instant::now(), late));
+        let (swapped, _) = oneshot::channel();
+        state.apply(Command::Swap(Box::new(next), 5, swapped));
+        while !state.active.is_empty() {
+            state.step();
+        }
+        let version = |answer: &mut oneshot::Receiver<Result<Generation, String>>| {
+            answer.try_recv().unwrap().unwrap().policy_version
+        };
+        assert_eq!(version(&mut early_answer), 4, "prefilled before the swap");
+        assert_eq!(
+            version(&mut late_answer),
+            5,
+            "admitted before, prefilled after"
+        );
+    }
 }

@@ -133,45 +133,9 @@ fn tojson(value: minijinja::Value, kwargs: Kwargs) -> Result<minijinja::Value, E
     kwargs.assert_all_used()?;
     let value = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let mut out = String::new();
-    python_json(&value, indent, 0, &mut out);
-    Ok(minijinja::Value::from_safe_string(out))
-}
-
-/// `value` as Python's `json.dumps` writes it (`ensure_ascii=False`).
-fn python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut String) {
-    let items: Vec<(Option<&String>, &Value)> = match value {
-        Value::Array(a) if !a.is_empty() => a.iter().map(|v| (None, v)).collect(),
-        Value::Object(o) if !o.is_empty() => o.iter().map(|(k, v)| (Some(k), v)).collect(),
-        // Scalars and empty containers: serde_json escapes strings as
-        // Python does without ensure_ascii.
-        other => return out.push_str(&other.to_string()),
-    };
-    let (open, close) = if value.is_array() {
-        ('[', ']')
-    } else {
-        ('{', '}')
-    };
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
-        }
-    };
-    out.push(open);
-    for (i, (key, item)) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push_str(if indent.is_some() { "," } else { ", " });
-        }
-        newline(out, depth + 1);
-        if let Some(key) = key {
-            out.push_str(&Value::from(key.as_str()).to_string());
-            out.push_str(": ");
-        }
-        python_json(item, indent, depth + 1, out);
-    }
-    newline(out, depth);
-    out.push(close);
+    Ok(minijinja::Value::from_safe_string(hf::tojson(
+        &value, indent,
+    )))
 }
 
 /// The model's tokenizer, chat template and stop tokens: how a prompt's ids
@@ -328,7 +292,11 @@ mod tests {
         );
         let x = json!({"b": [1, 2.5, null, true], "a": "x < y & 'é'\n", "c": {}});
         let text = t
-            .render(&[json!({"role": "user", "content": "", "x": x})], None, false)
+            .render(
+                &[json!({"role": "user", "content": "", "x": x})],
+                None,
+                false,
+            )
             .unwrap();
         assert_eq!(
             text,

@@ -77,11 +77,12 @@ pub const END_ID: u32 = 256;
 /// text, as a template that shows none is given them), each closed by [`END`].
 pub const CHAT_TEMPLATE: &str = "{% if tools %}<|tools|>{{ tools | tojson }}<|end|>\n{% endif %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
 
-/// [`CHAT_TEMPLATE`] rendered here, with a generation prompt (the tools'
-/// JSON aside: Jinja's `tojson` escapes `<`, `>`, `&` and `'`).
+/// [`CHAT_TEMPLATE`] rendered here, with a generation prompt (the tools as
+/// Hugging Face's `tojson` writes them).
 pub fn render_prompt(messages: &[Value], tools: Option<&Value>) -> String {
     let mut s = String::new();
     if let Some(tools) = tools.filter(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
+        let tools = forgelog_dialects::hf::tojson(tools, None);
         s.push_str(&format!("<|tools|>{tools}{END}\n"));
     }
     for m in messages {

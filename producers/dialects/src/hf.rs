@@ -62,6 +62,53 @@ pub fn hf_message_with_hermes_calls(message: &Value) -> Value {
     message
 }
 
+/// `value` as Hugging Face's `tojson` filter writes it: Python's
+/// `json.dumps(value, ensure_ascii=False, indent=indent)`, so `", "` and
+/// `": "` between items (`","` at line ends when indented) and nothing
+/// escaped for HTML. Object keys come in the map's order (serde_json's:
+/// sorted).
+pub fn tojson(value: &Value, indent: Option<usize>) -> String {
+    let mut out = String::new();
+    write_json(value, indent, 0, &mut out);
+    out
+}
+
+/// `value` as Python's `json.dumps` writes it (`ensure_ascii=False`).
+fn write_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    let items: Vec<(Option<&String>, &Value)> = match value {
+        Value::Array(a) if !a.is_empty() => a.iter().map(|v| (None, v)).collect(),
+        Value::Object(o) if !o.is_empty() => o.iter().map(|(k, v)| (Some(k), v)).collect(),
+        // Scalars and empty containers: serde_json escapes strings as
+        // Python does without ensure_ascii.
+        other => return out.push_str(&other.to_string()),
+    };
+    let (open, close) = if value.is_array() {
+        ('[', ']')
+    } else {
+        ('{', '}')
+    };
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    out.push(open);
+    for (i, (key, item)) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        newline(out, depth + 1);
+        if let Some(key) = key {
+            out.push_str(&Value::from(key.as_str()).to_string());
+            out.push_str(": ");
+        }
+        write_json(item, indent, depth + 1, out);
+    }
+    newline(out, depth);
+    out.push(close);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
