@@ -13,10 +13,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use forgelog_stream::testing::{free_local_addr, unique_run_id, PrivateBroker};
-use std::process::Command;
+use forgelog_stream::testing::{unique_run_id, PrivateBroker};
 use std::time::Instant;
-use support::vllm::{untied, Vllm};
+use support::vllm::{untied_smollm2_folder, up_demo_through, Vllm};
 
 fn main() {
     let modes: Vec<String> = std::env::args()
@@ -30,39 +29,22 @@ fn main() {
     };
     let steps = std::env::var("FORGELOG_BENCH_STEPS").unwrap_or_else(|_| "30".into());
     let root = tempfile::tempdir().unwrap();
-    let policy = forgelog_model::load_policy(
-        "smollm2",
-        &forgelog_stream::models_dir(),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    let policy = untied(&policy, &policy);
-    let model = root.path().join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    support::write_hf_model_folder(&policy, &model);
+    let model = untied_smollm2_folder(root.path());
     let broker = PrivateBroker::start().unwrap();
     let brokers = broker.config().brokers;
     let vllm = Vllm::start(&model, root.path());
     for mode in modes {
         let run = unique_run_id(&format!("vllm-loop-{mode}"));
         let home = root.path().join(&run);
-        let mut up = Command::new(env!("CARGO_BIN_EXE_forgelog"));
-        up.args(["up", "--demo", "--train", "--steps", &steps])
-            .args(["--upstream", &vllm.url, "--engine", "vllm"])
-            .arg("--model")
-            .arg(&model)
-            .arg("--tokenizer")
-            .arg(&model)
-            .args(["--brokers", &brokers, "--run", &run])
-            .args(["--proxy-listen", &free_local_addr().to_string()])
-            .arg("--home")
-            .arg(home.join("state"))
-            .arg("--export-to")
-            .arg(home.join("data"));
-        if mode == "adapter" {
-            up.args(["--sync-mode", "adapter", "--lora-rank", "8"])
-                .args(["--learning-rate", "5e-4"]);
-        }
+        let mut up = up_demo_through(
+            &vllm,
+            &model,
+            &brokers,
+            &run,
+            &home,
+            &steps,
+            mode == "adapter",
+        );
         let started = Instant::now();
         let out = up.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -32,7 +32,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, stderr_of};
 use support::shipped;
-use support::vllm::{adapted_policy, load_adapter, logprob_gap, untied, Vllm};
+use support::vllm::{
+    adapted_policy, load_adapter, logprob_gap, untied, untied_smollm2_folder, up_demo_through, Vllm,
+};
 
 #[test]
 fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
@@ -553,19 +555,7 @@ fn up_demo_trains_through_a_real_vllm_kept_in_sync_from_the_log() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let config = rt.block_on(forgelog_stream::testing::shared_broker());
     let root = tempfile::tempdir().unwrap();
-    let policy = forgelog_model::load_policy(
-        "smollm2",
-        &forgelog_stream::models_dir(),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    // Untied: vLLM reloads a tied output head's old weights (see
-    // `cargo bench --bench engine-gap`), so the full-weight loop trains an
-    // untied copy of SmolLM2 and every on-policy step is exact.
-    let policy = untied(&policy, &policy);
-    let model = root.path().join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    support::write_hf_model_folder(&policy, &model);
+    let model = untied_smollm2_folder(root.path());
     let vllm = Vllm::start(&model, root.path());
     let http = reqwest::Client::new();
     let models = |rt: &tokio::runtime::Runtime| -> Vec<String> {
@@ -619,24 +609,9 @@ fn closed_loop(
     let run = unique_run_id(if lora { "loop-vllm-lora" } else { "loop-vllm" });
     let home = root.join(&run);
     let started = Instant::now();
-    let mut up = Command::new(env!("CARGO_BIN_EXE_forgelog"));
-    up.args(["up", "--demo", "--train", "--steps", "3"])
-        .args(["--upstream", &vllm.url, "--engine", "vllm"])
-        .arg("--model")
-        .arg(model)
-        .arg("--tokenizer")
-        .arg(model)
-        .args(["--brokers", &config.brokers, "--run", &run])
-        .args(["--proxy-listen", &free_local_addr().to_string()])
-        .arg("--home")
-        .arg(home.join("state"))
-        .arg("--export-to")
-        .arg(home.join("data"));
-    if lora {
-        up.args(["--lora-rank", "8", "--sync-mode", "adapter"])
-            .args(["--learning-rate", "5e-4"]);
-    }
-    let out = up.output().unwrap();
+    let out = up_demo_through(vllm, model, &config.brokers, &run, &home, "3", lora)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!(

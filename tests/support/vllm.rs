@@ -245,3 +245,54 @@ pub fn with_weights(
     p.weights = weights;
     p
 }
+
+/// SmolLM2 as forgelog writes it, untied (vLLM reloads a tied output head's
+/// old weights: `cargo bench --bench engine-gap`, so a full-weight loop
+/// trains an untied copy and every on-policy step is exact), as a Hugging
+/// Face folder in `dir/model`: what the closed loop's vLLM serves.
+pub fn untied_smollm2_folder(dir: &Path) -> std::path::PathBuf {
+    let policy = forgelog_model::load_policy(
+        "smollm2",
+        &forgelog_stream::models_dir(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let policy = untied(&policy, &policy);
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    super::write_hf_model_folder(&policy, &model);
+    model
+}
+
+/// `forgelog up --demo --train --steps STEPS` through `vllm` serving
+/// `model`, on `brokers`, as run `run` with its state under `home`; with
+/// `adapter`, a rank-8 LoRA synced as one adapter per version (learning
+/// rate 5e-4), else full weights at the default rate.
+pub fn up_demo_through(
+    vllm: &Vllm,
+    model: &Path,
+    brokers: &str,
+    run: &str,
+    home: &Path,
+    steps: &str,
+    adapter: bool,
+) -> Command {
+    let mut up = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    up.args(["up", "--demo", "--train", "--steps", steps])
+        .args(["--upstream", &vllm.url, "--engine", "vllm"])
+        .arg("--model")
+        .arg(model)
+        .arg("--tokenizer")
+        .arg(model)
+        .args(["--brokers", brokers, "--run", run])
+        .args(["--proxy-listen", &free_local_addr().to_string()])
+        .arg("--home")
+        .arg(home.join("state"))
+        .arg("--export-to")
+        .arg(home.join("data"));
+    if adapter {
+        up.args(["--sync-mode", "adapter", "--lora-rank", "8"])
+            .args(["--learning-rate", "5e-4"]);
+    }
+    up
+}
