@@ -255,6 +255,7 @@ pub fn run<P: Processor>(
         path: options.state_dir.clone(),
         source,
     })?;
+    let config = &rt.block_on(forgelog_stream::admin::within_broker_ceiling(config));
     let producer = EventProducer::start(
         config,
         options.state_dir.join("spool"),

@@ -305,36 +305,6 @@ pub fn raise_fd_limit() -> u64 {
     lim.rlim_cur
 }
 
-/// `stream` with its claim ceiling ([`forgelog_stream::claims::ClaimsConfig`])
-/// lowered to what the broker says its topics take, less 1/32 for a batch's
-/// framing and compression's worst case: an event over it is a claim check,
-/// never a record the broker refuses. The flag's value holds where the broker
-/// says nothing (tansu, unless the topics were created with
-/// `max.message.bytes`) or cannot be asked (down at start: the spool waits).
-async fn within_broker_ceiling(stream: &StreamConfig) -> StreamConfig {
-    let mut stream = stream.clone();
-    let topics = forgelog_schemas::Topic::ALL;
-    let flag = stream.claims.max_record_bytes;
-    match forgelog_stream::admin::record_ceiling(&stream, &topics, Duration::from_secs(3)).await {
-        Ok(Some(broker)) => {
-            stream.claims.max_record_bytes = flag.min(broker - broker / 32);
-            tracing::info!(
-                broker_max_message_bytes = broker,
-                flag,
-                max_record_bytes = stream.claims.max_record_bytes,
-                "the broker's topics say the largest record they take"
-            );
-        }
-        Ok(None) => tracing::info!(
-            max_record_bytes = flag,
-            "the broker does not say its topics' max.message.bytes: --max-record-bytes holds"
-        ),
-        Err(e) => tracing::warn!(error = %e, max_record_bytes = flag,
-            "could not ask the broker its topics' max.message.bytes: --max-record-bytes holds"),
-    }
-    stream
-}
-
 /// A proxy serving in this process (the CLI, tests, the load bench).
 pub struct RunningProxy {
     pub addr: SocketAddr,
@@ -388,7 +358,7 @@ impl RunningProxy {
             eprintln!("{line}\nforgelog proxy: upstream {} is NOT TRAINABLE as probed: {w}\ncalls are served and recorded with trainable=false and the reason\n{line}", config.upstream);
             tracing::warn!(upstream = %config.upstream, reason = %w, "upstream not trainable");
         }
-        let stream = within_broker_ceiling(stream).await;
+        let stream = forgelog_stream::admin::within_broker_ceiling(stream).await;
         let producer = Arc::new(EventProducer::start(
             &stream,
             spool,

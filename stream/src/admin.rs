@@ -125,6 +125,37 @@ pub async fn record_ceiling(
         .min())
 }
 
+/// `stream` with its claim ceiling ([`crate::claims::ClaimsConfig`])
+/// lowered to what the broker says its topics take, less 1/32 for a batch's
+/// framing and compression's worst case: an event over it is a claim check,
+/// never a record the broker refuses. The producers of events that can be
+/// large ask at start: the proxy and the consumer shells. The flag's value
+/// holds where the broker says nothing (tansu, unless the topics were
+/// created with `max.message.bytes`) or cannot be asked (down at start: the
+/// spool waits).
+pub async fn within_broker_ceiling(stream: &StreamConfig) -> StreamConfig {
+    let mut stream = stream.clone();
+    let flag = stream.claims.max_record_bytes;
+    match record_ceiling(&stream, &Topic::ALL, Duration::from_secs(3)).await {
+        Ok(Some(broker)) => {
+            stream.claims.max_record_bytes = flag.min(broker - broker / 32);
+            tracing::info!(
+                broker_max_message_bytes = broker,
+                flag,
+                max_record_bytes = stream.claims.max_record_bytes,
+                "the broker's topics say the largest record they take"
+            );
+        }
+        Ok(None) => tracing::info!(
+            max_record_bytes = flag,
+            "the broker does not say its topics' max.message.bytes: --max-record-bytes holds"
+        ),
+        Err(e) => tracing::warn!(error = %e, max_record_bytes = flag,
+            "could not ask the broker its topics' max.message.bytes: --max-record-bytes holds"),
+    }
+    stream
+}
+
 /// A topic as the broker describes it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TopicInfo {

@@ -436,3 +436,62 @@ fn an_unreadable_claim_holds_its_partition_and_is_derived_once_it_reads() {
     assert_eq!(ids(&log.events(Topic::Trajectories.name())), ids(&expected));
     assert!(!expected.is_empty());
 }
+
+/// Topics that say a small record ceiling (`max.message.bytes`, which a
+/// stock Kafka always describes): the shell reads it at start, as the proxy
+/// does, and its trajectories over it go to the claim store instead of into
+/// records the broker would refuse; they read back as the core derives them.
+#[test]
+fn outputs_over_the_ceiling_the_brokers_topics_say_are_claimed() {
+    use forgelog_stream::admin::{create_topics, TopicLayout};
+    use forgelog_stream::claims::ClaimsConfig;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let broker = forgelog_stream::testing::PrivateBroker::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = broker.config();
+    config.claims = ClaimsConfig {
+        location: dir.path().join("claims").display().to_string(),
+        max_record_bytes: 1_000_000,
+    };
+    let ceiling = 32 << 10;
+    let layout = TopicLayout {
+        max_message_bytes: Some(ceiling),
+        ..Default::default()
+    };
+    rt.block_on(create_topics(&config, &layout)).unwrap();
+    let inputs = recorded_run("ceiling", 1, 2, 2, 4000);
+    rt.block_on(forgelog_stream::testing::produce(&config, &inputs));
+    let options = ShellOptions {
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(dir.path().join("trajectories"))
+    };
+    run(&config, TrajectoryBuilder::default(), &options).unwrap();
+
+    let got = forgelog_stream::ReplayReader::new(&config)
+        .unwrap()
+        .read(
+            Topic::Trajectories.name(),
+            forgelog_stream::StartAt::Beginning,
+            Some("ceiling"),
+        )
+        .unwrap();
+    assert!(
+        got.iter()
+            .any(|r| forgelog_schemas::Claim::is_claim(&r.value)),
+        "no trajectory was claimed"
+    );
+    assert!(got.iter().all(|r| r.key.len() + r.value.len() <= ceiling));
+    let events: Vec<Event> = got.into_iter().map(|r| r.event.unwrap()).collect();
+    let by_topic = {
+        let mut m = std::collections::BTreeMap::new();
+        for e in &inputs {
+            m.entry(e.topic()).or_insert_with(Vec::new).push(e.clone());
+        }
+        m
+    };
+    let expected = rebuild(&by_topic, RewardConfig::default()).trajectories;
+    assert!(!expected.is_empty());
+    assert_eq!(ids(&events), ids(&expected));
+}
