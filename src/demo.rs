@@ -21,7 +21,7 @@ pub async fn run(
     engine: &str,
     run_id: &str,
     args: &crate::up::UpArgs,
-    sync: Option<crate::upstream::SyncReport>,
+    sync: Option<forgelog_sync::SyncTimes>,
 ) -> Result<()> {
     let (export_to, json) = (args.export_to.as_path(), args.json);
     let train_steps = args.train.then_some(args.steps);

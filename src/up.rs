@@ -253,11 +253,11 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
-    let sync_report = sync.as_ref().map(|s| s.report.clone());
+    let sync_times = sync.as_ref().map(|s| s.times.clone());
     let synced = crate::upstream::ended(&mut sync);
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args, sync_report) => r,
+            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args, sync_times) => r,
             e = synced => Err(e),
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }

@@ -84,13 +84,10 @@ impl UpstreamArgs {
         // Before any call: the engine names the version it serves first.
         let served = sync.start().await?;
         let brokers = brokers.to_string();
-        let (kind, times) = (sync.kind(), sync.times());
+        let times = sync.times();
         let task =
             tokio::spawn(async move { forgelog_sync::follow_from(&sync, &brokers, served).await });
-        Ok(Some(SyncTask {
-            task,
-            report: SyncReport { kind, times },
-        }))
+        Ok(Some(SyncTask { task, times }))
     }
 }
 
@@ -111,23 +108,8 @@ pub async fn until_served(engine: &EngineSync, version: u64) -> bool {
 /// A running sync: it ends only by failing.
 pub struct SyncTask {
     task: tokio::task::JoinHandle<Result<(), forgelog_sync::SyncError>>,
-    pub report: SyncReport,
-}
-
-/// What a sync did, for the run's summary.
-#[derive(Debug, Clone)]
-pub struct SyncReport {
-    /// `vllm, adapter`: the engine and how it is synced.
-    kind: String,
-    times: forgelog_sync::SyncTimes,
-}
-
-impl SyncReport {
-    /// `sync per version (vllm, adapter): mean A s, max B s over N versions`.
-    pub fn summary(&self) -> Option<String> {
-        let times = self.times.summary()?;
-        Some(format!("sync per version ({}): {times}", self.kind))
-    }
+    /// How long each version took to serve, for the run's summary.
+    pub times: forgelog_sync::SyncTimes,
 }
 
 /// Resolves when `sync` ends, with why (and leaves `None` in its place);

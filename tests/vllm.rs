@@ -33,23 +33,15 @@ use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, stderr_of};
 use support::shipped;
 use support::vllm::{
-    adapted_policy, load_adapter, logprob_gap, untied, untied_smollm2_folder, up_demo_through, Vllm,
+    adapted_policy, load_adapter, logprob_gap, untied_smollm2_folder, up_demo_through, Vllm,
 };
 
 #[test]
 fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
     let f = fixture();
-    let model = tempfile::tempdir().unwrap();
-    let policy = forgelog_model::load_policy(
-        "smollm2",
-        &forgelog_stream::models_dir(),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    // Untied: vLLM reloads every weight of it (`cargo bench --bench engine-gap`).
-    let policy = untied(&policy, &policy);
-    support::write_hf_model_folder(&policy, model.path());
-    let vllm = Vllm::start(model.path(), model.path());
+    let root = tempfile::tempdir().unwrap();
+    let model = untied_smollm2_folder(root.path());
+    let vllm = Vllm::start(&model, root.path());
     let http = reqwest::Client::new();
     let rt = tokio::runtime::Runtime::new().unwrap();
 
@@ -66,9 +58,9 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         .args(["--upstream", &vllm.url, "--engine", "vllm"])
         .args(["--brokers", &f.stream.brokers])
         .arg("--model")
-        .arg(model.path())
+        .arg(&model)
         .arg("--tokenizer")
-        .arg(model.path())
+        .arg(&model)
         .args(["--max-model-calls", "3", "--max-tokens", "24"])
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
         .args(["--learning-rate", "1e-4"])
@@ -198,7 +190,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     let spool = tempfile::tempdir().unwrap();
     let mut proxy = Command::new(env!("CARGO_BIN_EXE_forgelog"))
         .args(["proxy", "--upstream", &vllm.url, "--tokenizer"])
-        .arg(model.path())
+        .arg(&model)
         .args([
             "--listen",
             &listen.to_string(),

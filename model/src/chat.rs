@@ -121,11 +121,9 @@ fn compile(source: &str) -> Result<Environment<'static>, String> {
     Ok(env)
 }
 
-/// Hugging Face's `tojson`: Python's `json.dumps(value, ensure_ascii=False,
-/// indent=indent, sort_keys=sort_keys)`, so `", "` and `": "` between items
-/// (`","` at line ends when indented) and nothing escaped for HTML.
-/// minijinja's own is compact and escapes `<`, `>`, `&` and `'`: a Qwen
-/// template's tool list rendered otherwise than the model was trained on.
+/// Hugging Face's `tojson` filter ([`hf::tojson`]). minijinja's own is
+/// compact and escapes `<`, `>`, `&` and `'`: a Qwen template's tool list
+/// rendered otherwise than the model was trained on.
 fn tojson(value: minijinja::Value, kwargs: Kwargs) -> Result<minijinja::Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     // Keys are in order already: a JSON object here is a sorted map.

@@ -421,8 +421,10 @@ async fn orchestrate(
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 tokio::select! {
                     true = crate::upstream::until_served(&engine, newest) => {
-                        let times = sync.as_ref().and_then(|s| s.report.summary());
-                        eprintln!("engine    serves version {newest}; {}", times.unwrap_or_default());
+                        eprintln!("engine    serves version {newest}");
+                        if let Some(times) = sync.as_ref().and_then(|s| s.times.summary()) {
+                            eprintln!("engine    {times}");
+                        }
                     }
                     e = crate::upstream::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e:#}"),
                     _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),

@@ -126,31 +126,31 @@ pub struct EngineSync {
 
 /// How long each version took to serve (staged, loaded, read back from the
 /// engine), for whoever reports the run; shared with the sync's task.
-#[derive(Debug, Clone, Default)]
-pub struct SyncTimes(std::sync::Arc<std::sync::Mutex<Vec<(u64, Duration)>>>);
+#[derive(Debug, Clone)]
+pub struct SyncTimes {
+    /// `vllm, adapter`: the engine and how it is synced.
+    kind: String,
+    took: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+}
 
 impl SyncTimes {
-    fn record(&self, version: u64, took: Duration) {
-        self.0
+    fn record(&self, took: Duration) {
+        self.took
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((version, took));
+            .push(took);
     }
 
-    /// (version, time to serve it), in the order served.
-    pub fn served(&self) -> Vec<(u64, Duration)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// `mean A s, max B s over N versions`; `None` before the first.
+    /// `sync per version (vllm, adapter): mean A s, max B s over N
+    /// versions`; `None` before the first.
     pub fn summary(&self) -> Option<String> {
-        let served = self.served();
-        let secs: Vec<f64> = served.iter().map(|(_, d)| d.as_secs_f64()).collect();
-        let max = secs.iter().copied().reduce(f64::max)?;
-        let mean = secs.iter().sum::<f64>() / secs.len() as f64;
+        let took = self.took.lock().unwrap_or_else(|p| p.into_inner());
+        let max = took.iter().max()?.as_secs_f64();
+        let mean = took.iter().sum::<Duration>().as_secs_f64() / took.len() as f64;
         Some(format!(
-            "mean {mean:.2} s, max {max:.2} s over {} versions",
-            secs.len()
+            "sync per version ({}): mean {mean:.2} s, max {max:.2} s over {} versions",
+            self.kind,
+            took.len()
         ))
     }
 }
@@ -158,21 +158,19 @@ impl SyncTimes {
 impl EngineSync {
     pub fn new(args: SyncArgs) -> EngineSync {
         EngineSync {
-            args,
             http: reqwest::Client::new(),
             warned: AtomicBool::new(false),
-            times: SyncTimes::default(),
+            times: SyncTimes {
+                kind: format!("{:?}, {:?}", args.engine, args.sync_mode).to_lowercase(),
+                took: Default::default(),
+            },
+            args,
         }
     }
 
     /// The time each version took to serve, as the sync goes.
     pub fn times(&self) -> SyncTimes {
         self.times.clone()
-    }
-
-    /// `vllm, adapter`: what is synced, how.
-    pub fn kind(&self) -> String {
-        format!("{:?}, {:?}", self.args.engine, self.args.sync_mode).to_lowercase()
     }
 
     fn engine(&self) -> String {
@@ -384,7 +382,7 @@ impl EngineSync {
             }
         }
         let took = started.elapsed();
-        self.times.record(version, took);
+        self.times.record(took);
         metrics::histogram!("forgelog_sync_seconds").record(took.as_secs_f64());
         metrics::gauge!("forgelog_sync_served_version").set(version as f64);
         Ok(took)

@@ -150,11 +150,11 @@ impl Drainer {
                 if !self.checkpoint.scan_from.contains_key(&rec.topic) {
                     or_end!('session, self.mark_scan_base(&rec.topic).await);
                 }
-                let (rec, stood_in) = match refused_before.remove(&rec.seq) {
-                    Some(reason) => match stand_in(&rec, &reason) {
-                        Some(stand_in) => (stand_in, true),
-                        None => (rec, false),
-                    },
+                let stood_in_for = refused_before
+                    .remove(&rec.seq)
+                    .and_then(|reason| stand_in(&rec, &reason));
+                let (rec, stood_in) = match stood_in_for {
+                    Some(stand_in) => (stand_in, true),
                     None => (rec, false),
                 };
                 let seq = rec.seq;
