@@ -50,17 +50,42 @@ pub fn trainer_args(
     Ok(TrainCli::try_parse_from(argv)?.train)
 }
 
-/// Why the learner stopped, once it has (it runs until told to stop).
-#[derive(Clone, Default)]
-pub struct LearnerEnd(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+/// Why the learner stopped, once it has (it runs until told to stop, or to
+/// its `--max-steps`), and whether it failed.
+#[derive(Clone)]
+pub struct LearnerEnd(std::sync::Arc<tokio::sync::watch::Sender<Option<(String, bool)>>>);
+
+impl Default for LearnerEnd {
+    fn default() -> LearnerEnd {
+        LearnerEnd(std::sync::Arc::new(tokio::sync::watch::Sender::new(None)))
+    }
+}
 
 impl LearnerEnd {
     pub fn get(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.borrow().as_ref().map(|(why, _)| why.clone())
     }
 
-    fn set(&self, why: String) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    fn set(&self, why: String, failed: bool) {
+        self.0.send_replace(Some((why, failed)));
+    }
+
+    /// Resolves once the learner has failed (an error, a panic), with why;
+    /// never while it runs or after it reached its last step. A loop that
+    /// waits for versions waits on this beside them: a failed learner
+    /// publishes none (found by CI, where a full disk failed a checkpoint
+    /// and `up --demo --train` waited on).
+    pub async fn failed(&self) -> String {
+        let mut seen = self.0.subscribe();
+        let why = seen
+            .wait_for(|end| end.as_ref().is_some_and(|(_, failed)| *failed))
+            .await
+            .map(|end| end.as_ref().map(|(why, _)| why.clone()).unwrap_or_default());
+        match why {
+            Ok(why) => why,
+            // The sender lives in `self`: it cannot be dropped while we wait.
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -114,14 +139,14 @@ impl Learning {
             let learner = tokio::spawn(forgelog_trainer::run(train));
             let abort = learner.abort_handle();
             let watch = tokio::spawn(async move {
-                let why = match learner.await {
-                    Ok(Ok(())) => "the learner exited".to_string(),
-                    Ok(Err(e)) => format!("the learner failed: {e}"),
+                let (why, failed) = match learner.await {
+                    Ok(Ok(())) => ("the learner exited".to_string(), false),
+                    Ok(Err(e)) => (format!("the learner failed: {e}"), true),
                     Err(e) if e.is_cancelled() => return, // stopped by `stop`
-                    Err(_) => "the learner panicked".to_string(),
+                    Err(_) => ("the learner panicked".to_string(), true),
                 };
                 eprintln!("trainer   stopped: {why}");
-                end.set(why);
+                end.set(why, failed);
             });
             (abort, watch)
         });

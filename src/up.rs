@@ -255,16 +255,22 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     );
     let sync_times = sync.as_ref().map(|s| s.times.clone());
     let synced = crate::upstream::ended(&mut sync);
+    // A failed learner publishes no more versions: the loop stops with why,
+    // rather than wait for one.
+    let learner_end = learning.learner_end.clone();
+    let learner_stopped = async { anyhow::anyhow!("{}", learner_end.failed().await) };
     let result = if args.demo {
         tokio::select! {
             r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args, sync_times) => r,
             e = synced => Err(e),
+            e = learner_stopped => Err(e),
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
         tokio::select! {
             r = serve(config, &base, &admin_token, &run, stamp, stop) => r,
             e = synced => Err(e),
+            e = learner_stopped => Err(e),
         }
     };
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");

@@ -23,6 +23,7 @@ struct Cluster {
     upstream: String,
     cluster: FakeCluster,
     proxy: SocketAddr,
+    runs: support::RunDirs,
 }
 
 fn cluster() -> Cluster {
@@ -48,11 +49,13 @@ fn cluster() -> Cluster {
         upstream: format!("http://{addr}"),
         cluster,
         proxy,
+        runs: Default::default(),
     }
 }
 
 impl Cluster {
     fn run(&self, tasks: &Path, run: &str, harnesses: &str, extra: &[&str]) -> Output {
+        self.runs.add(run);
         let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
             .arg("run")
             .arg(tasks)

@@ -601,9 +601,12 @@ fn closed_loop(
     let run = unique_run_id(if lora { "loop-vllm-lora" } else { "loop-vllm" });
     let home = root.join(&run);
     let started = Instant::now();
-    let out = up_demo_through(vllm, model, &config.brokers, &run, &home, "3", lora)
-        .output()
-        .unwrap();
+    // 114-127 s each here and in CI: a hung loop is stopped well within the
+    // test's budget, and says where it was.
+    let (out, timed_out) = support::output_within(
+        &mut up_demo_through(vllm, model, &config.brokers, &run, &home, "3", lora),
+        Duration::from_secs(300),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!(
@@ -611,8 +614,8 @@ fn closed_loop(
         started.elapsed().as_secs_f64()
     );
     assert!(
-        out.status.success(),
-        "{}\nvLLM's log ends:\n{}",
+        out.status.success() && !timed_out,
+        "timed out: {timed_out}\n{}\nvLLM's log ends:\n{}",
         &stderr[stderr.len().saturating_sub(3000)..],
         vllm.log_tail()
     );

@@ -137,3 +137,85 @@ pub fn check_hf_model_folder(dir: &Path, policy: &forgelog_model::Policy) -> ser
         .unwrap()
         .block_on(python_json_with(&torch_venv_python(), &script, &args))
 }
+
+/// The run directories (`$FORGELOG_HOME/runs/R` and `R.replay`) of the runs a
+/// test starts, removed once it passes: each holds its attempts' output and,
+/// when it trains, gigabytes of checkpoints. Left in place by a failing test,
+/// for whoever looks into it. (Found by CI: 15 GB of them, left by earlier
+/// runs of the suite, filled the disk and a learner's checkpoint write failed.)
+#[derive(Default)]
+pub struct RunDirs(std::sync::Mutex<Vec<String>>);
+
+impl RunDirs {
+    pub fn add(&self, run: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(run.to_string());
+    }
+}
+
+impl Drop for RunDirs {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let runs = forgelog_stream::forgelog_home().join("runs");
+        for run in self.0.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
+            for dir in [run.clone(), format!("{run}.replay")] {
+                let _ = std::fs::remove_dir_all(runs.join(dir));
+            }
+        }
+    }
+}
+
+/// Runs `cmd` to its end, or for `limit` at most: then it is interrupted
+/// (SIGINT: it stops as on Ctrl-C, saying what it was doing) and killed 20 s
+/// later. Its output either way, and whether it ran out of time: a test that
+/// waits on a hung process prints what the process said, where the test
+/// runner's own timeout would kill both and keep nothing of it.
+pub fn output_within(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> (std::process::Output, bool) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let started = std::time::Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        let waited = started.elapsed();
+        if waited > limit && !timed_out {
+            timed_out = true;
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+        }
+        if waited > limit + std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let output = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (output, timed_out)
+}

@@ -20,6 +20,8 @@ pub struct Fixture {
     pub fake: std::sync::Arc<fake_upstream::FakeUpstream>,
     /// The fake model's folder (`--tokenizer`).
     pub model: tempfile::TempDir,
+    /// The runs started through it, whose directories go with it.
+    pub runs: super::RunDirs,
 }
 
 pub fn fixture() -> Fixture {
@@ -43,11 +45,13 @@ pub fn fixture() -> Fixture {
         upstream: format!("http://{addr}"),
         fake,
         model,
+        runs: Default::default(),
     }
 }
 
 impl Fixture {
     pub fn command(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Command {
+        self.runs.add(run);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
         cmd.arg("run")
             .arg(tasks)
