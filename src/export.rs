@@ -3,8 +3,9 @@
 //! `forgelog export atif`: its rollouts as ATIF trajectories (Harbor's format);
 //! `forgelog export model`: a trained version as a Hugging Face model folder.
 
+use crate::source::SourceArgs;
 use crate::BrokerArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use forgelog_consumers::export;
 use forgelog_schemas::Event;
 use forgelog_schemas::Topic;
@@ -30,7 +31,7 @@ pub enum ExportAction {
         #[arg(long)]
         min_reward: Option<f64>,
         #[command(flatten)]
-        broker: BrokerArgs,
+        source: SourceArgs,
     },
     /// Every path of a run for offline RL (tokens, sampling logprobs, policy versions,
     /// rewards, advantages, groups) and preference data from groups whose rewards
@@ -45,7 +46,7 @@ pub enum ExportAction {
         #[arg(long)]
         to: String,
         #[command(flatten)]
-        broker: BrokerArgs,
+        source: SourceArgs,
     },
     /// Each rollout as an ATIF trajectory (Harbor's Agent Trajectory Interchange
     /// Format): steps with their messages, tool calls and results, and per sampled
@@ -63,7 +64,7 @@ pub enum ExportAction {
         #[arg(long)]
         only_successful: bool,
         #[command(flatten)]
-        broker: BrokerArgs,
+        source: SourceArgs,
     },
     /// A policy version a run's trainer published, as a Hugging Face model folder
     /// (config, tokenizer with its chat template, generation config, weights) that
@@ -83,37 +84,56 @@ pub enum ExportAction {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// The run as one file: its events of every topic in log order (an Avro object container file,
+    /// each record with its topic, partition, offset and SHA-256), claim checks resolved, with the
+    /// SHA-256 of the tokenizer, chat template, tasks and harness launch scripts it used. Every
+    /// per-run command reads it with --bundle FILE in place of a broker
+    ///
+    /// Example: forgelog export bundle --run run-1 --to run-1.bundle.avro --tasks ./tasks
+    Bundle {
+        /// The run to bundle
+        #[arg(long, env = "FORGELOG_RUN")]
+        run: String,
+        /// The file to write (replaced whole, or left as it was)
+        #[arg(long)]
+        to: PathBuf,
+        /// The task directories the run ran (hashed by task id into the bundle)
+        #[arg(long)]
+        tasks: Option<PathBuf>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
 }
 
 pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
-    let (kind, run, to, filter, broker) = match action {
+    let (kind, run, to, filter, source) = match action {
         ExportAction::Sft {
             run,
             to,
             only_successful,
             min_reward,
-            broker,
+            source,
         } => {
             let filter = export::ExportFilter {
                 only_successful,
                 min_reward,
             };
-            (export::ExportKind::Sft, run, to, filter, broker)
+            (export::ExportKind::Sft, run, to, filter, source)
         }
-        ExportAction::Rl { run, to, broker } => {
-            (export::ExportKind::Rl, run, to, Default::default(), broker)
+        ExportAction::Rl { run, to, source } => {
+            (export::ExportKind::Rl, run, to, Default::default(), source)
         }
         ExportAction::Atif {
             run,
             to,
             only_successful,
-            broker,
+            source,
         } => {
             let filter = export::ExportFilter {
                 only_successful,
                 min_reward: None,
             };
-            (export::ExportKind::Atif, run, to, filter, broker)
+            (export::ExportKind::Atif, run, to, filter, source)
         }
         ExportAction::Model {
             run,
@@ -121,14 +141,20 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
             to,
             broker,
         } => return export_model(rt, &run, version, &to, &broker),
+        ExportAction::Bundle {
+            run,
+            to,
+            tasks,
+            broker,
+        } => return export_bundle(&run, &to, tasks.as_deref(), &broker),
     };
-    let reader = ReplayReader::new(&broker.config())?;
+    let reader = source.open(&run)?;
     // An unknown run is a mistake, not an empty dataset.
     let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, &run)?;
     if rollouts.is_empty() {
         bail!(
-            "export: run {run} has no rollouts in the log at {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
-            broker.brokers
+            "export: run {run} has no rollouts in {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
+            source.describe()
         );
     }
     let working = crate::spinner(format!("exporting run {run} to {to}"));
@@ -205,6 +231,61 @@ fn export_model(
     eprintln!(
         "exported run {run}'s policy version {} (step {}) from {}",
         policy.version, policy.step, policy.checkpoint_uri
+    );
+    Ok(())
+}
+
+/// `export bundle`: the run's events in one file, with the hashes of what
+/// it was made with.
+fn export_bundle(
+    run: &str,
+    to: &std::path::Path,
+    tasks: Option<&std::path::Path>,
+    broker: &BrokerArgs,
+) -> Result<()> {
+    let reader = ReplayReader::new(&broker.config())?;
+    let mut hashes = std::collections::BTreeMap::new();
+    let mut task_ids = std::collections::BTreeSet::new();
+    let mut harnesses = std::collections::BTreeSet::new();
+    for r in forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, run)? {
+        if let Ok(Event::RolloutStarted(s)) = r.event {
+            task_ids.insert(s.task_id);
+            harnesses.insert(s.harness);
+        }
+    }
+    if let Some(dir) = tasks {
+        for id in &task_ids {
+            let task = forgelog_deploy_core::task::Task::load(&dir.join(id))
+                .with_context(|| format!("task {id} of run {run}"))?;
+            hashes.insert(format!("task/{id}"), vec![task.sha256()?]);
+        }
+    }
+    for name in &harnesses {
+        // The kit's launch script, where the harness is one of the kit's.
+        if let Ok(h) = forgelog_deploy::harness::Harness::resolve(name) {
+            if let Some(sha) = h.launch_script_sha256() {
+                hashes.insert(format!("harness/{name}"), vec![sha]);
+            }
+        }
+    }
+    let working = crate::spinner(format!("bundling run {run}"));
+    let manifest = forgelog_stream::bundle::write_bundle(&reader, run, to, hashes)?;
+    working.finish_and_clear();
+    println!("{}", to.display());
+    let topics: Vec<String> = manifest
+        .topics
+        .iter()
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect();
+    eprintln!(
+        "bundled run {run}: {} records ({}){}; {} hashes",
+        manifest.records,
+        topics.join(", "),
+        match manifest.left_out {
+            0 => String::new(),
+            n => format!(", {n} undecodable records of the topics left out"),
+        },
+        manifest.hashes.len()
     );
     Ok(())
 }

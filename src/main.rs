@@ -19,6 +19,7 @@ mod learn;
 mod replay;
 mod report;
 mod run;
+mod source;
 mod spool;
 mod sync;
 mod tail;

@@ -1,10 +1,9 @@
 //! `forgelog replay rebuild|serve|show`.
 
-use crate::BrokerArgs;
+use crate::source::SourceArgs;
 use anyhow::{bail, Result};
 use forgelog_consumers::{rebuild, show, RewardConfig};
 use forgelog_schemas::Topic;
-use forgelog_stream::ReplayReader;
 
 #[derive(clap::Subcommand)]
 pub enum ReplayAction {
@@ -21,7 +20,7 @@ pub enum ReplayAction {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        broker: BrokerArgs,
+        source: SourceArgs,
     },
     /// A proxy answering from a recorded run instead of the engine: a re-running harness gets the recorded responses call by call
     #[command(
@@ -38,7 +37,7 @@ pub enum ReplayAction {
         #[arg(long)]
         rollout: Option<String>,
         #[command(flatten)]
-        broker: BrokerArgs,
+        source: SourceArgs,
     },
 }
 
@@ -48,10 +47,11 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
             run,
             efficiency_bonus,
             json,
-            broker,
+            source,
         } => {
-            let reader = ReplayReader::new(&broker.config())?;
-            let working = crate::spinner(format!("rebuilding run {run} from the log"));
+            let reader = source.open(&run)?;
+            let working =
+                crate::spinner(format!("rebuilding run {run} from {}", source.describe()));
             let rewards = RewardConfig::with_efficiency_bonus(efficiency_bonus);
             let (rebuilt, diff) = rebuild::rebuild_and_compare(&reader, &run, rewards)?;
             working.finish_and_clear();
@@ -98,9 +98,9 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
         ReplayAction::Show {
             run,
             rollout,
-            broker,
+            source,
         } => {
-            let reader = ReplayReader::new(&broker.config())?;
+            let reader = source.open(&run)?;
             let mut events = Vec::new();
             for topic in [Topic::Trajectories, Topic::Batches] {
                 let read = rebuild::read_run(&reader, topic, &run)?;

@@ -1,12 +1,11 @@
 //! `forgelog report --run R`: the run per policy version and harness, and
 //! each published version's training step, from the log alone.
 
-use crate::BrokerArgs;
+use crate::source::SourceArgs;
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::core::report::Report;
-use forgelog_consumers::rebuild::read_run;
 use forgelog_schemas::{Event, Topic};
-use forgelog_stream::ReplayReader;
+use forgelog_stream::{LogReader, ReplayReader};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
@@ -17,20 +16,12 @@ pub struct ReportArgs {
     #[arg(long)]
     pub html: Option<std::path::PathBuf>,
     #[command(flatten)]
-    pub broker: BrokerArgs,
+    pub source: SourceArgs,
 }
 
 /// The run's events on every topic.
-pub fn run_events(reader: &ReplayReader, run: &str) -> Result<Vec<Event>> {
-    let mut events = Vec::new();
-    for topic in Topic::ALL {
-        events.extend(
-            read_run(reader, topic, run)?
-                .into_iter()
-                .filter_map(|r| r.event.ok()),
-        );
-    }
-    Ok(events)
+pub fn run_events(reader: &impl LogReader, run: &str) -> Result<Vec<Event>> {
+    Ok(reader.run_events(run, &Topic::ALL)?)
 }
 
 /// [`run_events`] off the async runtime (the reads block).
@@ -40,13 +31,13 @@ pub async fn events_of(config: &forgelog_stream::StreamConfig, run: &str) -> Res
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    let reader = ReplayReader::new(&args.broker.config())?;
+    let reader = args.source.open(&args.run)?;
     let events = run_events(&reader, &args.run)?;
     if events.is_empty() {
         bail!(
-            "run {} has no events in the log at {}",
+            "run {} has no events in {}",
             args.run,
-            args.broker.brokers
+            args.source.describe()
         );
     }
     let report = Report::of(&events);

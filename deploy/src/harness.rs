@@ -104,6 +104,14 @@ impl Harness {
         Err(HarnessError::Unknown(spec.into()))
     }
 
+    /// SHA-256 (hex) of its launch script; `None` for `solve`.
+    pub fn launch_script_sha256(&self) -> Option<String> {
+        match &self.launch {
+            Launch::Script(script) => Some(forgelog_schemas::content_hash(script.as_bytes())),
+            Launch::Solution => None,
+        }
+    }
+
     /// Fails when this harness's bundle is missing from `bundles`.
     pub fn check_bundle(&self, bundles: &Path) -> Result<(), HarnessError> {
         match &self.bundle {

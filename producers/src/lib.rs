@@ -158,6 +158,9 @@ pub struct ReplayServeArgs {
     /// Write the replay report (every call that differed) here as JSON on exit
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// Answer from this bundle of the run (`forgelog export bundle`) instead of the log
+    #[arg(long)]
+    pub bundle: Option<PathBuf>,
     #[command(flatten)]
     pub serve: ServeArgs,
 }
@@ -174,26 +177,33 @@ impl ReplayServeArgs {
     }
 }
 
-/// Reads run `run`'s sessions and calls from `forgelog.rollouts` and `forgelog.calls`.
+/// Reads run `run`'s sessions and calls from `forgelog.rollouts` and
+/// `forgelog.calls`: of the log, or of the run's bundle when given.
 pub async fn load_recording(
     stream: &StreamConfig,
     run: &str,
+    bundle: Option<&std::path::Path>,
 ) -> Result<replay::Recording, ProxyError> {
     let (stream, run) = (stream.clone(), run.to_string());
+    let bundle = bundle.map(std::path::Path::to_path_buf);
     tokio::task::spawn_blocking(move || {
-        let reader = forgelog_stream::ReplayReader::new(&stream)?;
-        let mut events = Vec::new();
-        for topic in [
-            forgelog_schemas::Topic::Rollouts,
-            forgelog_schemas::Topic::Calls,
-        ] {
-            let read = reader.read(
-                topic.name(),
-                forgelog_stream::StartAt::Beginning,
-                Some(&run),
-            )?;
-            events.extend(read.into_iter().filter_map(|r| r.event.ok()));
-        }
+        use forgelog_schemas::Topic;
+        use forgelog_stream::LogReader;
+        let topics = [Topic::Rollouts, Topic::Calls];
+        let events = match bundle {
+            None => forgelog_stream::ReplayReader::new(&stream)?.run_events(&run, &topics)?,
+            Some(path) => {
+                let bundle = forgelog_stream::Bundle::open(&path)?;
+                if bundle.run() != run {
+                    return Err(ProxyError::OtherRun {
+                        bundle: path,
+                        holds: bundle.run().to_string(),
+                        run,
+                    });
+                }
+                bundle.run_events(&run, &topics)?
+            }
+        };
         let recording = replay::Recording::from_events(&run, &events);
         if recording.sessions.is_empty() {
             return Err(ProxyError::EmptyRecording(run));
@@ -208,7 +218,7 @@ pub async fn load_recording(
 pub async fn run_replay(args: ReplayServeArgs) -> Result<(), ProxyError> {
     let stop = forgelog_stream::shutdown_signal().map_err(ProxyError::Serve)?;
     let stream = StreamConfig::new(&args.serve.brokers);
-    let recording = load_recording(&stream, &args.run).await?;
+    let recording = load_recording(&stream, &args.run, args.bundle.as_deref()).await?;
     let (sessions, calls) = (
         recording.sessions.len(),
         recording
@@ -259,6 +269,14 @@ pub enum ProxyError {
     Log(#[from] forgelog_stream::ConsumeError),
     #[error("run {0} has no recorded sessions in forgelog.rollouts")]
     EmptyRecording(String),
+    #[error(transparent)]
+    Bundle(#[from] forgelog_stream::BundleError),
+    #[error("{} holds run {holds}, not {run}", bundle.display())]
+    OtherRun {
+        bundle: PathBuf,
+        holds: String,
+        run: String,
+    },
     #[error("spool: {0}")]
     Spool(#[from] forgelog_stream::SpoolError),
     #[error("cannot listen on {addr}: {source}")]

@@ -27,19 +27,11 @@ pub(crate) async fn restore_sessions(state: &Arc<ProxyState>, stream: &StreamCon
     let stream = stream.clone();
     let read = tokio::task::spawn_blocking(move || {
         use forgelog_schemas::Topic;
+        use forgelog_stream::LogReader;
         let reader = forgelog_stream::ReplayReader::new(&stream)?;
         let mut log = sessions::SessionLog::default();
-        for topic in [Topic::Rollouts, Topic::Rewards] {
-            let read = reader.read(
-                topic.name(),
-                forgelog_stream::StartAt::Beginning,
-                Some(&run),
-            )?;
-            for r in &read {
-                if let Ok(e) = &r.event {
-                    log.apply(e);
-                }
-            }
+        for e in &reader.run_events(&run, &[Topic::Rollouts, Topic::Rewards])? {
+            log.apply(e);
         }
         if let Some(oldest) = log.oldest_open_ms() {
             // Their calls come after them (a minute's slack for clocks).

@@ -25,7 +25,9 @@ fn sessions_of(replay: &RunningProxy) -> SessionClient {
 
 /// `replay serve` of the rig's run, which recorded `sessions` sessions.
 async fn replay_of(rig: &Rig, sessions: usize) -> RunningProxy {
-    let recording = load_recording(&rig.stream, &rig.run_id).await.unwrap();
+    let recording = load_recording(&rig.stream, &rig.run_id, None)
+        .await
+        .unwrap();
     assert_eq!(recording.sessions.len(), sessions);
     RunningProxy::replay(
         config("unused".into(), &rig.run_id),

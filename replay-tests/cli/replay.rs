@@ -313,3 +313,208 @@ fn a_lenient_replay_answers_changed_calls_and_reports_them() {
         "{entries:?}"
     );
 }
+
+/// Every file under `dir`, by path under it, with its bytes.
+fn files_of(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                let name = path.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// A run bundled from one broker is the run without it: with the broker
+/// gone, `replay rebuild --bundle` says identical, `export sft --bundle`
+/// writes what the export from the broker wrote, byte for byte, `report
+/// --bundle` reads it, and fastavro reads the file as any Avro file (each
+/// record's SHA-256 recomputed there). A bundle cut short or with one byte
+/// changed is refused, naming the byte and why.
+#[test]
+fn a_bundled_run_replays_and_exports_without_the_broker() {
+    let mut broker = PrivateBroker::start().unwrap();
+    let config = broker.config();
+    produce(&config, &recorded_run(RUN, 3, 4, 3, 16));
+    let state = tempfile::tempdir().unwrap();
+    let consumed = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["consume", "all", "--exit-when-idle"])
+        .args(["--brokers", &config.brokers, "--state"])
+        .arg(state.path())
+        .status()
+        .unwrap();
+    assert!(consumed.success());
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("run.bundle.avro");
+    let bundle_arg = bundle.display().to_string();
+    let from_log = dir.path().join("sft-from-log");
+    let out = forgelog(
+        &["export", "bundle", "--run", RUN, "--to", &bundle_arg],
+        &config,
+    );
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("bundled run replay-run: "), "{said}");
+    let out = forgelog(
+        &[
+            "export",
+            "sft",
+            "--run",
+            RUN,
+            "--to",
+            &from_log.display().to_string(),
+        ],
+        &config,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    broker.kill();
+
+    // No broker from here on: a command that needed one would fail.
+    let offline = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(args)
+            .args(["--bundle", &bundle_arg, "--brokers", &config.brokers])
+            .output()
+            .unwrap()
+    };
+    let out = offline(&["replay", "rebuild", "--run", RUN]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("identical: 12 trajectories, 3 batches of run {RUN}")
+    );
+    let from_bundle = dir.path().join("sft-from-bundle");
+    let out = offline(&[
+        "export",
+        "sft",
+        "--run",
+        RUN,
+        "--to",
+        &from_bundle.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ours, theirs) = (files_of(&from_bundle), files_of(&from_log));
+    assert!(ours.len() >= 3, "{:?}", ours.keys());
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &ours {
+        assert!(
+            bytes == &theirs[name],
+            "{name} differs from the broker's export"
+        );
+    }
+    let out = offline(&["report", "--run", RUN]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && report.contains(&format!("run {RUN}")),
+        "{report}"
+    );
+    // Another run's name is not this bundle's.
+    let out = offline(&["report", "--run", "another-run"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("holds run replay-run, not another-run"),
+        "{err}"
+    );
+
+    // replay serve answers from it: each recorded session opens for replay.
+    let addr = testing::free_local_addr();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args(["replay", "serve", "--run", RUN, "--bundle", &bundle_arg])
+        .args(["--brokers", &config.brokers, "--listen", &addr.to_string()])
+        .args(["--admin-token", "fl-bundle"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(serve.stderr.take().unwrap());
+    let serving = std::iter::from_fn(|| {
+        let mut line = String::new();
+        (std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0).then_some(line)
+    })
+    .find(|l| l.starts_with("forgelog replay serve on"))
+    .expect("replay serve --bundle started");
+    assert!(serving.contains("run replay-run (12 sessions"), "{serving}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sessions = SessionClient::new(format!("http://{addr}"), Some("fl-bundle".into()));
+    let session = rt
+        .block_on(sessions.replay_of(&format!("{RUN}-g0-r0")))
+        .unwrap();
+    assert!(!session.session_id.is_empty());
+    serve.kill().unwrap();
+    let _ = serve.wait();
+
+    // fastavro reads it: the records, their topics, and each digest.
+    let script = r#"
+import fastavro, hashlib, json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    reader = fastavro.reader(f)
+    manifest = json.loads(reader.metadata["forgelog.manifest"])
+    records = list(reader)
+ok = all(
+    hashlib.sha256(r["topic"].encode() + b"\0" + struct.pack(">iqQ", r["partition"], r["offset"], len(r["key"]))
+                   + r["key"] + r["value"]).digest() == r["sha256"]
+    for r in records)
+topics = {}
+for r in records:
+    topics[r["topic"]] = topics.get(r["topic"], 0) + 1
+print(json.dumps({"run": manifest["run"], "records": len(records), "manifest_records": manifest["records"],
+                  "topics": topics, "digests_match": ok}))
+"#;
+    let py = Command::new(testing::venv_python())
+        .args(["-c", script, &bundle_arg])
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    assert_eq!(seen["run"], RUN);
+    assert_eq!(seen["digests_match"], true, "{seen}");
+    assert_eq!(seen["records"], seen["manifest_records"]);
+    assert_eq!(seen["topics"]["forgelog.trajectories"], 12, "{seen}");
+    assert_eq!(seen["topics"]["forgelog.batches"], 3, "{seen}");
+
+    // Cut short, or one byte of a record changed: refused, with where and why.
+    let bytes = std::fs::read(&bundle).unwrap();
+    let cut = dir.path().join("cut.avro");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let altered = dir.path().join("altered.avro");
+    let mut changed = bytes.clone();
+    let at = bytes.len() / 2;
+    changed[at] ^= 0x20;
+    std::fs::write(&altered, &changed).unwrap();
+    for (file, why) in [(&cut, "cut short"), (&altered, "altered")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["replay", "rebuild", "--run", RUN, "--bundle"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("refused at byte "), "{err}");
+        assert!(err.contains(why) || err.contains("record "), "{why}: {err}");
+    }
+}

@@ -149,7 +149,7 @@ async fn consumed_through_the_broker_it_rebuilds_identically_and_an_edit_is_name
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
     let (_broker, config) = broker_with_fixture().await;
-    let recording = load_recording(&config, RUN).await.unwrap();
+    let recording = load_recording(&config, RUN, None).await.unwrap();
     assert_eq!(recording.sessions.len(), 4);
     let proxy = RunningProxy::replay(
         ProxyConfig {

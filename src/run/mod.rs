@@ -26,7 +26,7 @@ use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::admin::{self, TopicLayout};
-use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use forgelog_stream::{LogReader, ReplayReader, StreamConfig};
 use progress::Bar;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -137,13 +137,7 @@ pub struct RunArgs {
 
 /// Run `run`'s events on `topics`, as far as the log holds them.
 fn run_events(config: &StreamConfig, run: &str, topics: &[Topic]) -> Result<Vec<Event>> {
-    let reader = ReplayReader::new(config)?;
-    let mut events = Vec::new();
-    for &topic in topics {
-        let read = reader.read(topic.name(), StartAt::Beginning, Some(run))?;
-        events.extend(read.into_iter().filter_map(|r| r.event.ok()));
-    }
-    Ok(events)
+    Ok(ReplayReader::new(config)?.run_events(run, topics)?)
 }
 
 /// The run's rollout events already in the log.

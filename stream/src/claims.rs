@@ -114,13 +114,21 @@ pub fn receive(topic: &str, partition: i32, offset: i64, key: &[u8], value: &[u8
 
 /// The event a record of the log holds: itself, or the one its claim names.
 pub fn decode(value: &[u8]) -> Result<Event, String> {
+    Codec::global()
+        .decode(&event_bytes(value)?)
+        .map_err(|e| e.to_string())
+}
+
+/// The encoded event a record of the log holds: its own bytes, or the bytes
+/// its claim names (fetched and checked).
+pub fn event_bytes(value: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
     match Claim::decode(value) {
-        None => Codec::global().decode(value).map_err(|e| e.to_string()),
+        None => Ok(std::borrow::Cow::Borrowed(value)),
         Some(claim) => {
             let claim = claim.map_err(|e| e.to_string())?;
             let bytes = fetch(&claim)?;
-            let bytes = claim.check(&bytes).map_err(|e| e.to_string())?;
-            Codec::global().decode(bytes).map_err(|e| e.to_string())
+            claim.check(&bytes).map_err(|e| e.to_string())?;
+            Ok(std::borrow::Cow::Owned(bytes))
         }
     }
 }

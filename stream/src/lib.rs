@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod broker;
+pub mod bundle;
 pub mod claims;
 mod config;
 mod consumer;
@@ -15,6 +16,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use bundle::{Bundle, BundleError, BundleManifest};
 pub use config::{
     env_properties, parse_properties, PropertiesError, StreamConfig, MAX_EVENT_BYTES,
     MAX_MESSAGE_BYTES, PROPERTIES_ENV,

@@ -34,6 +34,35 @@ pub trait LogReader {
         to: i64,
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError>;
+
+    /// Run `run`'s messages of `topic` (and any that do not decode: whose
+    /// they are nobody can say), partition by partition in offset order:
+    /// the one way every per-run command reads a run, from the log or from
+    /// a bundle.
+    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
+        let mut out = Vec::new();
+        for partition in self.partitions(topic)? {
+            let end = self.end(topic, partition)?;
+            let _whole = self.for_each_in(topic, partition, 0, end, |r| {
+                if r.in_run(Some(run)) {
+                    out.push(r);
+                }
+                ControlFlow::Continue(())
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Run `run`'s events of `topics`, topic by topic, each in log order
+    /// (what does not decode is left out: the consumers dead-letter it).
+    fn run_events(&self, run: &str, topics: &[Topic]) -> Result<Vec<Event>, ConsumeError> {
+        let mut events = Vec::new();
+        for topic in topics {
+            let read = self.read_run(topic.name(), run)?;
+            events.extend(read.into_iter().filter_map(|r| r.event.ok()));
+        }
+        Ok(events)
+    }
 }
 
 /// The newest `PolicyPublished` on `forgelog.policy` (of `run`, when given):
@@ -88,6 +117,11 @@ impl LogReader for ReplayReader {
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError> {
         ReplayReader::for_each_in(self, topic, partition, from, to, f)
+    }
+
+    /// Other runs' messages are skipped by their first bytes, undecoded.
+    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
+        self.read(topic, crate::StartAt::Beginning, Some(run))
     }
 }
 

@@ -258,6 +258,43 @@ impl Task {
         dirs.iter().map(|d| Task::load(d)).collect()
     }
 
+    /// SHA-256 (hex) of the task's files: each file's path under the task
+    /// and its bytes, in path order. Two copies of a task hash alike; a
+    /// changed byte, a renamed or an added file does not.
+    pub fn sha256(&self) -> Result<String, TaskError> {
+        fn files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), TaskError> {
+            let read = |source| TaskError::Read {
+                path: dir.to_path_buf(),
+                source,
+            };
+            for entry in std::fs::read_dir(dir).map_err(read)? {
+                let path = entry.map_err(read)?.path();
+                if path.is_dir() {
+                    files(&path, out)?;
+                } else {
+                    out.push(path);
+                }
+            }
+            Ok(())
+        }
+        let mut paths = Vec::new();
+        files(&self.dir, &mut paths)?;
+        paths.sort();
+        let mut all = Vec::new();
+        for path in paths {
+            let name = path.strip_prefix(&self.dir).unwrap_or(&path);
+            let bytes = std::fs::read(&path).map_err(|source| TaskError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            for part in [name.to_string_lossy().as_bytes(), &bytes[..]] {
+                all.extend((part.len() as u64).to_le_bytes());
+                all.extend(part);
+            }
+        }
+        Ok(forgelog_schemas::content_hash(&all))
+    }
+
     /// `solution/solve.sh`, when the task ships one.
     pub fn solution(&self) -> Option<PathBuf> {
         Some(self.dir.join("solution/solve.sh")).filter(|p| p.is_file())
