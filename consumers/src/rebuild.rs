@@ -4,21 +4,21 @@
 pub use crate::core::rebuild::*;
 use crate::core::RewardConfig;
 use forgelog_schemas::{Received, Topic};
-use forgelog_stream::{ConsumeError, ReplayReader, StartAt};
+use forgelog_stream::{ConsumeError, LogReader};
 use std::collections::BTreeMap;
 
-/// Reads run `run`'s events of `topic` in log order.
+/// Reads run `run`'s events of `topic` in log order, from the log or a bundle.
 pub fn read_run(
-    reader: &ReplayReader,
+    reader: &impl LogReader,
     topic: Topic,
     run: &str,
 ) -> Result<Vec<Received>, ConsumeError> {
-    reader.read(topic.name(), StartAt::Beginning, Some(run))
+    reader.read_run(topic.name(), run)
 }
 
 /// Rebuilds run `run` from the log and compares; `Ok(None)` when identical.
 pub fn rebuild_and_compare(
-    reader: &ReplayReader,
+    reader: &impl LogReader,
     run: &str,
     rewards: RewardConfig,
 ) -> Result<(Rebuilt, Option<Difference>), ConsumeError> {
