@@ -95,9 +95,7 @@ fn train_args(
         "--device".into(),
         args.device.to_string(),
     ];
-    if let Some(rank) = args.lora_rank {
-        extra.extend(["--lora-rank".into(), rank.to_string()]);
-    }
+    extra.extend(args.sync.lora_flags(args.lora_rank));
     if args.demo {
         // One step per round: a step is a round's groups, however long the
         // engine takes between them (an idle flush of seconds split a round

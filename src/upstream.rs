@@ -46,6 +46,19 @@ impl UpstreamArgs {
         self.engine.synced().is_some() && self.sync_mode == Mode::Adapter
     }
 
+    /// The learner's flags for a LoRA adapter of `rank`: an engine synced
+    /// with whole weights needs the merged weights published beside it.
+    pub fn lora_flags(&self, rank: Option<usize>) -> Vec<String> {
+        let Some(rank) = rank else {
+            return Vec::new();
+        };
+        let mut flags = vec!["--lora-rank".to_string(), rank.to_string()];
+        if self.engine.synced().is_some() && self.sync_mode == Mode::Weights {
+            flags.extend(["--lora-publish".into(), "merged".into()]);
+        }
+        flags
+    }
+
     /// Reads what the engine at `url` serves, as a sync reads it back:
     /// vLLM's (and forgelog's engine's) `/weight_info`, or the newest
     /// adapter it lists.

@@ -119,6 +119,10 @@ struct Shared {
     reloading: tokio::sync::Mutex<()>,
     /// Checkpoints loaded since the start.
     loaded: std::sync::atomic::AtomicU64,
+    /// The weights it started with, by checkpoint name: what a LoRA version
+    /// published as its adapter alone is merged onto. Shared with the model
+    /// until the first reload; a second copy of the model's memory after it.
+    base: std::collections::HashMap<String, candle_core::Tensor>,
 }
 
 /// A running engine: the scheduler and what the HTTP layer needs. Cheap to clone.
@@ -140,7 +144,7 @@ impl Engine {
             tokenizer,
             chat_template,
             stop_token_ids,
-            weights: _,
+            weights: base,
         } = policy;
         let (config, device) = (model.config().clone(), model.device().clone());
         let tokenizer = Arc::new(tokenizer);
@@ -164,6 +168,7 @@ impl Engine {
             scheduler,
             reloading: tokio::sync::Mutex::new(()),
             loaded: Default::default(),
+            base,
         }))
     }
 
@@ -229,7 +234,10 @@ impl Engine {
 
     /// Loads `model.safetensors` at `checkpoint_uri` (any object_store URL:
     /// `file:///…`, `s3://…`, …; a directory URL gets `model.safetensors`
-    /// appended) and swaps it in as policy `version` between two steps.
+    /// appended) and swaps it in as policy `version` between two steps. A
+    /// LoRA version published as its adapter alone (`checkpoint_uri` names
+    /// `adapter_model.safetensors`, its `adapter_config.json` beside) is
+    /// merged onto the weights the engine started with.
     /// Versions only move forward: an older or equal one is refused, so a
     /// stray reload can never hide the policies that follow.
     /// Checkpoints over `max_bytes` are refused before they are read.
@@ -245,9 +253,27 @@ impl Engine {
             return Err(EngineError::StaleVersion { version, serving });
         }
         let bytes = fetch_checkpoint(checkpoint_uri, max_bytes).await?;
+        use forgelog_model::lora::{self, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
+        let adapter_config = match checkpoint_uri.strip_suffix(ADAPTER_WEIGHTS) {
+            Some(folder) => {
+                let config =
+                    fetch_checkpoint(&format!("{folder}{ADAPTER_CONFIG}"), max_bytes).await?;
+                let config: Value = serde_json::from_slice(&config).map_err(|e| {
+                    EngineError::Checkpoint(format!("{folder}{ADAPTER_CONFIG}: {e}"))
+                })?;
+                Some(lora::LoraConfig::from_peft_config(&config).map_err(|e| {
+                    EngineError::Checkpoint(format!("{folder}{ADAPTER_CONFIG}: {e}"))
+                })?)
+            }
+            None => None,
+        };
         let (config, device) = (self.0.config.clone(), self.0.device.clone());
+        let engine = self.clone();
         let model = tokio::task::spawn_blocking(move || -> Result<Transformer, EngineError> {
-            let weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
+            let mut weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
+            if let Some(lora) = adapter_config {
+                weights = lora::merge(&engine.0.base, &weights, &config, &lora)?;
+            }
             let vb = candle_nn::VarBuilder::from_tensors(weights, DType::F32, &device);
             Transformer::load(vb, &config).map_err(|e| EngineError::Checkpoint(e.to_string()))
         })

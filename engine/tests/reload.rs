@@ -265,3 +265,72 @@ async fn admin_reload_wants_the_token_a_checkpoint_under_the_root_of_bounded_siz
     assert_eq!(ask("the-token", good, 2).await.0, 409, "not newer");
     assert_eq!(server.engine.policy_version(), 2);
 }
+
+/// A LoRA version published as its adapter alone (PEFT's two files; the
+/// `checkpoint_uri` names `adapter_model.safetensors`) serves exactly what
+/// the same adapter merged into full weights does: the engine merges it onto
+/// the weights it started with. A second adapter is merged onto those base
+/// weights too, not onto the first adapter's.
+#[tokio::test]
+async fn an_adapter_alone_serves_as_its_merged_weights() {
+    use forgelog_model::lora::{self, LoraConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let server = tiny_server(&dir.path().join("model"));
+    let vocab = server.engine.vocab_size();
+    let config = tiny_config(vocab);
+    let base = tiny_weights(&config, 5);
+    let lora = LoraConfig::new(2, 4.0, vec!["q_proj".into(), "down_proj".into()]).unwrap();
+    let device = candle_core::Device::Cpu;
+    // An adapter that changes something: B is not zero.
+    let adapter = |scale: f64| {
+        lora::init_adapter(&config, &lora, 11, &device)
+            .unwrap()
+            .into_iter()
+            .map(|(name, t)| {
+                let t = match name.ends_with("lora_B.weight") {
+                    true => t.ones_like().unwrap().affine(scale, 0.0).unwrap(),
+                    false => t,
+                };
+                (name, t)
+            })
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let publish = |name: &str, adapter: &std::collections::HashMap<_, _>| {
+        let alone = dir.path().join(format!("{name}-adapter"));
+        std::fs::create_dir_all(&alone).unwrap();
+        for (file, bytes) in lora::adapter_files(adapter, &lora, "tiny").unwrap() {
+            std::fs::write(alone.join(file), bytes).unwrap();
+        }
+        let merged = dir.path().join(format!("{name}-merged"));
+        std::fs::create_dir_all(&merged).unwrap();
+        let weights = lora::merge(&base, adapter, &config, &lora).unwrap();
+        candle_core::safetensors::save(&weights, merged.join("model.safetensors")).unwrap();
+        (
+            format!("file://{}/adapter_model.safetensors", alone.display()),
+            format!("file://{}/model.safetensors", merged.display()),
+        )
+    };
+    let served = |version: u64, uri: String| {
+        let base = server.base.clone();
+        async move {
+            let (status, r) =
+                reload(&base, &json!({"checkpoint_uri": uri, "version": version})).await;
+            assert_eq!(status, 200, "{r}");
+            let (status, out) = post(&base, "/v1/completions", &greedy(6)).await;
+            assert_eq!((status, &out["policy_version"]), (200, &json!(version)));
+            (out["choices"][0]["token_ids"].clone(), logprobs(&out))
+        }
+    };
+    let (_, before) = post(&server.base, "/v1/completions", &greedy(6)).await;
+    let before = logprobs(&before);
+
+    let (first_alone, first_merged) = publish("v1", &adapter(0.05));
+    let (second_alone, second_merged) = publish("v2", &adapter(-0.03));
+    let a = served(1, first_alone).await;
+    let b = served(2, first_merged).await;
+    assert_eq!(a, b, "the adapter alone serves as its merged weights");
+    assert_ne!(a.1, before, "the adapter changed what is served");
+    let c = served(3, second_alone).await;
+    let d = served(4, second_merged).await;
+    assert_eq!(c, d, "the second adapter, onto the base weights");
+}

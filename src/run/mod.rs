@@ -328,9 +328,7 @@ async fn orchestrate(
             "--idle-flush".into(),
             "10".into(),
         ];
-        if let Some(rank) = args.lora_rank {
-            extra.extend(["--lora-rank".into(), rank.to_string()]);
-        }
+        extra.extend(args.sync.lora_flags(args.lora_rank));
         let train = crate::learn::trainer_args(&args.model, config, &run_id, &dir.path, &extra)?;
         Some(crate::learn::Learning::start(
             config,

@@ -269,6 +269,14 @@ impl EngineSync {
         };
         let dir = std::path::absolute(stage_dir.join(format!("v{version:06}")))
             .map_err(|e| err(e.to_string()))?;
+        let adapter_alone = uri.ends_with(forgelog_model::lora::ADAPTER_WEIGHTS);
+        if adapter_alone && self.args.sync_mode == SyncMode::Weights {
+            return Err(err(
+                "this version is a LoRA adapter alone: sync it with --sync-mode adapter, or \
+                 have the learner publish merged weights too (--lora-publish merged)"
+                    .into(),
+            ));
+        }
         let _ = std::fs::remove_dir_all(&dir);
         let url = forgelog_stream::store::location_url(uri).map_err(|e| err(e.to_string()))?;
         if url.scheme() != "file" {
@@ -492,5 +500,39 @@ pub async fn run(
     tokio::select! {
         followed = follow(&sync, brokers) => followed,
         () = shutdown => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A LoRA version published as its adapter alone cannot be loaded as
+    /// whole weights: refused before the engine is asked anything (it would
+    /// be paused and left without a model), naming what to do.
+    #[tokio::test]
+    async fn an_adapter_alone_is_not_synced_as_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let version = dir.path().join("v000001");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::write(version.join("adapter_model.safetensors"), b"x").unwrap();
+        let sync = EngineSync::new(SyncArgs {
+            stage_dir: Some(dir.path().join("staged")),
+            // Nothing listens here: a request would fail otherwise.
+            ..SyncArgs::new("http://127.0.0.1:9", EngineKind::Vllm, SyncMode::Weights)
+        });
+        let published = PolicyPublished {
+            event_id: "e".into(),
+            run_id: "r".into(),
+            version: 1,
+            step: 1,
+            checkpoint_uri: format!("file://{}/adapter_model.safetensors", version.display()),
+            metrics: Default::default(),
+        };
+        let err = sync.serve(&published).await.unwrap_err().to_string();
+        assert!(
+            err.contains("LoRA adapter alone") && err.contains("--sync-mode adapter"),
+            "{err}"
+        );
     }
 }

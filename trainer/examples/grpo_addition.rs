@@ -170,7 +170,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Publish: the engine samples the next group from the new weights.
             let state = learner.next_version();
             let uri = store
-                .save(&learner.weights(), &learner.optimizer.moments, &state, &[])
+                .save(
+                    Some(&learner.weights()),
+                    &learner.optimizer.moments,
+                    &state,
+                    &[],
+                )
                 .await?;
             engine
                 .reload(

@@ -170,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let t = Instant::now();
     rt.block_on(store.save(
-        &learner.weights(),
+        Some(&learner.weights()),
         &learner.optimizer.moments,
         &Default::default(),
         &[],

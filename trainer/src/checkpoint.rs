@@ -93,6 +93,12 @@ impl CheckpointStore {
         format!("{}/v{version:06}/{WEIGHTS}", self.url)
     }
 
+    /// The URI of a LoRA version's adapter weights: the `checkpoint_uri` of
+    /// a version published as its adapter alone.
+    pub fn adapter_uri(&self, version: u64) -> String {
+        format!("{}/v{version:06}/{ADAPTER_WEIGHTS}", self.url)
+    }
+
     async fn put(&self, version: u64, file: &str, bytes: Vec<u8>) -> Result<(), CheckpointError> {
         let path = self.path(version, file);
         self.store
@@ -117,10 +123,12 @@ impl CheckpointStore {
 
     /// Writes optimizer state, `trainer.json`, the folder files and `extra`
     /// (a LoRA adapter's files) first, the weights last: a version whose
-    /// weights exist is complete. Returns the weights' URI.
+    /// weights exist is complete. Without `weights` (a LoRA adapter published
+    /// alone), the adapter's weights are the last file. Returns the URI of
+    /// what was written last.
     pub async fn save(
         &self,
-        weights: &HashMap<String, Tensor>,
+        weights: Option<&HashMap<String, Tensor>>,
         moments: &HashMap<String, (Tensor, Tensor)>,
         state: &TrainerState,
         extra: &[(&'static str, Vec<u8>)],
@@ -133,9 +141,15 @@ impl CheckpointStore {
             .await?;
         self.put(state.version, STATE, serde_json::to_vec_pretty(state)?)
             .await?;
-        for (name, bytes) in self.folder_files.iter().chain(extra) {
+        // The adapter's weights after its config, when they are the last file.
+        let mut files: Vec<_> = self.folder_files.iter().chain(extra).collect();
+        files.sort_by_key(|(name, _)| *name == ADAPTER_WEIGHTS);
+        for (name, bytes) in files {
             self.put(state.version, name, bytes.clone()).await?;
         }
+        let Some(weights) = weights else {
+            return Ok(self.adapter_uri(state.version));
+        };
         self.put(state.version, WEIGHTS, safetensors_bytes(weights)?)
             .await?;
         Ok(self.model_uri(state.version))
@@ -208,6 +222,17 @@ impl CheckpointStore {
     > {
         let weights =
             candle_core::safetensors::load_buffer(&self.get(version, WEIGHTS).await?, device)?;
+        let (moments, state) = self.load_state(version, device).await?;
+        Ok((weights, moments, state))
+    }
+
+    /// Optimizer moments and state of `version` (a LoRA version's weights
+    /// are its adapter: [`CheckpointStore::load_adapter`]).
+    pub async fn load_state(
+        &self,
+        version: u64,
+        device: &Device,
+    ) -> Result<(HashMap<String, (Tensor, Tensor)>, TrainerState), CheckpointError> {
         let mut flat =
             candle_core::safetensors::load_buffer(&self.get(version, MOMENTS).await?, device)?;
         let mut moments = HashMap::new();
@@ -224,25 +249,35 @@ impl CheckpointStore {
             }
         }
         let state = serde_json::from_slice(&self.get(version, STATE).await?)?;
-        Ok((weights, moments, state))
+        Ok((moments, state))
     }
 }
 
 /// Copies the Hugging Face model folder of the version whose weights are at
 /// `model_uri` (a `PolicyPublished.checkpoint_uri`) into the local directory
 /// `to`: the weights and the folder files (and a LoRA version's adapter
-/// files), not the trainer's own state.
+/// files), not the trainer's own state. A LoRA version published as its
+/// adapter alone (`model_uri` names `adapter_model.safetensors`) is a PEFT
+/// adapter folder: the adapter's two files and the tokenizer's.
 /// Returns the paths written.
 pub async fn export_model_folder(
     model_uri: &str,
     to: &std::path::Path,
 ) -> Result<Vec<std::path::PathBuf>, CheckpointError> {
-    let folder = model_uri
-        .strip_suffix(WEIGHTS)
-        .and_then(|f| f.strip_suffix('/'))
+    // The adapter's file name ends with the model's: asked first.
+    let (folder, adapter_only) = match (
+        model_uri.strip_suffix(ADAPTER_WEIGHTS),
+        model_uri.strip_suffix(WEIGHTS),
+    ) {
+        (Some(folder), _) => (folder, true),
+        (None, Some(folder)) => (folder, false),
+        (None, None) => ("", false),
+    };
+    let folder = folder
+        .strip_suffix('/')
         .ok_or_else(|| CheckpointError::Location {
             url: model_uri.to_string(),
-            why: format!("not a checkpoint's {WEIGHTS}"),
+            why: format!("not a checkpoint's {WEIGHTS} or {ADAPTER_WEIGHTS}"),
         })?;
     let location = store::open(folder).map_err(|e| CheckpointError::Location {
         url: e.location,
@@ -250,10 +285,15 @@ pub async fn export_model_folder(
     })?;
     std::fs::create_dir_all(to)?;
     let mut written = Vec::new();
-    for name in forgelog_model::hf::FOLDER_FILES
-        .into_iter()
-        .chain([WEIGHTS])
-    {
+    let model_files: Vec<&str> = match adapter_only {
+        // A config.json beside an adapter would read as a model without weights.
+        true => vec!["tokenizer.json", "tokenizer_config.json"],
+        false => forgelog_model::hf::FOLDER_FILES
+            .into_iter()
+            .chain([WEIGHTS])
+            .collect(),
+    };
+    for name in model_files {
         let path = location.path(name);
         let bytes = read_object(&location.store, &path).await;
         let bytes = bytes.map_err(|source| match source {

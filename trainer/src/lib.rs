@@ -120,10 +120,16 @@ pub struct TrainArgs {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Train a LoRA adapter of this rank on frozen weights (none: every
-    /// weight trains). Each version then also holds the adapter as PEFT's
-    /// folder files, beside the merged weights.
+    /// weight trains). Each version then holds the adapter as PEFT's folder
+    /// files (and, with `--lora-publish merged`, the merged weights beside).
     #[arg(long)]
     pub lora_rank: Option<usize>,
+    /// With --lora-rank, what a version publishes: the adapter alone (a few
+    /// MB; forgelog's engine merges it onto its base at load, vLLM loads it as
+    /// a LoRA) or the merged full weights too (what an engine that reloads
+    /// whole weights needs: `forgelog sync --sync-mode weights`).
+    #[arg(long, value_enum, default_value_t = LoraPublish::Adapter)]
+    pub lora_publish: LoraPublish,
     /// LoRA's α: the update is scaled by α / rank (default: twice the rank).
     #[arg(long)]
     pub lora_alpha: Option<f64>,
@@ -146,6 +152,15 @@ pub struct TrainArgs {
     /// Serve Prometheus metrics (`/metrics`) on this address
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// What a LoRA version publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoraPublish {
+    /// PEFT's two files alone; `checkpoint_uri` names the adapter's weights.
+    Adapter,
+    /// The adapter and the merged full weights; `checkpoint_uri` names the latter.
+    Merged,
 }
 
 /// `--normalisation`: one of [`Normalisation::NAMES`], listed in `--help`.
@@ -281,7 +296,7 @@ pub async fn train(
     let (weights, moments, mut state) = match &resume {
         Some(p) if lora.is_some() => {
             // The frozen weights are the initial policy's; the adapter is the version's.
-            let (_, moments, state) = store.load(p.version as u64, &device).await?;
+            let (moments, state) = store.load_state(p.version as u64, &device).await?;
             let mut weights = policy.weights;
             weights.extend(store.load_adapter(p.version as u64, &device).await?);
             tracing::info!(
@@ -413,13 +428,13 @@ pub async fn train(
                 }
                 None => Vec::new(),
             };
+            // An adapter alone is published without the merged weights.
+            let merged = match lora.is_some() && args.lora_publish == LoraPublish::Adapter {
+                true => None,
+                false => Some(moved.model_weights()?),
+            };
             let uri = store
-                .save(
-                    &moved.model_weights()?,
-                    &moved.optimizer.moments,
-                    &state,
-                    &adapter,
-                )
+                .save(merged.as_ref(), &moved.optimizer.moments, &state, &adapter)
                 .await?;
             let mut values = metrics.to_map();
             values.insert("dropped_stale".into(), state.dropped_stale as f64);

@@ -313,7 +313,12 @@ async fn sequences_the_engine_sampled_at_the_learners_version_have_ratio_one() {
         // Publish the step as the next version and have the engine serve it.
         let state = learner.next_version();
         let uri = store
-            .save(&learner.weights(), &learner.optimizer.moments, &state, &[])
+            .save(
+                Some(&learner.weights()),
+                &learner.optimizer.moments,
+                &state,
+                &[],
+            )
             .await
             .unwrap();
         engine

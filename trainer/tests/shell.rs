@@ -159,10 +159,11 @@ async fn a_policy_left_in_the_spool_by_a_killed_trainer_is_published_once() {
     assert_eq!(versions, [(1, 1), (2, 2)], "each version published once");
 }
 
-/// `forgelog train --lora-rank` on a tiny Qwen3: each version holds PEFT's
-/// adapter files beside the merged weights (which are the frozen weights with
-/// that adapter merged), and a restarted trainer goes on training the
-/// version's adapter, not a fresh one.
+/// `forgelog train --lora-rank` on a tiny Qwen3: each version is PEFT's
+/// adapter files alone (the published URI names the adapter's weights), a
+/// restarted trainer goes on training the version's adapter, not a fresh one,
+/// and with `--lora-publish merged` the merged weights (the frozen weights
+/// with that adapter merged) are published beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lora_trainer_publishes_its_adapter_and_resumes_it() {
     use forgelog_model::lora;
@@ -212,18 +213,47 @@ async fn a_lora_trainer_publishes_its_adapter_and_resumes_it() {
         "the second step went on from the first's adapter: {}",
         max_b(&second)
     );
+    for (p, v) in policies.iter().zip(1..) {
+        assert!(
+            p.checkpoint_uri.ends_with("/adapter_model.safetensors"),
+            "{}",
+            p.checkpoint_uri
+        );
+        assert!(!version_dir(v).join("model.safetensors").exists());
+    }
+    // `export model` of an adapter alone: a PEFT folder, no model files.
+    let exported = dir.path().join("exported-adapter");
+    forgelog_trainer::checkpoint::export_model_folder(&policies[1].checkpoint_uri, &exported)
+        .await
+        .unwrap();
+    let (_, copied) = lora::load_adapter_dir(&exported, &device).unwrap();
+    assert_eq!(copied.len(), second.len());
+    assert!(!exported.join("model.safetensors").exists());
+    assert!(!exported.join("config.json").exists());
+
+    // With --lora-publish merged, the merged weights too.
+    produce(&config, &[training_batch(&run, "c", 2, 2)]).await;
+    let mut merged_args = args("spool-3");
+    merged_args.lora_publish = forgelog_trainer::LoraPublish::Merged;
+    forgelog_trainer::run(merged_args).await.unwrap();
+    let policies = published(&config, &run);
+    assert_eq!(policies.len(), 3);
+    assert!(policies[2]
+        .checkpoint_uri
+        .ends_with("/v000003/model.safetensors"));
+    let (_, third) = lora::load_adapter_dir(&version_dir(3), &device).unwrap();
     let base = forgelog_model::load_hf_dir(&model, &device)
         .unwrap()
         .weights;
     let served =
-        candle_core::safetensors::load(version_dir(2).join("model.safetensors"), &device).unwrap();
-    let merged = lora::merge(&base, &second, &model_config, &lora_config).unwrap();
+        candle_core::safetensors::load(version_dir(3).join("model.safetensors"), &device).unwrap();
+    let merged = lora::merge(&base, &third, &model_config, &lora_config).unwrap();
     for (name, w) in &merged {
         let gap = max_abs_diff(w, &served[name]);
         assert!(gap < 1e-6, "{name}: {gap}");
     }
     let moments =
-        candle_core::safetensors::load(version_dir(2).join("optimizer.safetensors"), &device)
+        candle_core::safetensors::load(version_dir(3).join("optimizer.safetensors"), &device)
             .unwrap();
     assert!(
         moments.keys().all(|n| lora::is_adapter_tensor(&n[2..])),
@@ -232,10 +262,10 @@ async fn a_lora_trainer_publishes_its_adapter_and_resumes_it() {
 
     // `export model` copies the adapter beside the merged model.
     let exported = dir.path().join("exported");
-    forgelog_trainer::checkpoint::export_model_folder(&policies[1].checkpoint_uri, &exported)
+    forgelog_trainer::checkpoint::export_model_folder(&policies[2].checkpoint_uri, &exported)
         .await
         .unwrap();
     let (_, copied) = lora::load_adapter_dir(&exported, &device).unwrap();
-    assert_eq!(copied.len(), second.len());
+    assert_eq!(copied.len(), third.len());
     assert!(exported.join("model.safetensors").is_file());
 }
