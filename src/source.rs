@@ -76,10 +76,15 @@ impl LogReader for RunLog {
         }
     }
 
-    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
+    fn for_each_of_run(
+        &self,
+        topic: &str,
+        run: &str,
+        f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<(), ConsumeError> {
         match self {
-            RunLog::Log(r) => r.read_run(topic, run),
-            RunLog::Bundle(b) => b.read_run(topic, run),
+            RunLog::Log(r) => r.for_each_of_run(topic, run, f),
+            RunLog::Bundle(b) => b.for_each_of_run(topic, run, f),
         }
     }
 }

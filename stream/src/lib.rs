@@ -11,6 +11,7 @@ mod consumer;
 mod log;
 mod process;
 pub mod producer;
+pub mod run_index;
 pub mod spool;
 pub mod store;
 #[cfg(feature = "testing")]

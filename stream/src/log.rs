@@ -35,21 +35,49 @@ pub trait LogReader {
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError>;
 
-    /// Run `run`'s messages of `topic` (and any that do not decode: whose
-    /// they are nobody can say), partition by partition in offset order:
-    /// the one way every per-run command reads a run, from the log or from
-    /// a bundle.
-    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
-        let mut out = Vec::new();
+    /// Where run `run` starts in each partition of `topic`, where this
+    /// reader knows (the log's run index, [`crate::run_index`]): before
+    /// those offsets the run has no record.
+    fn run_starts(&self, _topic: &str, _run: &str) -> BTreeMap<i32, i64> {
+        BTreeMap::new()
+    }
+
+    /// Calls `f` with run `run`'s messages of `topic` (and any that do not
+    /// decode: whose they are nobody can say), partition by partition in
+    /// offset order, from where the run starts, until `f` breaks: the one
+    /// way every per-run command reads a run, from the log or a bundle.
+    fn for_each_of_run(
+        &self,
+        topic: &str,
+        run: &str,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<(), ConsumeError> {
+        let starts = self.run_starts(topic, run);
         for partition in self.partitions(topic)? {
             let end = self.end(topic, partition)?;
-            let _whole = self.for_each_in(topic, partition, 0, end, |r| {
+            // An index past the end is not this log's: read it all.
+            let from = starts.get(&partition).copied().filter(|&at| at <= end);
+            let flow = self.for_each_in(topic, partition, from.unwrap_or(0), end, |r| {
                 if r.in_run(Some(run)) {
-                    out.push(r);
+                    f(r)
+                } else {
+                    ControlFlow::Continue(())
                 }
-                ControlFlow::Continue(())
             })?;
+            if flow.is_break() {
+                break;
+            }
         }
+        Ok(())
+    }
+
+    /// [`LogReader::for_each_of_run`], collected.
+    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
+        let mut out = Vec::new();
+        self.for_each_of_run(topic, run, |r| {
+            out.push(r);
+            ControlFlow::Continue(())
+        })?;
         Ok(out)
     }
 
@@ -119,9 +147,20 @@ impl LogReader for ReplayReader {
         ReplayReader::for_each_in(self, topic, partition, from, to, f)
     }
 
-    /// Other runs' messages are skipped by their first bytes, undecoded.
-    fn read_run(&self, topic: &str, run: &str) -> Result<Vec<Received>, ConsumeError> {
-        self.read(topic, crate::StartAt::Beginning, Some(run))
+    /// Other runs' messages are skipped by their first bytes, undecoded; the
+    /// read starts where the run index says the run starts, and writes the
+    /// index where it had to scan.
+    fn for_each_of_run(
+        &self,
+        topic: &str,
+        run: &str,
+        f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<(), ConsumeError> {
+        self.for_each(topic, crate::StartAt::Beginning, Some(run), f)
+    }
+
+    fn run_starts(&self, topic: &str, run: &str) -> BTreeMap<i32, i64> {
+        ReplayReader::run_starts(self, topic, run)
     }
 }
 

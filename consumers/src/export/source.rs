@@ -45,30 +45,27 @@ fn each_event<E: From<SourceError>>(
     let log = |e: ConsumeError| E::from(SourceError::from(e));
     let seen = offsets.entry(topic.name().to_string()).or_default();
     let mut failed = None;
-    for partition in reader.partitions(topic.name()).map_err(log)? {
-        let end = reader.end(topic.name(), partition).map_err(log)?;
-        // A break is a failure, returned just below.
-        let _flow = reader
-            .for_each_in(topic.name(), partition, 0, end, |r| match r.event {
-                Ok(event) if event.run_id() == run => match f(event, &r.value) {
-                    Ok(()) => {
-                        let read = seen.entry(r.partition).or_default();
-                        *read = (*read).max(r.offset + 1);
-                        ControlFlow::Continue(())
-                    }
-                    Err(e) => {
-                        failed = Some(e);
-                        ControlFlow::Break(())
-                    }
-                },
-                _ => ControlFlow::Continue(()),
-            })
-            .map_err(log)?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+    // A break is a failure, returned just below.
+    reader
+        .for_each_of_run(topic.name(), run, |r| match r.event {
+            Ok(event) if event.run_id() == run => match f(event, &r.value) {
+                Ok(()) => {
+                    let read = seen.entry(r.partition).or_default();
+                    *read = (*read).max(r.offset + 1);
+                    ControlFlow::Continue(())
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+            _ => ControlFlow::Continue(()),
+        })
+        .map_err(log)?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The run's batches: each rollout's score, each group's members.

@@ -24,25 +24,26 @@ fn produce(config: &StreamConfig, events: &[Event]) {
         .block_on(testing::produce(config, events));
 }
 
-#[test]
-fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
+/// A private broker holding run RUN (12 rollouts in 3 groups, one rollout
+/// retrying a turn) consumed: its trees and groups are in the log.
+fn consumed_run() -> (PrivateBroker, StreamConfig) {
     let broker = PrivateBroker::start().unwrap();
     let config = broker.config();
     produce(&config, &recorded_run(RUN, 3, 4, 3, 16));
     let state = tempfile::tempdir().unwrap();
     let consumed = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args([
-            "consume",
-            "all",
-            "--exit-when-idle",
-            "--brokers",
-            &config.brokers,
-            "--state",
-        ])
+        .args(["consume", "all", "--exit-when-idle"])
+        .args(["--brokers", &config.brokers, "--state"])
         .arg(state.path())
         .status()
         .unwrap();
     assert!(consumed.success());
+    (broker, config)
+}
+
+#[test]
+fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
+    let (_broker, config) = consumed_run();
 
     let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
     assert!(
@@ -340,17 +341,7 @@ fn files_of(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 /// changed is refused, naming the byte and why.
 #[test]
 fn a_bundled_run_replays_and_exports_without_the_broker() {
-    let mut broker = PrivateBroker::start().unwrap();
-    let config = broker.config();
-    produce(&config, &recorded_run(RUN, 3, 4, 3, 16));
-    let state = tempfile::tempdir().unwrap();
-    let consumed = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args(["consume", "all", "--exit-when-idle"])
-        .args(["--brokers", &config.brokers, "--state"])
-        .arg(state.path())
-        .status()
-        .unwrap();
-    assert!(consumed.success());
+    let (mut broker, config) = consumed_run();
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("run.bundle.avro");
     let bundle_arg = bundle.display().to_string();
