@@ -24,6 +24,27 @@ fn produce(config: &StreamConfig, events: &[Event]) {
         .block_on(testing::produce(config, events));
 }
 
+/// `forgelog replay serve ARGS --listen ADDR [--admin-token TOKEN]` (without
+/// one it makes one), started; the lines it says on stderr, as they come.
+fn replay_serve(
+    args: &[&str],
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+) -> (std::process::Child, impl Iterator<Item = String>) {
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    serve
+        .args(["replay", "serve"])
+        .args(args)
+        .args(["--listen", &addr.to_string()]);
+    if let Some(token) = token {
+        serve.args(["--admin-token", token]);
+    }
+    let mut serve = serve.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let stderr = std::io::BufReader::new(serve.stderr.take().unwrap());
+    let lines = std::io::BufRead::lines(stderr).map_while(Result::ok);
+    (serve, lines)
+}
+
 /// A private broker holding run RUN (12 rollouts in 3 groups, one rollout
 /// retrying a turn) consumed: its trees and groups are in the log.
 fn consumed_run() -> (PrivateBroker, StreamConfig) {
@@ -123,29 +144,18 @@ fn serve_answers_recorded_requests_with_the_recorded_bodies() {
     let events = decode(&std::fs::read(fixture_dir().join("events.bin")).unwrap()).unwrap();
     produce(&config, &events);
     let addr = testing::free_local_addr();
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args([
-            "replay",
-            "serve",
-            "--run",
-            FIXTURE_RUN,
-            "--brokers",
-            &config.brokers,
-        ])
-        .args(["--listen", &addr.to_string()])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut serve, mut said) = replay_serve(
+        &["--run", FIXTURE_RUN, "--brokers", &config.brokers],
+        addr,
+        None,
+    );
     // No --admin-token: it made one and printed it once listening (the
     // session API used to be open to anyone who reached the port).
-    let mut stderr = std::io::BufReader::new(serve.stderr.take().unwrap());
-    let token = std::iter::from_fn(|| {
-        let mut line = String::new();
-        (std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0).then_some(line)
-    })
-    .find_map(|l| l.trim().strip_prefix("fl-").map(|t| format!("fl-{t}")))
-    .expect("replay serve printed its admin token");
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let token = said
+        .by_ref()
+        .find_map(|l| l.trim().strip_prefix("fl-").map(|t| format!("fl-{t}")))
+        .expect("replay serve printed its admin token");
+    std::thread::spawn(move || said.for_each(drop));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let http = reqwest::Client::new();
     let url = format!("http://{addr}");
@@ -431,20 +441,21 @@ fn a_bundled_run_replays_and_exports_without_the_broker() {
 
     // replay serve answers from it: each recorded session opens for replay.
     let addr = testing::free_local_addr();
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args(["replay", "serve", "--run", RUN, "--bundle", &bundle_arg])
-        .args(["--brokers", &config.brokers, "--listen", &addr.to_string()])
-        .args(["--admin-token", "fl-bundle"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(serve.stderr.take().unwrap());
-    let serving = std::iter::from_fn(|| {
-        let mut line = String::new();
-        (std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0).then_some(line)
-    })
-    .find(|l| l.starts_with("forgelog replay serve on"))
-    .expect("replay serve --bundle started");
+    let (mut serve, mut said) = replay_serve(
+        &[
+            "--run",
+            RUN,
+            "--bundle",
+            &bundle_arg,
+            "--brokers",
+            &config.brokers,
+        ],
+        addr,
+        Some("fl-bundle"),
+    );
+    let serving = said
+        .find(|l| l.starts_with("forgelog replay serve on"))
+        .expect("replay serve --bundle started");
     assert!(serving.contains("run replay-run (12 sessions"), "{serving}");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sessions = SessionClient::new(format!("http://{addr}"), Some("fl-bundle".into()));
