@@ -239,6 +239,7 @@ fn a_killed_orchestrator_leaks_nothing_once_its_lease_expires() {
     let root = tempfile::tempdir().unwrap();
     slow_tasks(root.path(), 30);
     let run = unique_run_id("kube-killed");
+    c.runs.add(&run);
     let mut child = Command::new(env!("CARGO_BIN_EXE_forgelog"))
         .arg("run")
         .arg(root.path())

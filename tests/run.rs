@@ -588,6 +588,8 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stream = rt.block_on(shared_broker());
     let run = unique_run_id("run-train");
+    let run_dirs = support::RunDirs::default();
+    run_dirs.add(&run);
     let model = tempfile::tempdir().unwrap();
     forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
     let started = Instant::now();

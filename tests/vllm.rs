@@ -48,6 +48,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     // `run --train` on vLLM: a group per task, a learner step per group, on
     // policy (the second group starts once vLLM serves the first's version).
     let run = unique_run_id("run-vllm");
+    f.runs.add(&run);
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
         .arg("run")
