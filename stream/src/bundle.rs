@@ -177,41 +177,38 @@ pub fn write_bundle(
         source,
     };
     for topic in Topic::ALL {
-        let name = topic.name();
-        for partition in reader.partitions(name).map_err(log)? {
-            let end = reader.end(name, partition).map_err(log)?;
-            let _ = reader
-                .for_each_in(name, partition, 0, end, |r| {
-                    match &r.event {
-                        Ok(event) if event.run_id() == run => {
-                            if let Event::CallFinished(c) = event {
-                                if let Some(p) = &c.prompt_made {
-                                    named("tokenizer", &p.tokenizer_sha256);
-                                    named("chat_template", &p.chat_template_sha256);
-                                }
+        // The run's own records (and the undecodable ones, whose run nobody
+        // can say), through the one per-run reader: from where the run starts.
+        reader
+            .for_each_of_run(topic.name(), run, |r| {
+                match &r.event {
+                    Ok(event) if event.run_id() == run => {
+                        if let Event::CallFinished(c) = event {
+                            if let Some(p) = &c.prompt_made {
+                                named("tokenizer", &p.tokenizer_sha256);
+                                named("chat_template", &p.chat_template_sha256);
                             }
-                            // A claim check is bundled as the bytes it names
-                            // (they decoded just now, so they are there).
-                            let value = match crate::claims::event_bytes(&r.value) {
-                                Ok(bytes) => bytes.into_owned(),
-                                Err(_) => r.value.clone(),
-                            };
-                            records.push(Record {
-                                value,
-                                topic: r.topic,
-                                partition: r.partition,
-                                offset: r.offset,
-                                key: r.key,
-                            });
                         }
-                        Ok(_) => {}
-                        // Not decodable: of this run or not, nobody can say.
-                        Err(_) => manifest.left_out += 1,
+                        // A claim check is bundled as the bytes it names
+                        // (they decoded just now, so they are there).
+                        let value = match crate::claims::event_bytes(&r.value) {
+                            Ok(bytes) => bytes.into_owned(),
+                            Err(_) => r.value.clone(),
+                        };
+                        records.push(Record {
+                            value,
+                            topic: r.topic,
+                            partition: r.partition,
+                            offset: r.offset,
+                            key: r.key,
+                        });
                     }
-                    ControlFlow::Continue(())
-                })
-                .map_err(log)?;
-        }
+                    Ok(_) => {}
+                    Err(_) => manifest.left_out += 1,
+                }
+                ControlFlow::Continue(())
+            })
+            .map_err(log)?;
     }
     if records.is_empty() {
         return Err(BundleError::Empty(run.to_string()));

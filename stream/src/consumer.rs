@@ -169,16 +169,9 @@ impl ReplayReader {
         self.fetched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Where run `run` starts in each partition of `topic`, as far as the run
-    /// index knows (nothing when it cannot be asked: the read then scans).
-    pub fn run_starts(&self, topic: &str, run: &str) -> BTreeMap<i32, i64> {
-        match self.partitions(topic) {
-            Ok(partitions) => self.indexed_starts(topic, &partitions, run),
-            Err(_) => BTreeMap::new(),
-        }
-    }
-
-    /// [`Self::run_starts`] of `partitions`.
+    /// Where run `run` starts in each of `partitions` of `topic`, as far as
+    /// the run index knows (nothing when it cannot be asked: the read then
+    /// scans).
     fn indexed_starts(&self, topic: &str, partitions: &[i32], run: &str) -> BTreeMap<i32, i64> {
         self.index
             .starts(topic, partitions, run)

@@ -35,29 +35,20 @@ pub trait LogReader {
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError>;
 
-    /// Where run `run` starts in each partition of `topic`, where this
-    /// reader knows (the log's run index, [`crate::run_index`]): before
-    /// those offsets the run has no record.
-    fn run_starts(&self, _topic: &str, _run: &str) -> BTreeMap<i32, i64> {
-        BTreeMap::new()
-    }
-
     /// Calls `f` with run `run`'s messages of `topic` (and any that do not
     /// decode: whose they are nobody can say), partition by partition in
-    /// offset order, from where the run starts, until `f` breaks: the one
-    /// way every per-run command reads a run, from the log or a bundle.
+    /// offset order, until `f` breaks: the one way every per-run command
+    /// reads a run, from the log (which starts where the run index says the
+    /// run starts) or a bundle.
     fn for_each_of_run(
         &self,
         topic: &str,
         run: &str,
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<(), ConsumeError> {
-        let starts = self.run_starts(topic, run);
         for partition in self.partitions(topic)? {
             let end = self.end(topic, partition)?;
-            // An index past the end is not this log's: read it all.
-            let from = starts.get(&partition).copied().filter(|&at| at <= end);
-            let flow = self.for_each_in(topic, partition, from.unwrap_or(0), end, |r| {
+            let flow = self.for_each_in(topic, partition, 0, end, |r| {
                 if r.in_run(Some(run)) {
                     f(r)
                 } else {
@@ -157,10 +148,6 @@ impl LogReader for ReplayReader {
         f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<(), ConsumeError> {
         self.for_each(topic, crate::StartAt::Beginning, Some(run), f)
-    }
-
-    fn run_starts(&self, topic: &str, run: &str) -> BTreeMap<i32, i64> {
-        ReplayReader::run_starts(self, topic, run)
     }
 }
 
