@@ -62,11 +62,8 @@ fn consumed_run() -> (PrivateBroker, StreamConfig) {
     (broker, config)
 }
 
-#[test]
-fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
-    let (_broker, config) = consumed_run();
-
-    let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
+/// `replay rebuild` of the consumed run said it rebuilds identically.
+fn says_identical(out: Output) {
     assert!(
         out.status.success(),
         "{}",
@@ -76,6 +73,14 @@ fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
         String::from_utf8(out.stdout).unwrap().trim(),
         format!("identical: 12 trajectories, 3 batches of run {RUN}")
     );
+}
+
+#[test]
+fn rebuild_of_a_consumed_run_is_identical_and_show_draws_its_trees() {
+    let (_broker, config) = consumed_run();
+
+    let out = forgelog(&["replay", "rebuild", "--run", RUN], &config);
+    says_identical(out);
 
     let out = forgelog(
         &[
@@ -390,15 +395,7 @@ fn a_bundled_run_replays_and_exports_without_the_broker() {
             .unwrap()
     };
     let out = offline(&["replay", "rebuild", "--run", RUN]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap().trim(),
-        format!("identical: 12 trajectories, 3 batches of run {RUN}")
-    );
+    says_identical(out);
     let from_bundle = dir.path().join("sft-from-bundle");
     let out = offline(&[
         "export",
