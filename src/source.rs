@@ -38,6 +38,20 @@ impl SourceArgs {
         }
     }
 
+    /// Opens the source of `run`, or of every run in the log (a bundle's
+    /// one run where none is named); which run is read, if one.
+    pub fn open_any(&self, run: Option<&str>) -> Result<(RunLog, Option<String>)> {
+        match (run, &self.bundle) {
+            (Some(run), _) => Ok((self.open(run)?, Some(run.to_string()))),
+            (None, None) => Ok((RunLog::Log(ReplayReader::new(&self.broker.config())?), None)),
+            (None, Some(path)) => {
+                let bundle = Bundle::open(path)?;
+                let run = bundle.run().to_string();
+                Ok((RunLog::Bundle(bundle), Some(run)))
+            }
+        }
+    }
+
     /// Where the run was read from, in words.
     pub fn describe(&self) -> String {
         match &self.bundle {

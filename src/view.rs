@@ -1,6 +1,6 @@
 //! `forgelog view`: the trajectory viewer in the browser.
 
-use crate::BrokerArgs;
+use crate::source::SourceArgs;
 use anyhow::{Context, Result};
 use forgelog_view::{NoTokenizer, TokenText, Viewer};
 use std::net::SocketAddr;
@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(
-    after_help = "Example:\n  forgelog view --run demo-1   # then open http://127.0.0.1:8200"
+    after_help = "Examples:\n  forgelog view --run demo-1   # then open http://127.0.0.1:8200\n  forgelog view --bundle demo-1.bundle.avro   # a bundled run, no broker"
 )]
 pub struct ViewArgs {
-    /// Show only this run (default: every run in the log)
+    /// Show only this run (default: every run in the log, or the bundle's run)
     #[arg(long, env = "FORGELOG_RUN")]
     pub run: Option<String>,
     /// Address to serve the pages on
@@ -21,7 +21,7 @@ pub struct ViewArgs {
     #[arg(long, default_value = "smollm2")]
     pub tokenizer: String,
     #[command(flatten)]
-    pub broker: BrokerArgs,
+    pub source: SourceArgs,
 }
 
 /// A token's text by the run's own tokenizer.
@@ -51,15 +51,13 @@ pub fn run(rt: &tokio::runtime::Runtime, args: ViewArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let viewer = Viewer::start(
-            &args.broker.config(),
-            args.run.clone(),
-            listener,
-            tokens(&args.tokenizer),
-        )
-        .await?;
+        let source = args.source.clone();
+        let wanted = args.run.clone();
+        let (log, run) =
+            tokio::task::spawn_blocking(move || source.open_any(wanted.as_deref())).await??;
+        let viewer = Viewer::start(log, run.clone(), listener, tokens(&args.tokenizer)).await?;
         let url = format!("http://{}", viewer.addr());
-        let page = match &args.run {
+        let page = match &run {
             Some(run) => format!("{url}/runs/{run}"),
             None => url,
         };

@@ -331,6 +331,20 @@ fn a_lenient_replay_answers_changed_calls_and_reports_them() {
 }
 
 /// Every file under `dir`, by path under it, with its bytes.
+/// The whole answer (head and body) to a GET of `path` at `addr`.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
 fn files_of(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut todo = vec![dir.to_path_buf()];
@@ -351,7 +365,7 @@ fn files_of(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 /// A run bundled from one broker is the run without it: with the broker
 /// gone, `replay rebuild --bundle` says identical, `export sft --bundle`
 /// writes what the export from the broker wrote, byte for byte, `report
-/// --bundle` reads it, and fastavro reads the file as any Avro file (each
+/// --bundle` reads it, `view --bundle` serves it, and fastavro reads the file as any Avro file (each
 /// record's SHA-256 recomputed there). A bundle cut short or with one byte
 /// changed is refused, naming the byte and why.
 #[test]
@@ -428,6 +442,36 @@ fn a_bundled_run_replays_and_exports_without_the_broker() {
         out.status.success() && report.contains(&format!("run {RUN}")),
         "{report}"
     );
+    // The viewer serves the bundle's run (the one it holds, unnamed).
+    let listen = testing::free_local_addr().to_string();
+    let mut view = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "view",
+            "--bundle",
+            &bundle_arg,
+            "--brokers",
+            &config.brokers,
+        ])
+        .args(["--listen", &listen, "--tokenizer", "none"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufReader::new(view.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut said, &mut line).unwrap();
+    let page = http_get(&listen, &format!("/runs/{RUN}"));
+    view.kill().unwrap();
+    let _ = view.wait();
+    assert!(
+        line.contains("of 1 runs read; serving") && line.contains(&format!("/runs/{RUN}")),
+        "{line}"
+    );
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for r in 0..4 {
+        let rollout = format!("{RUN}-g2-r{r}");
+        assert!(page.contains(&rollout), "{rollout} missing: {page}");
+    }
+
     // Another run's name is not this bundle's.
     let out = offline(&["report", "--run", "another-run"]);
     let err = String::from_utf8_lossy(&out.stderr);

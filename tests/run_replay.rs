@@ -5,7 +5,8 @@
 //! with its clock pinned at the recorded start). Each re-run must end as recorded (exit
 //! status, model calls, reward, the model turns in the harness's own
 //! output) with no call refused and no difference left unexplained; and a task changed since the recording must show up in the
-//! report at the first call it reaches.
+//! report at the first call it reaches (replayed from the run's bundle, with
+//! no broker, which says the task differs before anything runs).
 
 mod support;
 
@@ -181,12 +182,39 @@ fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diver
         "instruction.md",
         "Create a file hello.txt containing the word goodbye, then say done.\n",
     );
+    // The recording read from the run's bundle, with no broker: the bundle
+    // holds the task's hash, so the change is said before anything runs.
+    let bundle = tempfile::tempdir().unwrap();
+    let bundle = bundle.path().join("run.bundle.avro");
+    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .args([
+            "export",
+            "bundle",
+            "--run",
+            &run,
+            "--brokers",
+            &f.stream.brokers,
+        ])
+        .arg("--to")
+        .arg(&bundle)
+        .arg("--tasks")
+        .arg(shipped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let no_broker = forgelog_stream::testing::free_local_addr().to_string();
     let rollout = format!("{run}-hello-file-mini-swe-agent-0");
     let (out, report) = replay(
-        &f.stream.brokers,
+        &no_broker,
         changed.path(),
         &run,
-        &["--rollout", &rollout],
+        &["--rollout", &rollout, "--bundle", bundle.to_str().unwrap()],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("warning: task/hello-file differs from the one the bundle's run used"),
+        "{}",
+        stderr_of(&out)
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
     assert_eq!(report["attempts"].as_array().unwrap().len(), 1);

@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// and compare how each ended
     #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size"])]
     pub replay: Option<String>,
+    /// With --replay: read the recorded run from this bundle (`forgelog
+    /// export bundle`) instead of the log; tasks and launch scripts that
+    /// differ from those it names by SHA-256 are said before anything starts
+    #[arg(long, requires = "replay")]
+    pub bundle: Option<PathBuf>,
     /// With --replay: only this rollout or attempt (repeatable)
     #[arg(long = "rollout", requires = "replay")]
     pub rollouts: Vec<String>,

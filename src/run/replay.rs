@@ -6,6 +6,7 @@
 //! that differed. Exit 1 when anything differs unexplained.
 
 use super::{drive, RunArgs};
+use crate::source::{RunLog, SourceArgs};
 use crate::Found;
 use anyhow::{bail, Context, Result};
 use forgelog_api::SessionClient;
@@ -18,6 +19,7 @@ use forgelog_producers::replay::{report_text, Matching, Normaliser, RecordedUpst
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
+use forgelog_stream::LogReader;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,13 +28,13 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
     if args.backend != "local" {
         bail!("--replay re-runs rollouts in local sandboxes (--backend local)");
     }
-    let config = args.broker.config();
+    let source = SourceArgs {
+        bundle: args.bundle.clone(),
+        broker: args.broker.clone(),
+    };
+    let log = source.open(run)?;
     // One read of the log: the rollouts, their verdicts and their calls.
-    let events = super::run_events(
-        &config,
-        run,
-        &[Topic::Rollouts, Topic::Rewards, Topic::Calls],
-    )?;
+    let events = log.run_events(run, &[Topic::Rollouts, Topic::Rewards, Topic::Calls])?;
     let recorded = RecordedRun::from_events(run, &events, &args.rollouts)?;
     let calls = Recording::from_events(run, &events);
     drop(events);
@@ -61,6 +63,11 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
         })?;
         harness.check_bundle(&bundles)?;
         harnesses.insert(g.harness.clone(), harness);
+    }
+    if let RunLog::Bundle(b) = &log {
+        for line in differences_from(&b.manifest.hashes, &tasks, &harnesses)? {
+            eprintln!("warning: {line}");
+        }
     }
     let matching = if args.strict {
         Matching::Strict
@@ -170,4 +177,38 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
         println!("the replay of run {run} did what the recording did: {total} rollouts");
         Ok(())
     })
+}
+
+/// How the tasks and the kit's launch scripts here differ from those a
+/// bundled run was made with (`task/ID`, `harness/NAME` in its manifest), in
+/// words: a replay of a changed task or script is a different experiment.
+fn differences_from(
+    recorded: &BTreeMap<String, Vec<String>>,
+    tasks: &BTreeMap<String, Task>,
+    harnesses: &BTreeMap<String, Harness>,
+) -> Result<Vec<String>> {
+    let mut here = BTreeMap::new();
+    for (id, task) in tasks {
+        here.insert(format!("task/{id}"), Some(task.sha256()?));
+    }
+    for (name, h) in harnesses {
+        here.insert(format!("harness/{name}"), h.launch_script_sha256());
+    }
+    let mut said = Vec::new();
+    for (what, sha) in here {
+        let Some(theirs) = recorded.get(&what) else {
+            continue;
+        };
+        let short = |s: &str| s.chars().take(12).collect::<String>();
+        match sha {
+            Some(ours) if theirs.contains(&ours) => {}
+            Some(ours) => said.push(format!(
+                "{what} differs from the one the bundle's run used (sha256 {} there, {} here)",
+                theirs.first().map_or(String::new(), |s| short(s)),
+                short(&ours)
+            )),
+            None => said.push(format!("{what} has no launch script here to compare")),
+        }
+    }
+    Ok(said)
 }

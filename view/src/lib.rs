@@ -1,6 +1,6 @@
 //! `forgelog view`: the trajectory viewer. A [`LogTail`] reads every topic of
-//! the log (or one run of it) into a [`ViewIndex`] and keeps reading as events
-//! arrive; [`router`] serves the pages [`forgelog_view_core::Pages`] renders,
+//! the log (or one run of it, or a run's bundle) into a [`ViewIndex`] and
+//! keeps reading as events arrive; [`router`] serves the pages [`forgelog_view_core::Pages`] renders,
 //! and tells open pages when their run has new events (server-sent events).
 
 mod server;
@@ -11,7 +11,7 @@ pub use server::{router, ViewState};
 pub use tail::LogTail;
 
 use forgelog_http::{HttpOptions, HttpServer};
-use forgelog_stream::{ConsumeError, StreamConfig};
+use forgelog_stream::{ConsumeError, LogReader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -40,17 +40,16 @@ pub struct Viewer {
 }
 
 impl Viewer {
-    /// Reads the log as it is now (so the first page is whole), then serves
-    /// on `listener` and keeps reading what arrives.
+    /// Reads the log (or a bundle) as it is now (so the first page is
+    /// whole), then serves on `listener` and keeps reading what arrives.
     pub async fn start(
-        config: &StreamConfig,
+        log: impl LogReader + Send + 'static,
         run: Option<String>,
         listener: TcpListener,
         tokens: Arc<dyn TokenText>,
     ) -> Result<Viewer, ViewError> {
-        let config = config.clone();
         let (tail, index, events_read) = tokio::task::spawn_blocking(move || {
-            let mut tail = LogTail::new(&config, run)?;
+            let mut tail = LogTail::new(log, run);
             let mut index = ViewIndex::default();
             let read = tail.poll(|e| index.ingest(e))?;
             Ok::<_, ConsumeError>((tail, index, read))
@@ -95,7 +94,7 @@ impl Viewer {
 
 /// Reads what arrives until stopped; a broker that goes away is waited for.
 fn follow(
-    mut tail: LogTail,
+    mut tail: LogTail<impl LogReader>,
     index: &RwLock<ViewIndex>,
     changed: &watch::Sender<u64>,
     stop: &AtomicBool,
