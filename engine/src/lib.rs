@@ -108,6 +108,9 @@ impl EngineArgs {
     }
 }
 
+/// A model's tensors by checkpoint name.
+type Weights = std::collections::HashMap<String, candle_core::Tensor>;
+
 struct Shared {
     name: String,
     config: ModelConfig,
@@ -121,8 +124,10 @@ struct Shared {
     loaded: std::sync::atomic::AtomicU64,
     /// The weights it started with, by checkpoint name: what a LoRA version
     /// published as its adapter alone is merged onto. Shared with the model
-    /// until the first reload; a second copy of the model's memory after it.
-    base: std::collections::HashMap<String, candle_core::Tensor>,
+    /// until the first reload, then a second copy of the model's memory
+    /// while adapters arrive; let go once whole weights are loaded (a
+    /// full-weight run would otherwise hold the model twice for ever).
+    base: std::sync::Mutex<Option<Arc<Weights>>>,
 }
 
 /// A running engine: the scheduler and what the HTTP layer needs. Cheap to clone.
@@ -168,7 +173,7 @@ impl Engine {
             scheduler,
             reloading: tokio::sync::Mutex::new(()),
             loaded: Default::default(),
-            base,
+            base: std::sync::Mutex::new(Some(Arc::new(base))),
         }))
     }
 
@@ -228,6 +233,22 @@ impl Engine {
         self.encode(&text)
     }
 
+    /// The weights the engine started with, while it keeps them (until it
+    /// loads whole weights): what an adapter alone is merged onto.
+    fn base(&self) -> Option<Arc<Weights>> {
+        self.0
+            .base
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether the engine still holds the weights it started with (an
+    /// adapter alone can be merged onto them).
+    pub fn holds_start_weights(&self) -> bool {
+        self.base().is_some()
+    }
+
     pub async fn generate(&self, request: GenerationRequest) -> Result<Generation, EngineError> {
         Ok(self.0.scheduler.generate(request).await?)
     }
@@ -254,6 +275,7 @@ impl Engine {
         }
         let bytes = fetch_checkpoint(checkpoint_uri, max_bytes).await?;
         use forgelog_model::lora::{self, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
+        let adapter = checkpoint_uri.ends_with(ADAPTER_WEIGHTS);
         let adapter_config = match checkpoint_uri.strip_suffix(ADAPTER_WEIGHTS) {
             Some(folder) => {
                 let config =
@@ -267,12 +289,21 @@ impl Engine {
             }
             None => None,
         };
+        let base = match adapter_config {
+            Some(_) => Some(self.base().ok_or_else(|| {
+                EngineError::Checkpoint(format!(
+                    "{checkpoint_uri} is a LoRA adapter alone, and this engine let go of the \
+                     weights it started with when it loaded whole weights: publish merged \
+                     weights (--lora-publish merged) or restart the engine"
+                ))
+            })?),
+            None => None,
+        };
         let (config, device) = (self.0.config.clone(), self.0.device.clone());
-        let engine = self.clone();
         let model = tokio::task::spawn_blocking(move || -> Result<Transformer, EngineError> {
             let mut weights = forgelog_model::weights_from_safetensors(&bytes, &device)?;
-            if let Some(lora) = adapter_config {
-                weights = lora::merge(&engine.0.base, &weights, &config, &lora)?;
+            if let (Some(lora), Some(base)) = (adapter_config, base) {
+                weights = lora::merge(&base, &weights, &config, &lora)?;
             }
             let vb = candle_nn::VarBuilder::from_tensors(weights, DType::F32, &device);
             Transformer::load(vb, &config).map_err(|e| EngineError::Checkpoint(e.to_string()))
@@ -280,6 +311,10 @@ impl Engine {
         .await
         .map_err(|e| EngineError::Checkpoint(e.to_string()))??;
         self.0.scheduler.swap(model, version).await?;
+        if !adapter {
+            // Whole weights serve from here on: the start's copy goes.
+            *self.0.base.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         self.0
             .loaded
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -270,7 +270,9 @@ async fn admin_reload_wants_the_token_a_checkpoint_under_the_root_of_bounded_siz
 /// `checkpoint_uri` names `adapter_model.safetensors`) serves exactly what
 /// the same adapter merged into full weights does: the engine merges it onto
 /// the weights it started with. A second adapter is merged onto those base
-/// weights too, not onto the first adapter's.
+/// weights too, not onto the first adapter's. Once whole weights are loaded
+/// the engine lets its start weights go (a full-weight run would hold the
+/// model twice), and an adapter alone after that is refused, saying why.
 #[tokio::test]
 async fn an_adapter_alone_serves_as_its_merged_weights() {
     use forgelog_model::lora::{self, LoraConfig};
@@ -324,13 +326,32 @@ async fn an_adapter_alone_serves_as_its_merged_weights() {
     let (_, before) = post(&server.base, "/v1/completions", &greedy(6)).await;
     let before = logprobs(&before);
 
-    let (first_alone, first_merged) = publish("v1", &adapter(0.05));
+    let (first_alone, _) = publish("v1", &adapter(0.05));
     let (second_alone, second_merged) = publish("v2", &adapter(-0.03));
-    let a = served(1, first_alone).await;
-    let b = served(2, first_merged).await;
-    assert_eq!(a, b, "the adapter alone serves as its merged weights");
+    let a = served(1, first_alone.clone()).await;
     assert_ne!(a.1, before, "the adapter changed what is served");
-    let c = served(3, second_alone).await;
-    let d = served(4, second_merged).await;
-    assert_eq!(c, d, "the second adapter, onto the base weights");
+    let b = served(2, second_alone).await;
+    assert!(server.engine.holds_start_weights());
+    let c = served(3, second_merged).await;
+    assert_eq!(
+        b, c,
+        "the second adapter alone, onto the base weights, serves as merged"
+    );
+    assert!(
+        !server.engine.holds_start_weights(),
+        "whole weights loaded: the start's copy goes"
+    );
+    let (status, r) = reload(
+        &server.base,
+        &json!({"checkpoint_uri": first_alone, "version": 4}),
+    )
+    .await;
+    assert_ne!(status, 200, "{r}");
+    assert!(
+        r.to_string()
+            .contains("let go of the weights it started with"),
+        "{r}"
+    );
+    let (status, out) = post(&server.base, "/v1/completions", &greedy(6)).await;
+    assert_eq!((status, &out["policy_version"]), (200, &json!(3)));
 }
