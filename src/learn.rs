@@ -8,46 +8,29 @@ use forgelog_stream::StreamConfig;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-/// `forgelog train`'s arguments, parsed as its command line would be.
-#[derive(clap::Parser)]
-struct TrainCli {
-    #[command(flatten)]
-    train: forgelog_trainer::TrainArgs,
-}
-
 /// The learner of `run` on `model`: checkpoints (`home/checkpoints/{run}`,
-/// the five newest versions) and its spool under `home`, then `extra` flags
-/// as `forgelog train` takes them.
+/// the five newest versions) and its spool under `home`; every other
+/// setting at `forgelog train`'s default, for the caller to set by field.
 pub fn trainer_args(
     model: &str,
     config: &StreamConfig,
     run: &str,
     home: &Path,
-    extra: &[String],
 ) -> Result<forgelog_trainer::TrainArgs> {
-    use clap::Parser;
     std::fs::create_dir_all(home)?;
     let home = std::fs::canonicalize(home)?;
-    let mut argv = vec![
-        "train".to_string(),
-        "--model".into(),
-        model.into(),
-        "--brokers".into(),
-        config.brokers.clone(),
-        "--run".into(),
-        run.into(),
-        "--checkpoints".into(),
+    Ok(forgelog_trainer::TrainArgs {
+        model: model.to_string(),
+        brokers: config.brokers.clone(),
+        run: run.to_string(),
         // The learner keeps each run's versions in a folder of the run's name.
-        format!("file://{}/checkpoints", home.display()),
-        "--spool".into(),
-        home.join("trainer-spool").join(run).display().to_string(),
+        checkpoints: Some(format!("file://{}/checkpoints", home.display())),
+        spool: Some(home.join("trainer-spool").join(run)),
         // A version with its moments is 1.6 GB for SmolLM2: a 30-step demo
         // kept whole filled a 40 GB disk. The loops keep the newest five.
-        "--keep-versions".into(),
-        "5".into(),
-    ];
-    argv.extend(extra.iter().cloned());
-    Ok(TrainCli::try_parse_from(argv)?.train)
+        keep_versions: Some(5),
+        ..Default::default()
+    })
 }
 
 /// Why the learner stopped, once it has (it runs until told to stop, or to

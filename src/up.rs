@@ -89,41 +89,32 @@ fn train_args(
     config: &StreamConfig,
     run: &str,
 ) -> Result<forgelog_trainer::TrainArgs> {
-    let mut extra = vec![
-        "--learning-rate".to_string(),
-        args.learning_rate.to_string(),
-        "--device".into(),
-        args.device.to_string(),
-    ];
-    extra.extend(args.sync.lora_flags(args.lora_rank));
-    if args.demo {
-        // One step per round: a step is a round's groups, however long the
-        // engine takes between them (an idle flush of seconds split a round
-        // in two under load: found by CI), and each round is then sampled by
-        // the version it made. The learner scores tokens at the temperature
-        // they were sampled at.
-        let plan = forgelog_deploy::demo::DemoPlan::new(run);
-        extra.extend([
-            "--max-steps".into(),
-            args.steps.to_string(),
-            "--tokens-per-step".into(),
-            "100000000".into(),
-            "--groups-per-step".into(),
-            plan.groups.len().to_string(),
-            "--idle-flush".into(),
-            "600".into(),
-            "--temperature".into(),
-            plan.sampling.temperature.unwrap_or(1.0).to_string(),
-        ]);
-    } else {
-        extra.extend([
-            "--tokens-per-step".into(),
-            args.tokens_per_step.to_string(),
-            "--idle-flush".into(),
-            "5".into(),
-        ]);
+    let train = forgelog_trainer::TrainArgs {
+        learning_rate: args.learning_rate,
+        device: args.device,
+        lora_rank: args.lora_rank,
+        lora_publish: args.sync.lora_publish(),
+        tokens_per_step: args.tokens_per_step,
+        idle_flush: 5.0,
+        ..crate::learn::trainer_args(&args.model, config, run, &args.home)?
+    };
+    if !args.demo {
+        return Ok(train);
     }
-    crate::learn::trainer_args(&args.model, config, run, &args.home, &extra)
+    // One step per round: a step is a round's groups, however long the
+    // engine takes between them (an idle flush of seconds split a round in
+    // two under load: found by CI), and each round is then sampled by the
+    // version it made. The learner scores tokens at the temperature they
+    // were sampled at.
+    let plan = forgelog_deploy::demo::DemoPlan::new(run);
+    Ok(forgelog_trainer::TrainArgs {
+        max_steps: Some(args.steps),
+        tokens_per_step: usize::MAX,
+        groups_per_step: Some(plan.groups.len()),
+        idle_flush: 600.0,
+        temperature: plan.sampling.temperature.unwrap_or(1.0),
+        ..train
+    })
 }
 
 async fn wait_healthy(url: &str, what: &str) -> Result<()> {

@@ -46,17 +46,13 @@ impl UpstreamArgs {
         self.engine.synced().is_some() && self.sync_mode == Mode::Adapter
     }
 
-    /// The learner's flags for a LoRA adapter of `rank`: an engine synced
-    /// with whole weights needs the merged weights published beside it.
-    pub fn lora_flags(&self, rank: Option<usize>) -> Vec<String> {
-        let Some(rank) = rank else {
-            return Vec::new();
-        };
-        let mut flags = vec!["--lora-rank".to_string(), rank.to_string()];
-        if self.engine.synced().is_some() && self.sync_mode == Mode::Weights {
-            flags.extend(["--lora-publish".into(), "merged".into()]);
+    /// What a LoRA version publishes: an engine synced with whole weights
+    /// needs the merged weights beside the adapter.
+    pub fn lora_publish(&self) -> forgelog_trainer::LoraPublish {
+        match self.engine.synced().is_some() && self.sync_mode == Mode::Weights {
+            true => forgelog_trainer::LoraPublish::Merged,
+            false => forgelog_trainer::LoraPublish::Adapter,
         }
-        flags
     }
 
     /// Reads what the engine at `url` serves, as a sync reads it back:

@@ -323,18 +323,15 @@ async fn orchestrate(
         max_staleness: args.max_staleness,
     };
     let learning = if args.train {
-        let mut extra = vec![
-            "--learning-rate".to_string(),
-            args.learning_rate.to_string(),
-            "--groups-per-step".into(),
-            bound.groups_per_step.to_string(),
-            "--max-staleness".into(),
-            bound.max_staleness.to_string(),
-            "--idle-flush".into(),
-            "10".into(),
-        ];
-        extra.extend(args.sync.lora_flags(args.lora_rank));
-        let train = crate::learn::trainer_args(&args.model, config, &run_id, &dir.path, &extra)?;
+        let train = forgelog_trainer::TrainArgs {
+            learning_rate: args.learning_rate,
+            groups_per_step: Some(bound.groups_per_step),
+            max_staleness: bound.max_staleness,
+            idle_flush: 10.0,
+            lora_rank: args.lora_rank,
+            lora_publish: args.sync.lora_publish(),
+            ..crate::learn::trainer_args(&args.model, config, &run_id, &dir.path)?
+        };
         Some(crate::learn::Learning::start(
             config,
             &run_id,

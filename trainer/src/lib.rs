@@ -170,6 +170,19 @@ fn normalisation_parser() -> impl clap::builder::TypedValueParser<Value = Normal
         .map(|s| s.parse().expect("one of the possible values"))
 }
 
+impl Default for TrainArgs {
+    /// Every setting as `forgelog train` with no flags has it (its
+    /// `FORGELOG_BROKERS` and `FORGELOG_RUN` read as the flags' are): one
+    /// home for the defaults, which callers in this process override by
+    /// field, not by building a command line.
+    fn default() -> TrainArgs {
+        use clap::{Args, FromArgMatches};
+        let command = TrainArgs::augment_args(clap::Command::new("train"));
+        TrainArgs::from_arg_matches(&command.get_matches_from(["train"]))
+            .expect("every flag of `forgelog train` has a default or is optional")
+    }
+}
+
 impl TrainArgs {
     /// The LoRA the flags ask for, checked.
     pub fn lora(&self) -> Result<Option<LoraConfig>, TrainError> {
