@@ -12,7 +12,7 @@
 //! ```
 //! (defaults: 1000, 256).
 
-use forgelog_kube::fake::{FakeCluster, Pods};
+use forgelog_kube_fake::{FakeCluster, Pods};
 use forgelog_producers::fake_upstream;
 use forgelog_stream::testing::PrivateBroker;
 use std::path::Path;

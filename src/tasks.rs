@@ -2,9 +2,9 @@
 //! own verifier, each in a sandbox of its own.
 
 use anyhow::{bail, Result};
-use forgelog_deploy::check::check_task;
-use forgelog_deploy::local::Podman;
 use forgelog_deploy_core::Task;
+use forgelog_podman::check::check_task;
+use forgelog_podman::Podman;
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -6,7 +6,7 @@
 
 mod support;
 
-use forgelog_kube::fake::{FakeCluster, Pods};
+use forgelog_kube_fake::{FakeCluster, Pods};
 use forgelog_producers::fake_upstream::{self, FakeOptions};
 use forgelog_schemas::{Event, Topic, VerifierResult};
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};

@@ -1,12 +1,10 @@
-//! forgelog-deploy: rollout orchestration around `forgelog-deploy-core`: the
-//! local podman backend ([`local`]), the harnesses it starts ([`harness`]),
-//! `forgelog run`'s orchestrator ([`orchestrator`]) and its run directory
-//! ([`run_dir`]), `forgelog tasks check` ([`check`]), and the built-in demo
-//! that drives rollouts through the capture proxy.
+//! forgelog-deploy: rollout orchestration around `forgelog-deploy-core`,
+//! whatever runs the sandboxes: `forgelog run`'s orchestrator
+//! ([`orchestrator`], driving a [`orchestrator::SandboxBackend`]), the
+//! harnesses a sandbox starts ([`harness`]), and the built-in demo that
+//! drives rollouts through the capture proxy. The backends are crates of
+//! their own: podman here (`forgelog-podman`), Kubernetes (`forgelog-kube`).
 
-pub mod check;
 pub mod demo;
 pub mod harness;
-pub mod local;
 pub mod orchestrator;
-pub mod run_dir;

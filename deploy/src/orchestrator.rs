@@ -12,9 +12,8 @@
 //! up attempts its dead predecessor left open.
 
 use crate::harness::Harness;
-use crate::local::infra;
 use forgelog_api::{AbandonAttempt, ClientError, Finish, NewSession, SessionClient};
-use forgelog_deploy_core::outcome::{judge, AgentEnd, Stage, VerifierEnd};
+use forgelog_deploy_core::outcome::{infra, judge, AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::plan::may_retry;
 use forgelog_deploy_core::{Outcome, Resume, Rollout, RunHistory, RunPlan, StalenessBound, Task};
 use futures::{StreamExt, TryStreamExt};
@@ -82,6 +81,16 @@ pub trait SandboxBackend: Send + Sync {
         async {}
     }
 }
+
+/// Makes a task's image where sandboxes can run it, or says at which stage
+/// it could not: the local backend's podman (whose storage a single-node
+/// cluster's kubelet sees too).
+pub trait ImageBuilder: Send + Sync + std::fmt::Debug {
+    fn image<'a>(&'a self, task: &'a Task) -> ImageFuture<'a>;
+}
+
+/// What [`ImageBuilder::image`] answers.
+pub type ImageFuture<'a> = futures::future::BoxFuture<'a, Result<String, (Stage, String)>>;
 
 /// The newest policy version of the run (what a training run's admission
 /// waits on); the command line reads it from the log.

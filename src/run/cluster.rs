@@ -1,8 +1,8 @@
 //! `forgelog run --backend kube`: its flags and the backend they make.
 
 use anyhow::{bail, Context, Result};
-use forgelog_deploy::local::Podman;
 use forgelog_kube::{BundleSource, KubeBackend, KubeOptions, TaskImages};
+use forgelog_podman::Podman;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -77,7 +77,7 @@ pub async fn kube_backend(
         bundles,
         images: match &args.image_registry {
             Some(prefix) => TaskImages::Registry(prefix.clone()),
-            None => TaskImages::BuiltLocally(podman),
+            None => TaskImages::BuiltLocally(std::sync::Arc::new(podman)),
         },
         schedule_timeout: Duration::from_secs(args.schedule_timeout_sec),
         creates_per_second: args.creates_per_second,

@@ -16,12 +16,12 @@ use clock::LogClock;
 use cluster::{kube_backend, KubeArgs};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
-use forgelog_deploy::local::{LocalBackend, Podman};
 use forgelog_deploy::orchestrator::{
     Admission, Orchestrator, PolicyClock, RunOptions, SandboxBackend,
 };
-use forgelog_deploy::run_dir::{reap_dead_runs, RunDir};
 use forgelog_deploy_core::{Outcome, RunHistory, RunPlan, RunSummary, StalenessBound, Task};
+use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
+use forgelog_podman::{LocalBackend, Podman};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{Event, Topic};
@@ -203,7 +203,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
             eprintln!("reaped the sandboxes of dead runs: {}", reaped.join(", "))
         }
         Ok(_) => {}
-        Err(e @ forgelog_deploy::local::SandboxError::NoPodman(_)) => return Err(e.into()),
+        Err(e @ forgelog_podman::SandboxError::NoPodman(_)) => return Err(e.into()),
         Err(e) => eprintln!("warning: reaping the sandboxes of dead runs: {e}"),
     }
     // Before anything starts: an image no registry serves must be here.

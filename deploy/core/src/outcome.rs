@@ -99,6 +99,18 @@ impl RolloutStatus {
     }
 }
 
+/// Both ends of an attempt that failed at `stage`, before or around the
+/// agent (no sandbox, no image, no pod): infrastructure, not the policy.
+pub fn infra(stage: Stage, why: String) -> (AgentEnd, VerifierEnd) {
+    (
+        AgentEnd::Failed {
+            stage,
+            why: why.clone(),
+        },
+        VerifierEnd::Failed { stage, why },
+    )
+}
+
 /// The status of a rollout that ended so, and its verdict: `details` is JSON
 /// with the status, how the agent and the verifier ended, and what the
 /// verifier wrote (kept even when the reward is null, for debugging).

@@ -11,9 +11,8 @@ use crate::retry::{retrying, KubeError};
 use crate::termination::read_report;
 use crate::watch::{follow, on_job, on_pod, reconcile, Tracker};
 use forgelog_deploy::harness::Launch;
-use forgelog_deploy::local::{infra, task_image, Podman};
-use forgelog_deploy::orchestrator::{Attempt, SandboxBackend};
-use forgelog_deploy_core::outcome::{AgentEnd, Stage, VerifierEnd};
+use forgelog_deploy::orchestrator::{Attempt, ImageBuilder, SandboxBackend};
+use forgelog_deploy_core::outcome::{infra, AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::Task;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -39,8 +38,8 @@ static BACKGROUND: std::sync::LazyLock<DeleteParams> =
 /// Where task images come from.
 #[derive(Debug, Clone)]
 pub enum TaskImages {
-    /// Built here with podman (single-node clusters that see local images, the fake kubelet).
-    BuiltLocally(Podman),
+    /// Built here (by podman: single-node clusters that see local images, the fake kubelet).
+    BuiltLocally(Arc<dyn ImageBuilder>),
     /// `PREFIX/forgelog-task-ID:latest`, built and pushed beforehand
     /// (a task's own `docker_image` wins either way).
     Registry(String),
@@ -362,13 +361,13 @@ impl KubeBackend {
 impl SandboxBackend for KubeBackend {
     async fn prepare(&self, task: &Task) -> Result<String, (Stage, String)> {
         if let Some(image) = &task.config.environment.docker_image {
-            if let TaskImages::BuiltLocally(podman) = &self.options.images {
-                return task_image(podman, task).await;
+            if let TaskImages::BuiltLocally(builder) = &self.options.images {
+                return builder.image(task).await;
             }
             return Ok(image.clone());
         }
         match &self.options.images {
-            TaskImages::BuiltLocally(podman) => task_image(podman, task).await,
+            TaskImages::BuiltLocally(builder) => builder.image(task).await,
             TaskImages::Registry(prefix) => Ok(format!(
                 "{}/forgelog-task-{}:latest",
                 prefix.trim_end_matches('/'),

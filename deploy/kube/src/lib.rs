@@ -9,13 +9,13 @@
 //! - [`termination`]: the in-pod runner and its report;
 //! - [`lease`]: the run's lease, and deleting dead runs;
 //! - [`backend`]: the `SandboxBackend` the orchestrator drives;
-//! - `watch`: what the run's Jobs and Pods say, by attempt;
-//! - `fake` (feature): an in-repo API server and a kubelet that runs pods
-//!   through the local podman backend, for tests on a machine with no cluster.
+//! - `watch`: what the run's Jobs and Pods say, by attempt.
+//!
+//! `forgelog run --backend kube`'s tests (`tests/kube.rs`) and bench run it
+//! against `forgelog-kube-fake` (an in-repo API server and a kubelet that
+//! runs pods through the podman backend) on a machine with no cluster.
 
 pub mod backend;
-#[cfg(feature = "fake")]
-pub mod fake;
 pub mod job;
 pub mod lease;
 pub mod names;

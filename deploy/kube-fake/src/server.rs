@@ -2,7 +2,7 @@
 //! for namespaced objects (create, get, list, watch, replace, merge patch,
 //! delete), `Status` errors, and injected failures (a run of 500s or 429s).
 
-use super::store::{merge_patch, Change, Refusal, Store};
+use crate::store::{merge_patch, Change, Refusal, Store};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -92,7 +92,7 @@ async fn collection(
         let wanted = move |c: &Change| {
             c.kind == kind
                 && c.namespace == ns
-                && super::store::matches(selector.as_deref(), &c.object["metadata"]["labels"])
+                && crate::store::matches(selector.as_deref(), &c.object["metadata"]["labels"])
         };
         let line = |c: Change| {
             let mut l =

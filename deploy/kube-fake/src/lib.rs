@@ -9,7 +9,7 @@ pub mod kubelet;
 pub mod server;
 pub mod store;
 
-use forgelog_deploy::local::Podman;
+use forgelog_podman::Podman;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

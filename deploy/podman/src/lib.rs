@@ -1,22 +1,32 @@
-//! The local backend: each task's image built once with podman, each attempt
-//! in a container of its own, the verifier in a clean step after the agent
-//! (it runs even after an agent timeout; `tests/` is copied in only then).
+//! forgelog-podman: the local backend. Each task's image built once with
+//! podman, each attempt in a container of its own, the verifier in a clean
+//! step after the agent (it runs even after an agent timeout; `tests/` is
+//! copied in only then); a run's directory ([`run_dir`]) and `forgelog tasks
+//! check` ([`check`]).
 
+pub mod check;
 mod clock;
 mod network;
 mod podman;
+pub mod run_dir;
 
 pub use clock::PinnedClocks;
 pub use network::{remove_slot, NetworkError, SandboxNetwork};
 pub use podman::{Exec, ExecEnd, Mount, Podman, Sandbox, SandboxError, SandboxSpec, RUN_LABEL};
 
-use crate::harness::{Harness, Launch};
+use forgelog_deploy::harness::{Harness, Launch};
 use std::path::PathBuf;
 
-use forgelog_deploy_core::outcome::{AgentEnd, Stage, VerifierEnd};
+use forgelog_deploy_core::outcome::{infra, AgentEnd, Stage, VerifierEnd};
 use forgelog_deploy_core::reward::read_reward;
 use forgelog_deploy_core::Task;
 use std::time::Duration;
+
+impl forgelog_deploy::orchestrator::ImageBuilder for Podman {
+    fn image<'a>(&'a self, task: &'a Task) -> forgelog_deploy::orchestrator::ImageFuture<'a> {
+        Box::pin(task_image(self, task))
+    }
+}
 
 /// The image a task's rollouts run in: its `docker_image`, or
 /// `environment/` built as `localhost/forgelog-task-<id>` (podman's layer
@@ -127,17 +137,6 @@ pub async fn run_attempt(
     };
     let _ = sandbox.remove().await;
     (agent, verifier)
-}
-
-/// Both ends of an attempt that failed at `stage`.
-pub fn infra(stage: Stage, why: String) -> (AgentEnd, VerifierEnd) {
-    (
-        AgentEnd::Failed {
-            stage,
-            why: why.clone(),
-        },
-        VerifierEnd::Failed { stage, why },
-    )
 }
 
 async fn run_agent(sandbox: &Sandbox, spec: &AttemptSpec<'_>) -> AgentEnd {
@@ -263,7 +262,7 @@ impl LocalBackend {
     }
 }
 
-impl crate::orchestrator::SandboxBackend for LocalBackend {
+impl forgelog_deploy::orchestrator::SandboxBackend for LocalBackend {
     async fn prepare(&self, task: &Task) -> Result<String, (Stage, String)> {
         task_image(&self.podman, task).await
     }
@@ -272,7 +271,7 @@ impl crate::orchestrator::SandboxBackend for LocalBackend {
         let _ = self.dir.clean_up(&self.podman).await;
     }
 
-    async fn run(&self, a: crate::orchestrator::Attempt<'_>) -> (AgentEnd, VerifierEnd) {
+    async fn run(&self, a: forgelog_deploy::orchestrator::Attempt<'_>) -> (AgentEnd, VerifierEnd) {
         let hint = self
             .next_slot
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -2,9 +2,9 @@
 //! sandbox, through its own verifier. A task passes when the verifier scores
 //! its solution 1.
 
-use crate::harness::{Harness, SOLVE};
-use crate::local::{infra, run_attempt, task_image, AttemptSpec, Podman, SandboxSpec};
-use forgelog_deploy_core::outcome::{judge, AgentEnd, RolloutStatus, VerifierEnd};
+use crate::{run_attempt, task_image, AttemptSpec, Podman, SandboxSpec};
+use forgelog_deploy::harness::{Harness, SOLVE};
+use forgelog_deploy_core::outcome::{infra, judge, AgentEnd, RolloutStatus, VerifierEnd};
 use forgelog_deploy_core::Task;
 
 /// How one task's check went.

@@ -7,9 +7,9 @@
 //! controller write them, the termination message included. A Job deleted
 //! meanwhile has its sandbox removed.
 
-use super::store::{Change, Store};
-use crate::termination::base64 as b64;
-use forgelog_deploy::local::{Exec, ExecEnd, Mount, Podman, SandboxNetwork, SandboxSpec};
+use crate::store::{Change, Store};
+use forgelog_kube::termination::base64 as b64;
+use forgelog_podman::{Exec, ExecEnd, Mount, Podman, SandboxNetwork, SandboxSpec};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! starting orchestrator reaps what dead runs left: their sandboxes (by
 //! label) and their network namespaces.
 
-use crate::local::{remove_slot, Podman, SandboxError};
+use crate::{remove_slot, Podman, SandboxError};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! (podman kills it at its lifetime), and a sandbox network's only route is
 //! its veth to the host, where the relay reaches the proxy.
 
-use forgelog_deploy::local::{PinnedClocks, Podman, SandboxNetwork, SandboxSpec};
+use forgelog_podman::{PinnedClocks, Podman, SandboxNetwork, SandboxSpec};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -61,7 +61,7 @@ async fn a_pinned_clock_is_what_the_sandbox_and_node_read() {
     let spec = SandboxSpec {
         name: format!("forgelog-{run}"),
         run_id: run,
-        mounts: vec![mount, forgelog_deploy::local::Mount::same_path(&bundles)],
+        mounts: vec![mount, forgelog_podman::Mount::same_path(&bundles)],
         lifetime: Some(Duration::from_secs(120)),
         ..Default::default()
     };
