@@ -4,6 +4,9 @@ use crate::rebuild::rebuild;
 use crate::{RewardConfig, RewardJoin, TrajectoryBuilder};
 use forgelog_schemas::{testing::recorded_run, Topic};
 use forgelog_stream::MemoryLog;
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::Path;
 
 const GROUPS: usize = 6;
 
