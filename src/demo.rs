@@ -196,7 +196,7 @@ pub async fn run(
 /// (reports no version at all) is not waited for.
 async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
     let engine = args.sync.reader(engine);
-    let served = crate::upstream::until_served(&engine, version.max(0) as u64);
+    let served = forgelog_stack::until_served(&engine, version.max(0) as u64);
     let _ = tokio::time::timeout(Duration::from_secs(600), served).await;
 }
 

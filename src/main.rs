@@ -15,7 +15,6 @@ mod config;
 mod consume;
 mod demo;
 mod export;
-mod learn;
 mod replay;
 mod report;
 mod run;

@@ -2,13 +2,13 @@
 //! and consumers — with a session key per dialect and a live status line.
 
 use crate::broker::start_local_broker;
-use crate::learn::Learning;
 use anyhow::Result;
 use forgelog_api::{NewSession, SessionClient};
 use forgelog_consumers::RewardConfig;
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
+use forgelog_stack::{Learning, LocalEngine};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use std::net::SocketAddr;
@@ -96,7 +96,7 @@ fn train_args(
         lora_publish: args.sync.lora_publish(),
         tokens_per_step: args.tokens_per_step,
         idle_flush: 5.0,
-        ..crate::learn::trainer_args(&args.model, config, run, &args.home)?
+        ..forgelog_stack::learner_settings(&args.model, config, run, &args.home)?
     };
     if !args.demo {
         return Ok(train);
@@ -115,22 +115,6 @@ fn train_args(
         temperature: plan.sampling.temperature.unwrap_or(1.0),
         ..train
     })
-}
-
-async fn wait_healthy(url: &str, what: &str) -> Result<()> {
-    let client = reqwest::Client::new();
-    for _ in 0..600 {
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    anyhow::bail!("{what} did not become healthy at {url} within 2 minutes")
 }
 
 const DIALECTS: [(&str, &str); 4] = [
@@ -185,9 +169,13 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
 
     let engine = match &args.upstream {
         Some(_) => None,
-        None => Some(
-            LocalEngine::start(&args.model, args.engine_listen, args.device, config, &run).await?,
-        ),
+        None => {
+            let engine =
+                LocalEngine::start(&args.model, args.engine_listen, args.device, config, &run)
+                    .await?;
+            eprintln!("engine    {} on {}", args.model, engine.url);
+            Some(engine)
+        }
     };
     let upstream = match (&args.upstream, &engine) {
         (Some(u), _) => u.clone(),
@@ -235,7 +223,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     } else {
         None
     };
-    let learning = Learning::start(
+    let learning = start_learning(
         config,
         &run,
         &args.home.join("consumers"),
@@ -243,7 +231,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         train,
     );
     let sync_times = sync.as_ref().map(|s| s.times.clone());
-    let synced = crate::upstream::ended(&mut sync);
+    let synced = async { anyhow::anyhow!(forgelog_stack::ended(&mut sync).await) };
     // A failed learner publishes no more versions: the loop stops with why,
     // rather than wait for one.
     let learner_end = learning.learner_end.clone();
@@ -271,64 +259,27 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     result
 }
 
-/// `forgelog engine` in this process, on the CPU.
-pub struct LocalEngine {
-    pub url: String,
-    /// The engine stops (and lets go of the broker) when this is sent or dropped.
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LocalEngine {
-    /// Serves `model` on `listen`, loading the policies `run` publishes on
-    /// `config`'s brokers (another run's versions are not this run's
-    /// policy); returns once healthy.
-    pub async fn start(
-        model: &str,
-        listen: SocketAddr,
-        device: forgelog_engine::DeviceKind,
-        config: &StreamConfig,
-        run: &str,
-    ) -> Result<LocalEngine> {
-        let engine = forgelog_engine::EngineArgs {
-            model: model.to_string(),
-            listen,
-            device,
-            brokers: Some(config.brokers.clone()),
-            run: Some(run.to_string()),
-            // It follows forgelog.policy; reload over HTTP stays off.
-            admin_token: None,
-            checkpoint_root: None,
-            max_checkpoint_mib: forgelog_engine::DEFAULT_MAX_CHECKPOINT_BYTES >> 20,
-            prefix_cache_mib: forgelog_engine::DEFAULT_PREFIX_CACHE_MIB,
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = async {
-            let _ = stopped.await;
-        };
-        // Bound here, so that port 0 (`run`'s choice) has its port in the URL.
-        let listener = tokio::net::TcpListener::bind(listen).await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let mut task = tokio::spawn(async move {
-            if let Err(e) = forgelog_engine::serve_on(listener, engine, shutdown).await {
-                eprintln!("engine stopped: {e}");
-            }
-        });
-        // An engine that cannot start (no such device, no model) ends its
-        // task at once: say so then, not after the wait for its health.
-        let health = format!("{url}/healthz");
-        tokio::select! {
-            healthy = wait_healthy(&health, "the engine") => healthy?,
-            _ = &mut task => anyhow::bail!("the engine did not start (see above)"),
-        }
-        eprintln!("engine    {model} on {url}");
-        Ok(LocalEngine { url, stop, task })
+/// The consumers of `run` (state in `state`) and, with `train`, the
+/// learner, started in this process, as the terminal is told.
+pub fn start_learning(
+    config: &StreamConfig,
+    run: &str,
+    state: &std::path::Path,
+    rewards: RewardConfig,
+    train: Option<forgelog_trainer::TrainArgs>,
+) -> Learning {
+    eprintln!(
+        "consumers trajectories, rewards of run {run} (state in {})",
+        state.display()
+    );
+    if let Some(train) = &train {
+        eprintln!(
+            "trainer   GRPO on {}'s groups, checkpoints in {}",
+            train.run,
+            train.checkpoints.as_deref().unwrap_or("?")
+        );
     }
-
-    pub async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.task.await;
-    }
+    Learning::start(config, run, state, rewards, train)
 }
 
 /// Prints a session key per dialect and a live status line until `stop`.

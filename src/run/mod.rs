@@ -3,16 +3,12 @@
 //! this process, or `--proxy`), verifiers run, everything in the log. A
 //! restarted `--run R` resumes where the log says R stopped.
 
-mod clock;
 mod cluster;
 mod progress;
 mod replay;
 
-use crate::up::LocalEngine;
-use crate::upstream::ServedClock;
 use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
-use clock::LogClock;
 use cluster::{kube_backend, KubeArgs};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
@@ -25,6 +21,7 @@ use forgelog_podman::{LocalBackend, Podman};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::{Event, Topic};
+use forgelog_stack::{LocalEngine, LogClock, ServedClock};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::{LogReader, ReplayReader, StreamConfig};
 use progress::Bar;
@@ -261,6 +258,7 @@ async fn orchestrate(
                     )
                     .await;
                     let e = e.context("starting the embedded engine (or pass --upstream)")?;
+                    eprintln!("engine    {} on {}", args.model, e.url);
                     let url = e.url.clone();
                     engine = Some(e);
                     url
@@ -330,9 +328,9 @@ async fn orchestrate(
             idle_flush: 10.0,
             lora_rank: args.lora_rank,
             lora_publish: args.sync.lora_publish(),
-            ..crate::learn::trainer_args(&args.model, config, &run_id, &dir.path)?
+            ..forgelog_stack::learner_settings(&args.model, config, &run_id, &dir.path)?
         };
-        Some(crate::learn::Learning::start(
+        Some(crate::up::start_learning(
             config,
             &run_id,
             &dir.path.join("consumers"),
@@ -388,7 +386,7 @@ async fn orchestrate(
     };
     let result = tokio::select! {
         r = rollouts => r,
-        e = crate::upstream::ended(&mut sync) => Err(e),
+        e = forgelog_stack::ended(&mut sync) => Err(anyhow::anyhow!(e)),
     };
     if let Some(learning) = learning {
         if result.is_ok() {
@@ -414,13 +412,13 @@ async fn orchestrate(
                 let engine = args.sync.reader(engine_url.as_deref().unwrap_or_default());
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 tokio::select! {
-                    true = crate::upstream::until_served(&engine, newest) => {
+                    true = forgelog_stack::until_served(&engine, newest) => {
                         eprintln!("engine    serves version {newest}");
                         if let Some(times) = sync.as_ref().and_then(|s| s.times.summary()) {
                             eprintln!("engine    {times}");
                         }
                     }
-                    e = crate::upstream::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e:#}"),
+                    e = forgelog_stack::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e}"),
                     _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
                 }
             }

@@ -1,8 +1,11 @@
-//! Where `run --train` reads what the learner published: the log. (What the
-//! engine serves is its own word: [`crate::upstream::ServedClock`].)
+//! What a training run's admission reads: the newest version the log says
+//! was published ([`LogClock`]), or the version the engine says it serves
+//! ([`ServedClock`]).
 
+use crate::LearnerEnd;
 use forgelog_deploy::orchestrator::PolicyClock;
 use forgelog_stream::{ReplayReader, StreamConfig};
+use forgelog_sync::EngineSync;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -24,5 +27,23 @@ impl PolicyClock for LogClock {
             .await;
             newest.ok().flatten().map_or(0, |p| p.version.max(0) as u64)
         })
+    }
+}
+
+/// The version an engine serves, as admission reads it: the engine's own
+/// word, 0 while it cannot be read.
+pub struct ServedClock {
+    pub engine: EngineSync,
+    /// The learner that publishes the versions: no newer one once it stopped.
+    pub learner: LearnerEnd,
+}
+
+impl PolicyClock for ServedClock {
+    fn newest_version(&self) -> Pin<Box<dyn Future<Output = u64> + Send + '_>> {
+        Box::pin(async move { self.engine.served().await.ok().flatten().unwrap_or(0) })
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.learner.get()
     }
 }

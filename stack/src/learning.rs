@@ -2,7 +2,6 @@
 //! consumers (trajectories, the reward join) and, when training, the GRPO
 //! learner, whose published versions the engine follows.
 
-use anyhow::Result;
 use forgelog_consumers::{run_consumers, Consumers, RewardConfig, ShellOptions};
 use forgelog_stream::StreamConfig;
 use std::path::Path;
@@ -11,12 +10,12 @@ use std::sync::atomic::Ordering;
 /// The learner of `run` on `model`: checkpoints (`home/checkpoints/{run}`,
 /// the five newest versions) and its spool under `home`; every other
 /// setting at `forgelog train`'s default, for the caller to set by field.
-pub fn trainer_args(
+pub fn learner_settings(
     model: &str,
     config: &StreamConfig,
     run: &str,
     home: &Path,
-) -> Result<forgelog_trainer::TrainArgs> {
+) -> std::io::Result<forgelog_trainer::TrainArgs> {
     std::fs::create_dir_all(home)?;
     let home = std::fs::canonicalize(home)?;
     Ok(forgelog_trainer::TrainArgs {
@@ -103,21 +102,12 @@ impl Learning {
                 if let Err(e) =
                     run_consumers(&config, Consumers::All, &options, rewards, false).await
                 {
-                    eprintln!("consumers stopped: {e}");
+                    tracing::error!("consumers stopped: {e}");
                 }
             })
         };
-        eprintln!(
-            "consumers trajectories, rewards of run {run} (state in {})",
-            state.display()
-        );
         let learner_end = LearnerEnd::default();
         let trainer = train.map(|train| {
-            eprintln!(
-                "trainer   GRPO on {}'s groups, checkpoints in {}",
-                train.run,
-                train.checkpoints.as_deref().unwrap_or("?")
-            );
             let end = learner_end.clone();
             let learner = tokio::spawn(forgelog_trainer::run(train));
             let abort = learner.abort_handle();
@@ -128,7 +118,10 @@ impl Learning {
                     Err(e) if e.is_cancelled() => return, // stopped by `stop`
                     Err(_) => ("the learner panicked".to_string(), true),
                 };
-                eprintln!("trainer   stopped: {why}");
+                match failed {
+                    true => tracing::error!("trainer stopped: {why}"),
+                    false => tracing::info!("trainer stopped: {why}"),
+                }
                 end.set(why, failed);
             });
             (abort, watch)
@@ -150,5 +143,30 @@ impl Learning {
         }
         self.stop_consumers.store(true, Ordering::Relaxed);
         let _ = self.consumers.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LearnerEnd;
+    use std::time::Duration;
+
+    /// A loop waits on `failed` beside the versions: it resolves for a
+    /// learner that failed, with why, and never for one that exited.
+    #[tokio::test]
+    async fn a_failed_learner_is_told_and_one_that_exited_is_not() {
+        let exited = LearnerEnd::default();
+        exited.set("the learner exited".into(), false);
+        assert_eq!(exited.get().as_deref(), Some("the learner exited"));
+        let waited = tokio::time::timeout(Duration::from_millis(200), exited.failed()).await;
+        assert!(waited.is_err(), "an exit is not a failure");
+
+        let failed = LearnerEnd::default();
+        let waiting = tokio::spawn({
+            let failed = failed.clone();
+            async move { failed.failed().await }
+        });
+        failed.set("the learner failed: disk full".into(), true);
+        assert_eq!(waiting.await.unwrap(), "the learner failed: disk full");
     }
 }

@@ -1,0 +1,40 @@
+//! forgelog-stack: one run's processes in this process. The embedded engine
+//! ([`LocalEngine`]), the consumers and the learner ([`Learning`], whose end
+//! [`LearnerEnd`] says), an external engine kept serving each version the
+//! learner publishes ([`follow`], [`SyncTask`]), and the clocks a training
+//! run's admission reads ([`LogClock`]: what the log says was published;
+//! [`ServedClock`]: what the engine says it serves). `forgelog up`, `up
+//! --demo`, `run` and `run --train` wire these and print; nothing here
+//! prints.
+
+mod clock;
+mod engine;
+mod learning;
+mod sync;
+
+pub use clock::{LogClock, ServedClock};
+pub use engine::LocalEngine;
+pub use learning::{learner_settings, LearnerEnd, Learning};
+pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The embedded engine did not come up.
+    #[error("the engine {0}")]
+    Engine(String),
+    #[error("--upstream: {url}: {why}")]
+    Upstream { url: String, why: String },
+    /// An engine that cannot be made to serve the learner's versions.
+    #[error(
+        "--train with --upstream {upstream}: that engine does not report the policy version it \
+         serves ({url} has no policy_version), so it would not load what the learner publishes. \
+         Use --engine vllm or --engine sglang (this process then makes it serve each version), \
+         an engine that follows the log (forgelog engine --brokers BROKERS --run RUN), or leave \
+         out --upstream for the embedded one."
+    )]
+    NoPolicyVersions { upstream: String, url: String },
+    #[error(transparent)]
+    Sync(#[from] forgelog_sync::SyncError),
+}

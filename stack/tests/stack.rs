@@ -1,0 +1,106 @@
+//! The stack's parts in this process, on the real (test) broker, with no
+//! binary started: the embedded engine, an engine checked for training, and
+//! the clock that reads what a run published.
+
+use forgelog_deploy::orchestrator::PolicyClock;
+use forgelog_engine::DeviceKind;
+use forgelog_schemas::{Event, PolicyPublished};
+use forgelog_stack::{serves_policy_versions, LocalEngine, LogClock, StackError};
+use forgelog_stream::testing::{produce, shared_broker, unique_run_id};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn the_embedded_engine_serves_says_it_follows_versions_and_stops() {
+    let config = shared_broker().await;
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama(model.path(), 3).unwrap();
+    let run = unique_run_id("stack-engine");
+    let any = "127.0.0.1:0".parse().unwrap();
+    let model = model.path().to_str().unwrap();
+    let engine = LocalEngine::start(model, any, DeviceKind::Cpu, &config, &run)
+        .await
+        .unwrap();
+    assert!(!engine.url.ends_with(":0"), "{}", engine.url);
+    // What a training loop asks of an engine it does not sync itself.
+    serves_policy_versions(&engine.url).await.unwrap();
+    let url = engine.url.clone();
+    engine.stop().await;
+    assert!(
+        reqwest::get(format!("{url}/healthz")).await.is_err(),
+        "still serving"
+    );
+}
+
+#[tokio::test]
+async fn an_engine_that_cannot_start_says_why_at_once() {
+    let config = shared_broker().await;
+    let started = Instant::now();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let err = LocalEngine::start("/nowhere/model.gguf", any, DeviceKind::Cpu, &config, "r")
+        .await
+        .err()
+        .expect("no such model");
+    let said = err.to_string();
+    assert!(matches!(err, StackError::Engine(_)), "{said}");
+    assert!(
+        said.contains("did not start") && said.contains("/nowhere/model.gguf"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn an_engine_that_reports_no_policy_version_is_refused_for_training() {
+    // vLLM's `/v1/models`: no `policy_version`.
+    let app = axum::Router::new().route(
+        "/v1/models",
+        axum::routing::get(|| async { axum::Json(serde_json::json!({"data": [{"id": "m"}]})) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let err = serves_policy_versions(&url).await.unwrap_err();
+    assert!(matches!(err, StackError::NoPolicyVersions { .. }), "{err}");
+    assert!(err.to_string().contains("--engine vllm"), "{err}");
+    // Nobody there: said so, naming the URL.
+    let gone = format!("http://{}", forgelog_stream::testing::free_local_addr());
+    let err = serves_policy_versions(&gone).await.unwrap_err();
+    assert!(matches!(err, StackError::Upstream { .. }), "{err}");
+    assert!(err.to_string().contains(&gone), "{err}");
+}
+
+#[tokio::test]
+async fn the_log_clock_reads_the_newest_version_its_run_published() {
+    let config = shared_broker().await;
+    let (ours, theirs) = (unique_run_id("stack-clock"), unique_run_id("stack-other"));
+    let clock = LogClock {
+        config: config.clone(),
+        run: ours.clone(),
+    };
+    assert_eq!(clock.newest_version().await, 0, "nothing published yet");
+    let published = |run: &str, version: i64| {
+        Event::PolicyPublished(PolicyPublished {
+            run_id: run.to_string(),
+            event_id: format!("{run}-v{version}"),
+            version,
+            step: version,
+            checkpoint_uri: format!("file:///nowhere/{run}/v{version}/"),
+            metrics: Default::default(),
+        })
+    };
+    produce(
+        &config,
+        &[
+            published(&ours, 2),
+            published(&ours, 5),
+            published(&theirs, 9),
+        ],
+    )
+    .await;
+    assert_eq!(clock.newest_version().await, 5);
+    assert_eq!(clock.stopped(), None);
+}
