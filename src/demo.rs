@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::core::report::Report;
-use forgelog_consumers::{export, rebuild::read_run};
+use forgelog_consumers::export;
 use forgelog_deploy::demo::{self, summary::RunSummary, DemoPlan, ProxyClient};
 use forgelog_schemas::{Event, Topic};
 use forgelog_stream::{ReplayReader, StreamConfig};
@@ -67,7 +67,7 @@ pub async fn run(
         rollouts += outcomes.len();
         let groups = plan.groups.len() * (plan.round + 1);
         let spinner = crate::spinner("consumers: building trees and groups".into());
-        wait_for(
+        forgelog_stack::events_at_least(
             config,
             run_id,
             Topic::Batches,
@@ -92,7 +92,7 @@ pub async fn run(
         // there is. Waiting for that count (not for "one more than now")
         // cannot miss a version published before we looked.
         let spinner = crate::spinner(format!("trainer: version {target} of {steps}"));
-        let newest = wait_for(
+        let newest = forgelog_stack::events_at_least(
             config,
             run_id,
             Topic::Policy,
@@ -198,36 +198,4 @@ async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs)
     let engine = args.sync.reader(engine);
     let served = forgelog_stack::until_served(&engine, version.max(0) as u64);
     let _ = tokio::time::timeout(Duration::from_secs(600), served).await;
-}
-
-/// The run's events on `topic` once there are at least `count` (read every
-/// half second, through one reader, off the runtime that serves the engine
-/// and proxy); `None` after `patience`. Only that topic is read: the trainer
-/// shares the CPU with these polls.
-async fn wait_for(
-    config: &StreamConfig,
-    run_id: &str,
-    topic: Topic,
-    count: usize,
-    patience: Duration,
-) -> Result<Option<Vec<Event>>> {
-    let (config, run_id) = (config.clone(), run_id.to_string());
-    tokio::task::spawn_blocking(move || {
-        let reader = ReplayReader::new(&config)?;
-        let started = std::time::Instant::now();
-        loop {
-            let events: Vec<Event> = read_run(&reader, topic, &run_id)?
-                .into_iter()
-                .filter_map(|r| r.event.ok())
-                .collect();
-            if events.len() >= count {
-                return Ok(Some(events));
-            }
-            if started.elapsed() >= patience {
-                return Ok(None);
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    })
-    .await?
 }

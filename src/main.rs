@@ -23,7 +23,6 @@ mod spool;
 mod sync;
 mod tail;
 mod tasks;
-mod token_in;
 mod topics;
 mod up;
 mod upstream;
@@ -285,7 +284,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Consume(args) => consume::run(&rt, args),
         Command::Engine(args) => Ok(rt.block_on(forgelog_engine::run(args))?),
         Command::Proxy(args) => {
-            let token_in = token_in::load(args.tokenizer.as_deref())?;
+            let token_in = forgelog_stack::token_in(args.tokenizer.as_deref())?;
             Ok(rt.block_on(forgelog_producers::run(args, token_in))?)
         }
         Command::Train(args) => Ok(rt.block_on(forgelog_trainer::run(args))?),

@@ -5,10 +5,8 @@ use crate::broker::start_local_broker;
 use anyhow::Result;
 use forgelog_api::{NewSession, SessionClient};
 use forgelog_consumers::RewardConfig;
-use forgelog_producers::server::ProxyConfig;
-use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
-use forgelog_stack::{Learning, LocalEngine};
+use forgelog_stack::{Learning, Serving, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use std::net::SocketAddr;
@@ -167,54 +165,36 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     };
     admin::create_topics(config, &TopicLayout::default()).await?;
 
-    let engine = match &args.upstream {
-        Some(_) => None,
-        None => {
-            let engine =
-                LocalEngine::start(&args.model, args.engine_listen, args.device, config, &run)
-                    .await?;
-            eprintln!("engine    {} on {}", args.model, engine.url);
-            Some(engine)
-        }
-    };
-    let upstream = match (&args.upstream, &engine) {
-        (Some(u), _) => u.clone(),
-        (None, Some(e)) => e.url.clone(),
-        (None, None) => unreachable!("an engine starts when no upstream is given"),
-    };
-    // Makes the external engine serve what the learner publishes; its
-    // failure stops the demo (nothing more is sampled by a version it did
-    // not load) with the engine, route and answer named.
-    let mut sync = match (args.train, &args.upstream) {
-        (true, Some(_)) => {
-            args.sync
-                .follow(&upstream, &config.brokers, &run, &args.home)
-                .await?
-        }
-        _ => None,
-    };
-
-    // The session API is not left open: anyone who reaches the proxy could
-    // create sessions and post rewards. `up`'s own clients hold this token.
-    let admin_token = forgelog_http::random_token();
-    let tokenizer = args
-        .tokenizer
-        .clone()
-        .or(engine.as_ref().map(|_| args.model.clone()));
-    let proxy_config = ProxyConfig {
-        run_id: Some(run.clone()),
-        admin_token: Some(admin_token.clone()),
-        token_in: crate::token_in::load(tokenizer.as_deref())?,
-        policy_adapters: args.sync.policy_adapters(),
-        ..ProxyConfig::new(&upstream)
-    };
-    let spool = args.home.join("proxy-spool");
-    let proxy = RunningProxy::start(proxy_config, config, spool, args.proxy_listen).await?;
-    let base = format!("http://{}", proxy.addr);
+    // An external engine is kept serving what the learner publishes; its
+    // sync's failure stops the demo (nothing more is sampled by a version it
+    // did not load) with the engine, route and answer named.
+    let mut serving = Serving::start(
+        config,
+        ServingConfig {
+            run: run.clone(),
+            upstream: args.upstream.clone(),
+            model: args.model.clone(),
+            device: args.device,
+            engine_listen: args.engine_listen,
+            train: args.train,
+            synced: args.sync.synced(),
+            tokenizer: args.tokenizer.clone(),
+            policy_adapters: args.sync.policy_adapters(),
+            proxy_listen: args.proxy_listen,
+            spool: args.home.join("proxy-spool"),
+            home: args.home.clone(),
+        },
+    )
+    .await?;
+    if let Some(engine) = &serving.engine {
+        eprintln!("engine    {} on {}", args.model, engine.url);
+    }
+    let (upstream, admin_token) = (serving.upstream.clone(), serving.admin_token.clone());
+    let base = format!("http://{}", serving.proxy.addr);
     eprintln!("proxy     {base} → {upstream}  (session API admin token: {admin_token})");
     eprintln!(
         "claims    events over {} bytes → {} (--claims, --max-record-bytes; lower where the broker's topics say so)",
-        proxy.max_record_bytes().unwrap_or(config.claims.max_record_bytes),
+        serving.proxy.max_record_bytes().unwrap_or(config.claims.max_record_bytes),
         config.claims.location
     );
 
@@ -230,8 +210,8 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
         train,
     );
-    let sync_times = sync.as_ref().map(|s| s.times.clone());
-    let synced = async { anyhow::anyhow!(forgelog_stack::ended(&mut sync).await) };
+    let sync_times = serving.sync.as_ref().map(|s| s.times.clone());
+    let synced = async { anyhow::anyhow!(forgelog_stack::ended(&mut serving.sync).await) };
     // A failed learner publishes no more versions: the loop stops with why,
     // rather than wait for one.
     let learner_end = learning.learner_end.clone();
@@ -251,11 +231,9 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         }
     };
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
-    proxy.shutdown(Duration::from_secs(10)).await?;
-    learning.stop().await;
-    if let Some(engine) = engine {
-        engine.stop().await;
-    }
+    serving
+        .stop(Some(learning), Duration::from_secs(10))
+        .await?;
     result
 }
 

@@ -2,9 +2,7 @@
 //! and `run --train`: what it is, keeping it serving each version the
 //! learner publishes, and reading back the version it serves.
 
-use anyhow::Result;
 use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
-use std::path::Path;
 
 /// What `--upstream` is, and how a trained version reaches it.
 #[derive(Debug, Clone, clap::Args)]
@@ -69,18 +67,9 @@ impl UpstreamArgs {
         })
     }
 
-    /// For `--train`: makes the engine at `url` serve each version `run`
-    /// publishes (staging checkpoints under `home`), from the one it serves
-    /// now; an engine that follows the log itself is only checked. The
-    /// sync's task, whose end (it runs until it fails) stops the loop.
-    pub async fn follow(
-        &self,
-        url: &str,
-        brokers: &str,
-        run: &str,
-        home: &Path,
-    ) -> Result<Option<forgelog_stack::SyncTask>> {
-        let synced = self.engine.synced().map(|kind| (kind, self.sync_mode));
-        Ok(forgelog_stack::follow(url, synced, brokers, run, home).await?)
+    /// How an external engine is made to serve a version (none: it follows
+    /// the log itself).
+    pub fn synced(&self) -> Option<(Kind, Mode)> {
+        self.engine.synced().map(|kind| (kind, self.sync_mode))
     }
 }

@@ -12,16 +12,12 @@ use anyhow::{bail, Context, Result};
 use cluster::{kube_backend, KubeArgs};
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
-use forgelog_deploy::orchestrator::{
-    Admission, Orchestrator, PolicyClock, RunOptions, SandboxBackend,
-};
+use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
 use forgelog_deploy_core::{Outcome, RunHistory, RunPlan, RunSummary, StalenessBound, Task};
 use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
 use forgelog_podman::{LocalBackend, Podman};
-use forgelog_producers::server::ProxyConfig;
-use forgelog_producers::RunningProxy;
 use forgelog_schemas::{Event, Topic};
-use forgelog_stack::{LocalEngine, LogClock, ServedClock};
+use forgelog_stack::{LogClock, ServedClock, Serving, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::{LogReader, ReplayReader, StreamConfig};
 use progress::Bar;
@@ -234,10 +230,7 @@ async fn orchestrate(
     bundles: PathBuf,
 ) -> Result<()> {
     let run_id = plan.run_id.clone();
-    let mut engine = None;
-    let mut engine_url = None;
-    let mut sync = None;
-    let mut local_proxy = None;
+    let mut serving = None;
     let (url, token) = match &args.proxy {
         Some(url) => {
             let Some(token) = args.admin_token.clone() else {
@@ -246,55 +239,41 @@ async fn orchestrate(
             (url.trim_end_matches('/').to_string(), token)
         }
         None => {
-            let upstream = match &args.upstream {
-                Some(u) => u.clone(),
-                None => {
-                    let e = LocalEngine::start(
-                        &args.model,
-                        "127.0.0.1:0".parse()?,
-                        forgelog_engine::DeviceKind::Cpu,
-                        config,
-                        &run_id,
-                    )
-                    .await;
-                    let e = e.context("starting the embedded engine (or pass --upstream)")?;
-                    eprintln!("engine    {} on {}", args.model, e.url);
-                    let url = e.url.clone();
-                    engine = Some(e);
-                    url
-                }
-            };
-            // An external engine serves each version the learner publishes.
-            if args.train && args.upstream.is_some() {
-                sync = args
-                    .sync
-                    .follow(&upstream, &config.brokers, &run_id, &dir.path)
-                    .await?;
+            // Sandboxes reach the proxy: its session API refuses them (they
+            // have no token). The embedded engine's model renders prompts
+            // (token in); an external engine is kept serving each version
+            // the learner publishes.
+            let started = Serving::start(
+                config,
+                ServingConfig {
+                    run: run_id.clone(),
+                    upstream: args.upstream.clone(),
+                    model: args.model.clone(),
+                    device: forgelog_engine::DeviceKind::Cpu,
+                    engine_listen: "127.0.0.1:0".parse()?,
+                    train: args.train,
+                    synced: args.sync.synced(),
+                    tokenizer: args.tokenizer.clone(),
+                    policy_adapters: args.sync.policy_adapters(),
+                    proxy_listen: args.proxy_listen,
+                    spool: dir.spool(),
+                    home: dir.path.clone(),
+                },
+            )
+            .await
+            .context("starting the engine and the proxy (or pass --upstream)")?;
+            if let Some(engine) = &started.engine {
+                eprintln!("engine    {} on {}", args.model, engine.url);
             }
-            engine_url = Some(upstream.clone());
-            // Sandboxes reach the proxy: its session API must refuse them.
-            let token = forgelog_http::random_token();
-            // The embedded engine's model: the proxy renders its prompts (token in).
-            let tokenizer = args
-                .tokenizer
-                .as_deref()
-                .or(engine.as_ref().map(|_| args.model.as_str()));
-            let proxy_config = ProxyConfig {
-                run_id: Some(run_id.clone()),
-                admin_token: Some(token.clone()),
-                token_in: crate::token_in::load(tokenizer)?,
-                policy_adapters: args.sync.policy_adapters(),
-                ..ProxyConfig::new(&upstream)
-            };
-            let proxy =
-                RunningProxy::start(proxy_config, config, dir.spool(), args.proxy_listen).await?;
             // What a killed predecessor left in the spool goes to the log first.
-            proxy.flush(Duration::from_secs(60)).await?;
-            let url = proxy.url();
-            local_proxy = Some(proxy);
-            (url, token)
+            started.proxy.flush(Duration::from_secs(60)).await?;
+            let found = (started.proxy.url(), started.admin_token.clone());
+            serving = Some(started);
+            found
         }
     };
+    let engine_url = serving.as_ref().map(|s| s.upstream.clone());
+    let mut no_sync = None;
     let proxy_addr: SocketAddr = url
         .trim_start_matches("http://")
         .to_socket_addrs()
@@ -384,11 +363,12 @@ async fn orchestrate(
             drive(orchestrator, &history, total).await
         }
     };
+    let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
     let result = tokio::select! {
         r = rollouts => r,
-        e = forgelog_stack::ended(&mut sync) => Err(anyhow::anyhow!(e)),
+        e = forgelog_stack::ended(sync) => Err(anyhow::anyhow!(e)),
     };
-    if let Some(learning) = learning {
+    if let Some(learning) = &learning {
         if result.is_ok() {
             // The last groups' step, once the learner has them (an idle flush
             // takes a last short step), before the engine stops serving.
@@ -398,14 +378,9 @@ async fn orchestrate(
                 run: run_id.clone(),
             };
             let deadline = std::time::Instant::now() + Duration::from_secs(600);
-            let mut newest = clock.newest_version().await;
-            while newest < steps
-                && std::time::Instant::now() < deadline
-                && learning.learner_end.get().is_none()
-            {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                newest = clock.newest_version().await;
-            }
+            let newest =
+                forgelog_stack::versions_published(&clock, steps, &learning.learner_end, deadline)
+                    .await;
             eprintln!("trainer   {newest} versions published for {groups} groups");
             // And an external engine serves the last of them, as it says.
             if sync.is_some() {
@@ -418,18 +393,19 @@ async fn orchestrate(
                             eprintln!("engine    {times}");
                         }
                     }
-                    e = forgelog_stack::ended(&mut sync) => eprintln!("engine    does not serve version {newest}: {e}"),
+                    e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
                     _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
                 }
             }
         }
-        learning.stop().await;
     }
-    if let Some(proxy) = local_proxy {
-        proxy.shutdown(Duration::from_secs(30)).await?;
-    }
-    if let Some(e) = engine {
-        e.stop().await;
+    match serving {
+        Some(serving) => serving.stop(learning, Duration::from_secs(30)).await?,
+        None => {
+            if let Some(learning) = learning {
+                learning.stop().await;
+            }
+        }
     }
     let outcomes = result?;
     let summary = RunSummary::of(&outcomes);

@@ -3,19 +3,25 @@
 //! [`LearnerEnd`] says), an external engine kept serving each version the
 //! learner publishes ([`follow`], [`SyncTask`]), and the clocks a training
 //! run's admission reads ([`LogClock`]: what the log says was published;
-//! [`ServedClock`]: what the engine says it serves). `forgelog up`, `up
+//! [`ServedClock`]: what the engine says it serves), the engine and proxy
+//! that answer a run's calls ([`Serving`]) and the waits of the loop that
+//! drives it ([`events_at_least`], [`versions_published`]). `forgelog up`, `up
 //! --demo`, `run` and `run --train` wire these and print; nothing here
 //! prints.
 
 mod clock;
 mod engine;
 mod learning;
+mod serving;
 mod sync;
+mod wait;
 
 pub use clock::{LogClock, ServedClock};
 pub use engine::LocalEngine;
 pub use learning::{learner_settings, LearnerEnd, Learning};
+pub use serving::{token_in, Serving, ServingConfig};
 pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
+pub use wait::{events_at_least, versions_published};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
@@ -37,4 +43,10 @@ pub enum StackError {
     NoPolicyVersions { upstream: String, url: String },
     #[error(transparent)]
     Sync(#[from] forgelog_sync::SyncError),
+    #[error("the capture proxy: {0}")]
+    Proxy(String),
+    #[error("cannot load the tokenizer and chat template of {spec:?}: {why}")]
+    TokenIn { spec: String, why: String },
+    #[error(transparent)]
+    Log(#[from] forgelog_stream::ConsumeError),
 }
