@@ -11,8 +11,8 @@ use forgelog_stream::{ReplayReader, StreamConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
-/// The demo once; with `train_steps`, rounds of it until the learner has
-/// published that many versions (each round sampled by the version the
+/// The demo once; with `--train`, rounds of it until the learner has
+/// published `--steps` versions (each round sampled by the version the
 /// engine serves then), ending with the report per version.
 pub async fn run(
     config: &StreamConfig,
@@ -23,28 +23,61 @@ pub async fn run(
     args: &crate::up::UpArgs,
     sync: Option<forgelog_sync::SyncTimes>,
 ) -> Result<()> {
-    let (export_to, json) = (args.export_to.as_path(), args.json);
+    let say = Say { json: args.json };
     let train_steps = args.train.then_some(args.steps);
-    // With --json, stdout carries only the JSON summary; the words go to stderr.
-    let say = |line: String| {
-        if json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
-    let mut plan = DemoPlan::new(run_id);
-    say(format!(
+    let plan = DemoPlan::new(run_id);
+    say.line(format!(
         "\ndemo run {run_id}: {} GRPO groups of {} rollouts (OpenAI Chat and Anthropic Messages), a calculator tool, a verifier{}",
         plan.groups.len(),
         plan.group_size,
         train_steps.map_or(String::new(), |s| format!(", rounds until {s} versions are trained"))
     ));
     let proxy = ProxyClient::new(base, Some(admin_token.to_string()));
+    let rounds = rounds(config, &proxy, engine, plan, args, &say).await?;
+    finish(config, run_id, args, &say, rounds, sync).await
+}
+
+/// Where `--json` sends the words: stdout carries only the JSON summary then.
+struct Say {
+    json: bool,
+}
+
+impl Say {
+    fn line(&self, line: String) {
+        if self.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+}
+
+/// What the rounds did.
+struct Rounds {
+    rollouts: usize,
+    failed: usize,
+    /// Wall time per training round, from its start to its version served
+    /// (this is the driver, not a consumer: the clock is its to read): what
+    /// a step of the closed loop costs on this machine.
+    seconds: Vec<f64>,
+}
+
+/// The demo's rounds: each sampled, its groups derived, and (training) its
+/// version published and served before the next.
+async fn rounds(
+    config: &StreamConfig,
+    proxy: &ProxyClient,
+    engine: &str,
+    mut plan: DemoPlan,
+    args: &crate::up::UpArgs,
+    say: &Say,
+) -> Result<Rounds> {
+    let run_id = plan.run_id.clone();
+    let run_id = run_id.as_str();
+    let train_steps = args.train.then_some(args.steps);
+
     let mut failed = 0;
     let mut rollouts = 0;
-    // Wall time per round (this is the driver, not a consumer: the clock is
-    // its to read): what a step of the closed loop costs on this machine.
     let mut round_seconds: Vec<f64> = Vec::new();
     loop {
         let round_started = std::time::Instant::now();
@@ -54,7 +87,7 @@ pub async fn run(
         );
         bar.set_message(format!("round {}", plan.round));
         bar.enable_steady_tick(Duration::from_millis(200));
-        let outcomes = demo::run(&proxy, &plan, |o| {
+        let outcomes = demo::run(proxy, &plan, |o| {
             if let Some(e) = &o.error {
                 bar.println(format!("rollout {} failed: {e}", o.rollout_id));
             }
@@ -113,7 +146,7 @@ pub async fn run(
         }
         spinner.finish_and_clear();
         let seconds = round_started.elapsed().as_secs_f64();
-        say(format!(
+        say.line(format!(
             "round {}: rollouts sampled in {:.1} s; version {target} served {seconds:.1} s after the round began",
             plan.round,
             sampled.as_secs_f64()
@@ -121,24 +154,48 @@ pub async fn run(
         round_seconds.push(seconds);
         plan.round += 1;
     }
+    Ok(Rounds {
+        rollouts,
+        failed,
+        seconds: round_seconds,
+    })
+}
+
+/// After the rounds: the summary and report from the log, the SFT export,
+/// the JSON summary with `--json`; an error when rollouts failed.
+async fn finish(
+    config: &StreamConfig,
+    run_id: &str,
+    args: &crate::up::UpArgs,
+    say: &Say,
+    rounds: Rounds,
+    sync: Option<forgelog_sync::SyncTimes>,
+) -> Result<()> {
+    let (export_to, json) = (args.export_to.as_path(), args.json);
+    let train_steps = args.train.then_some(args.steps);
+    let Rounds {
+        rollouts,
+        failed,
+        seconds: round_seconds,
+    } = rounds;
     let events = crate::report::events_of(config, run_id).await?;
     if !round_seconds.is_empty() {
         let mean = round_seconds.iter().sum::<f64>() / round_seconds.len() as f64;
-        say(format!(
+        say.line(format!(
             "seconds per training step (round to served version): mean {mean:.1} over {} steps",
             round_seconds.len()
         ));
     }
     if let Some(line) = sync.and_then(|s| s.summary()) {
-        say(line);
+        say.line(line);
     }
 
     let summary = RunSummary::of(&events);
-    say(format!("\n{summary}"));
+    say.line(format!("\n{summary}"));
     let report = Report::of(&events);
     let first_and_last = report.first_and_last(5);
     if train_steps.is_some() {
-        say(format!("{report}"));
+        say.line(format!("{report}"));
     }
 
     std::fs::create_dir_all(export_to)
@@ -155,20 +212,20 @@ pub async fn run(
     )
     .await
     .map_err(|e| anyhow::anyhow!(e))?;
-    say(format!(
+    say.line(format!(
         "SFT export: {} rows in {}",
         manifest.rows.values().sum::<usize>(),
         dir.display()
     ));
     for path in &written {
-        say(format!("  {path}"));
+        say.line(format!("  {path}"));
     }
-    say(format!(
+    say.line(format!(
         "\nnext: forgelog view --run {run_id}   |   forgelog report --run {run_id}"
     ));
     // The loop's outcome in one line, the last of the words.
     if let (Some(_), Some((first, last))) = (train_steps, first_and_last) {
-        say(format!(
+        say.line(format!(
             "reward first 5 versions: {first:.3}, last 5 versions: {last:.3}"
         ));
     }

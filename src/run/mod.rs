@@ -3,13 +3,14 @@
 //! this process, or `--proxy`), verifiers run, everything in the log. A
 //! restarted `--run R` resumes where the log says R stopped.
 
+mod args;
 mod cluster;
 mod progress;
 mod replay;
 
-use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
-use cluster::{kube_backend, KubeArgs};
+pub use args::RunArgs;
+use cluster::kube_backend;
 use forgelog_api::SessionClient;
 use forgelog_deploy::harness::Harness;
 use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
@@ -25,113 +26,6 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
-    /// A directory of Harbor-style task directories (e.g. deploy/tasks)
-    pub tasks_dir: PathBuf,
-    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider,
-    /// solve (the task's reference solution), or a launch script path (NAME.sh)
-    #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent")]
-    pub harness: Vec<String>,
-    /// Rollouts per GRPO group (one task, one harness)
-    #[arg(long, default_value_t = 8)]
-    pub group_size: usize,
-    /// Rollouts running at once
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: usize,
-    /// Only these tasks (by directory name; repeatable)
-    #[arg(long = "task")]
-    pub tasks: Vec<String>,
-    /// A vLLM-compatible engine for the proxy this run starts (default: the
-    /// embedded engine, on the CPU)
-    #[arg(long)]
-    pub upstream: Option<String>,
-    #[command(flatten)]
-    pub sync: crate::upstream::UpstreamArgs,
-    /// The model whose tokenizer and chat template the proxy renders prompts
-    /// with (token in: a rollout's calls spliced into one sequence; default:
-    /// --model when the embedded engine serves it; `none`: the engine renders)
-    #[arg(long, conflicts_with = "proxy")]
-    pub tokenizer: Option<String>,
-    /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
-    #[arg(long, conflicts_with = "upstream")]
-    pub proxy: Option<String>,
-    /// The admin token of --proxy
-    #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
-    pub admin_token: Option<String>,
-    #[command(flatten)]
-    pub broker: BrokerArgs,
-    /// The run id; an existing run resumes (default: run-<unix time>)
-    #[arg(long, env = "FORGELOG_RUN")]
-    pub run: Option<String>,
-    /// Model calls per rollout, past which the proxy stops the harness
-    #[arg(long)]
-    pub max_model_calls: Option<u32>,
-    /// Completion tokens per model call
-    #[arg(long)]
-    pub max_tokens: Option<i64>,
-    /// Where rollouts run: podman sandboxes here, or one Job per attempt on Kubernetes
-    #[arg(long, default_value = "local", value_parser = ["local", "kube"])]
-    pub backend: String,
-    /// Where the proxy this run starts listens
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub proxy_listen: SocketAddr,
-    #[command(flatten)]
-    pub kube: KubeArgs,
-    /// The model of the embedded engine
-    #[arg(long, default_value = "smollm2")]
-    pub model: String,
-    /// Train --model on the run's groups with GRPO: the learner publishes
-    /// versions the engine loads (the embedded one, or --upstream with
-    /// --engine), and groups start only while the policy that samples them
-    /// is within --max-staleness
-    #[arg(long, conflicts_with = "proxy")]
-    pub train: bool,
-    /// With --train: train a LoRA adapter of this rank on frozen weights
-    /// (with --engine vllm --sync-mode adapter, the engine loads each one)
-    #[arg(long, requires = "train")]
-    pub lora_rank: Option<usize>,
-    /// With --train: groups per learner step (one version each)
-    #[arg(long, default_value_t = 1)]
-    pub groups_per_step: usize,
-    /// With --train: versions a group's policy may lag the learner when it
-    /// is trained (0: every group sampled by the newest version)
-    #[arg(long, default_value_t = 1)]
-    pub max_staleness: u64,
-    /// With --train: the learner's rate
-    #[arg(long, default_value_t = 1e-5)]
-    pub learning_rate: f64,
-    /// Re-run the recorded rollouts of this run in the same environment (task
-    /// image, harness bundle, paths and home), answered from the recording,
-    /// and compare how each ended
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size"])]
-    pub replay: Option<String>,
-    /// With --replay: read the recorded run from this bundle (`forgelog
-    /// export bundle`) instead of the log; tasks and launch scripts that
-    /// differ from those it names by SHA-256 are said before anything starts
-    #[arg(long, requires = "replay")]
-    pub bundle: Option<PathBuf>,
-    /// With --replay: only this rollout or attempt (repeatable)
-    #[arg(long = "rollout", requires = "replay")]
-    pub rollouts: Vec<String>,
-    /// With --replay: refuse a call that differs from the recording instead
-    /// of answering it and reporting the difference
-    #[arg(long, requires = "replay")]
-    pub strict: bool,
-    /// With --replay: a regular expression for more volatile text (repeatable)
-    #[arg(long, requires = "replay", conflicts_with = "strict")]
-    pub volatile: Vec<String>,
-    /// With --replay: pin each re-run's clock at its recorded start
-    /// (libfaketime), so dates a harness writes come out as recorded; some
-    /// harnesses misbehave under it (timed waits fail, output is lost), so by
-    /// default the clock is the real one and the report explains the dates
-    #[arg(long, requires = "replay")]
-    pub pin_clock: bool,
-    /// With --replay: write the comparison and the replay report here as JSON
-    #[arg(long, requires = "replay")]
-    pub report: Option<PathBuf>,
-}
 
 /// Run `run`'s events on `topics`, as far as the log holds them.
 fn run_events(config: &StreamConfig, run: &str, topics: &[Topic]) -> Result<Vec<Event>> {
@@ -230,48 +124,7 @@ async fn orchestrate(
     bundles: PathBuf,
 ) -> Result<()> {
     let run_id = plan.run_id.clone();
-    let mut serving = None;
-    let (url, token) = match &args.proxy {
-        Some(url) => {
-            let Some(token) = args.admin_token.clone() else {
-                bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
-            };
-            (url.trim_end_matches('/').to_string(), token)
-        }
-        None => {
-            // Sandboxes reach the proxy: its session API refuses them (they
-            // have no token). The embedded engine's model renders prompts
-            // (token in); an external engine is kept serving each version
-            // the learner publishes.
-            let started = Serving::start(
-                config,
-                ServingConfig {
-                    run: run_id.clone(),
-                    upstream: args.upstream.clone(),
-                    model: args.model.clone(),
-                    device: forgelog_engine::DeviceKind::Cpu,
-                    engine_listen: "127.0.0.1:0".parse()?,
-                    train: args.train,
-                    synced: args.sync.synced(),
-                    tokenizer: args.tokenizer.clone(),
-                    policy_adapters: args.sync.policy_adapters(),
-                    proxy_listen: args.proxy_listen,
-                    spool: dir.spool(),
-                    home: dir.path.clone(),
-                },
-            )
-            .await
-            .context("starting the engine and the proxy (or pass --upstream)")?;
-            if let Some(engine) = &started.engine {
-                eprintln!("engine    {} on {}", args.model, engine.url);
-            }
-            // What a killed predecessor left in the spool goes to the log first.
-            started.proxy.flush(Duration::from_secs(60)).await?;
-            let found = (started.proxy.url(), started.admin_token.clone());
-            serving = Some(started);
-            found
-        }
-    };
+    let (mut serving, url, token) = serve_run(args, config, &run_id, &dir).await?;
     let engine_url = serving.as_ref().map(|s| s.upstream.clone());
     let mut no_sync = None;
     let proxy_addr: SocketAddr = url
@@ -299,26 +152,7 @@ async fn orchestrate(
         groups_per_step: args.groups_per_step.max(1),
         max_staleness: args.max_staleness,
     };
-    let learning = if args.train {
-        let train = forgelog_trainer::TrainArgs {
-            learning_rate: args.learning_rate,
-            groups_per_step: Some(bound.groups_per_step),
-            max_staleness: bound.max_staleness,
-            idle_flush: 10.0,
-            lora_rank: args.lora_rank,
-            lora_publish: args.sync.lora_publish(),
-            ..forgelog_stack::learner_settings(&args.model, config, &run_id, &dir.path)?
-        };
-        Some(crate::up::start_learning(
-            config,
-            &run_id,
-            &dir.path.join("consumers"),
-            Default::default(),
-            Some(train),
-        ))
-    } else {
-        None
-    };
+    let learning = learning_of(args, config, &run_id, &dir, bound)?;
     let learner_end = learning
         .as_ref()
         .map(|l| l.learner_end.clone())
@@ -368,36 +202,10 @@ async fn orchestrate(
         r = rollouts => r,
         e = forgelog_stack::ended(sync) => Err(anyhow::anyhow!(e)),
     };
-    if let Some(learning) = &learning {
-        if result.is_ok() {
-            // The last groups' step, once the learner has them (an idle flush
-            // takes a last short step), before the engine stops serving.
-            let steps = groups.div_ceil(bound.groups_per_step) as u64;
-            let clock = LogClock {
-                config: config.clone(),
-                run: run_id.clone(),
-            };
-            let deadline = std::time::Instant::now() + Duration::from_secs(600);
-            let newest =
-                forgelog_stack::versions_published(&clock, steps, &learning.learner_end, deadline)
-                    .await;
-            eprintln!("trainer   {newest} versions published for {groups} groups");
-            // And an external engine serves the last of them, as it says.
-            if sync.is_some() {
-                let engine = args.sync.reader(engine_url.as_deref().unwrap_or_default());
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                tokio::select! {
-                    true = forgelog_stack::until_served(&engine, newest) => {
-                        eprintln!("engine    serves version {newest}");
-                        if let Some(times) = sync.as_ref().and_then(|s| s.times.summary()) {
-                            eprintln!("engine    {times}");
-                        }
-                    }
-                    e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
-                    _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
-                }
-            }
-        }
+    if let (Some(learning), true) = (&learning, result.is_ok()) {
+        let steps = groups.div_ceil(bound.groups_per_step) as u64;
+        let engine = engine_url.as_deref().map(|url| args.sync.reader(url));
+        last_versions(config, &run_id, steps, groups, learning, engine, sync).await;
     }
     match serving {
         Some(serving) => serving.stop(learning, Duration::from_secs(30)).await?,
@@ -407,8 +215,125 @@ async fn orchestrate(
             }
         }
     }
-    let outcomes = result?;
-    let summary = RunSummary::of(&outcomes);
+    print_outcomes(&run_id, &result?);
+    Ok(())
+}
+
+/// What answers the run's calls: the proxy at `--proxy` (and its token), or
+/// an engine and a proxy this process starts; the proxy's URL and session
+/// API token either way.
+async fn serve_run(
+    args: &RunArgs,
+    config: &StreamConfig,
+    run_id: &str,
+    dir: &RunDir,
+) -> Result<(Option<Serving>, String, String)> {
+    if let Some(url) = &args.proxy {
+        let Some(token) = args.admin_token.clone() else {
+            bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
+        };
+        return Ok((None, url.trim_end_matches('/').to_string(), token));
+    }
+    // Sandboxes reach the proxy: its session API refuses them (they have no
+    // token). The embedded engine's model renders prompts (token in); an
+    // external engine is kept serving each version the learner publishes.
+    let serving = Serving::start(
+        config,
+        ServingConfig {
+            run: run_id.to_string(),
+            upstream: args.upstream.clone(),
+            model: args.model.clone(),
+            device: forgelog_engine::DeviceKind::Cpu,
+            engine_listen: "127.0.0.1:0".parse()?,
+            train: args.train,
+            synced: args.sync.synced(),
+            tokenizer: args.tokenizer.clone(),
+            policy_adapters: args.sync.policy_adapters(),
+            proxy_listen: args.proxy_listen,
+            spool: dir.spool(),
+            home: dir.path.clone(),
+        },
+    )
+    .await
+    .context("starting the engine and the proxy (or pass --upstream)")?;
+    if let Some(engine) = &serving.engine {
+        eprintln!("engine    {} on {}", args.model, engine.url);
+    }
+    // What a killed predecessor left in the spool goes to the log first.
+    serving.proxy.flush(Duration::from_secs(60)).await?;
+    let (url, token) = (serving.proxy.url(), serving.admin_token.clone());
+    Ok((Some(serving), url, token))
+}
+
+/// With `--train`, the consumers and the learner of the run, stepping on
+/// `bound`; none otherwise (the consumers of the log derive the run).
+fn learning_of(
+    args: &RunArgs,
+    config: &StreamConfig,
+    run_id: &str,
+    dir: &RunDir,
+    bound: StalenessBound,
+) -> Result<Option<forgelog_stack::Learning>> {
+    if !args.train {
+        return Ok(None);
+    }
+    let train = forgelog_trainer::TrainArgs {
+        learning_rate: args.learning_rate,
+        groups_per_step: Some(bound.groups_per_step),
+        max_staleness: bound.max_staleness,
+        idle_flush: 10.0,
+        lora_rank: args.lora_rank,
+        lora_publish: args.sync.lora_publish(),
+        ..forgelog_stack::learner_settings(&args.model, config, run_id, &dir.path)?
+    };
+    Ok(Some(crate::up::start_learning(
+        config,
+        run_id,
+        &dir.path.join("consumers"),
+        Default::default(),
+        Some(train),
+    )))
+}
+
+/// The last groups' step, once the learner has them (an idle flush takes a
+/// last short step), before the engine stops serving; and an external
+/// engine serving the last version, as it says.
+async fn last_versions(
+    config: &StreamConfig,
+    run_id: &str,
+    steps: u64,
+    groups: usize,
+    learning: &forgelog_stack::Learning,
+    engine: Option<forgelog_sync::EngineSync>,
+    sync: &mut Option<forgelog_stack::SyncTask>,
+) {
+    let clock = LogClock {
+        config: config.clone(),
+        run: run_id.to_string(),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let newest =
+        forgelog_stack::versions_published(&clock, steps, &learning.learner_end, deadline).await;
+    eprintln!("trainer   {newest} versions published for {groups} groups");
+    let (Some(engine), Some(times)) = (engine, sync.as_ref().map(|s| s.times.clone())) else {
+        return;
+    };
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    tokio::select! {
+        true = forgelog_stack::until_served(&engine, newest) => {
+            eprintln!("engine    serves version {newest}");
+            if let Some(times) = times.summary() {
+                eprintln!("engine    {times}");
+            }
+        }
+        e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
+        _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
+    }
+}
+
+/// The run's summary per harness, and what orchestrating it cost.
+fn print_outcomes(run_id: &str, outcomes: &[Outcome]) {
+    let summary = RunSummary::of(outcomes);
     println!("\nrun {run_id}\n{summary}");
     let ran = outcomes
         .iter()
@@ -424,7 +349,6 @@ async fn orchestrate(
         own * 1000.0 / ran as f64,
         tools * 1000.0 / ran as f64
     );
-    Ok(())
 }
 
 /// Runs the plan with a progress bar until it ends or a signal stops it;

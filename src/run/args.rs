@@ -1,0 +1,113 @@
+//! `forgelog run`'s flags.
+
+use super::cluster::KubeArgs;
+use crate::BrokerArgs;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// A directory of Harbor-style task directories (e.g. deploy/tasks)
+    pub tasks_dir: PathBuf,
+    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider,
+    /// solve (the task's reference solution), or a launch script path (NAME.sh)
+    #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent")]
+    pub harness: Vec<String>,
+    /// Rollouts per GRPO group (one task, one harness)
+    #[arg(long, default_value_t = 8)]
+    pub group_size: usize,
+    /// Rollouts running at once
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Only these tasks (by directory name; repeatable)
+    #[arg(long = "task")]
+    pub tasks: Vec<String>,
+    /// A vLLM-compatible engine for the proxy this run starts (default: the
+    /// embedded engine, on the CPU)
+    #[arg(long)]
+    pub upstream: Option<String>,
+    #[command(flatten)]
+    pub sync: crate::upstream::UpstreamArgs,
+    /// The model whose tokenizer and chat template the proxy renders prompts
+    /// with (token in: a rollout's calls spliced into one sequence; default:
+    /// --model when the embedded engine serves it; `none`: the engine renders)
+    #[arg(long, conflicts_with = "proxy")]
+    pub tokenizer: Option<String>,
+    /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
+    #[arg(long, conflicts_with = "upstream")]
+    pub proxy: Option<String>,
+    /// The admin token of --proxy
+    #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
+    pub admin_token: Option<String>,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// The run id; an existing run resumes (default: run-<unix time>)
+    #[arg(long, env = "FORGELOG_RUN")]
+    pub run: Option<String>,
+    /// Model calls per rollout, past which the proxy stops the harness
+    #[arg(long)]
+    pub max_model_calls: Option<u32>,
+    /// Completion tokens per model call
+    #[arg(long)]
+    pub max_tokens: Option<i64>,
+    /// Where rollouts run: podman sandboxes here, or one Job per attempt on Kubernetes
+    #[arg(long, default_value = "local", value_parser = ["local", "kube"])]
+    pub backend: String,
+    /// Where the proxy this run starts listens
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub proxy_listen: SocketAddr,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// The model of the embedded engine
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    /// Train --model on the run's groups with GRPO: the learner publishes
+    /// versions the engine loads (the embedded one, or --upstream with
+    /// --engine), and groups start only while the policy that samples them
+    /// is within --max-staleness
+    #[arg(long, conflicts_with = "proxy")]
+    pub train: bool,
+    /// With --train: train a LoRA adapter of this rank on frozen weights
+    /// (with --engine vllm --sync-mode adapter, the engine loads each one)
+    #[arg(long, requires = "train")]
+    pub lora_rank: Option<usize>,
+    /// With --train: groups per learner step (one version each)
+    #[arg(long, default_value_t = 1)]
+    pub groups_per_step: usize,
+    /// With --train: versions a group's policy may lag the learner when it
+    /// is trained (0: every group sampled by the newest version)
+    #[arg(long, default_value_t = 1)]
+    pub max_staleness: u64,
+    /// With --train: the learner's rate
+    #[arg(long, default_value_t = 1e-5)]
+    pub learning_rate: f64,
+    /// Re-run the recorded rollouts of this run in the same environment (task
+    /// image, harness bundle, paths and home), answered from the recording,
+    /// and compare how each ended
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size"])]
+    pub replay: Option<String>,
+    /// With --replay: read the recorded run from this bundle (`forgelog
+    /// export bundle`) instead of the log; tasks and launch scripts that
+    /// differ from those it names by SHA-256 are said before anything starts
+    #[arg(long, requires = "replay")]
+    pub bundle: Option<PathBuf>,
+    /// With --replay: only this rollout or attempt (repeatable)
+    #[arg(long = "rollout", requires = "replay")]
+    pub rollouts: Vec<String>,
+    /// With --replay: refuse a call that differs from the recording instead
+    /// of answering it and reporting the difference
+    #[arg(long, requires = "replay")]
+    pub strict: bool,
+    /// With --replay: a regular expression for more volatile text (repeatable)
+    #[arg(long, requires = "replay", conflicts_with = "strict")]
+    pub volatile: Vec<String>,
+    /// With --replay: pin each re-run's clock at its recorded start
+    /// (libfaketime), so dates a harness writes come out as recorded; some
+    /// harnesses misbehave under it (timed waits fail, output is lost), so by
+    /// default the clock is the real one and the report explains the dates
+    #[arg(long, requires = "replay")]
+    pub pin_clock: bool,
+    /// With --replay: write the comparison and the replay report here as JSON
+    #[arg(long, requires = "replay")]
+    pub report: Option<PathBuf>,
+}
