@@ -38,32 +38,9 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
     let recorded = RecordedRun::from_events(run, &events, &args.rollouts)?;
     let calls = Recording::from_events(run, &events);
     drop(events);
-    let mut tasks = BTreeMap::new();
-    let mut harnesses = BTreeMap::new();
-    let all: BTreeMap<String, Task> = Task::load_all(&args.tasks_dir)?
-        .into_iter()
-        .map(|t| (t.id.clone(), t))
-        .collect();
     let home = forgelog_stream::forgelog_home();
     let bundles = home.join("harnesses");
-    for g in &recorded.plan.groups {
-        let Some(task) = all.get(&g.task) else {
-            bail!(
-                "run {run} ran task {}, which is not in {}",
-                g.task,
-                args.tasks_dir.display()
-            );
-        };
-        tasks.insert(g.task.clone(), task.clone());
-        let harness = Harness::resolve(&g.harness).with_context(|| {
-            format!(
-                "run {run} ran harness {}, which is not a built-in one",
-                g.harness
-            )
-        })?;
-        harness.check_bundle(&bundles)?;
-        harnesses.insert(g.harness.clone(), harness);
-    }
+    let (tasks, harnesses) = environment(args, run, &recorded, &bundles)?;
     if let RunLog::Bundle(b) = &log {
         for line in differences_from(&b.manifest.hashes, &tasks, &harnesses)? {
             eprintln!("warning: {line}");
@@ -144,26 +121,7 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
             println!("  {r}");
         }
         if let Some(path) = &args.report {
-            let attempts: Vec<serde_json::Value> = rows
-                .iter()
-                .map(|r| {
-                    serde_json::json!({
-                        "attempt": r.attempt,
-                        "harness": r.harness,
-                        "recorded": r.recorded,
-                        "replayed": r.replayed,
-                        "differences": r.differences(),
-                    })
-                })
-                .collect();
-            let json = serde_json::json!({
-                "run": run,
-                "attempts": attempts,
-                "divergences": report,
-                "refused": refused,
-            });
-            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            write_report(path, run, &rows, &report, &refused)?;
         }
         let differing = rows.iter().filter(|r| !r.differences().is_empty()).count();
         let unexplained = report.iter().filter(|e| !e.explained).count();
@@ -177,6 +135,72 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
         println!("the replay of run {run} did what the recording did: {total} rollouts");
         Ok(())
     })
+}
+
+/// The tasks (from `TASKS_DIR`) and the kit's harnesses (their bundles
+/// installed under `bundles`) the recorded run ran.
+fn environment(
+    args: &RunArgs,
+    run: &str,
+    recorded: &RecordedRun,
+    bundles: &std::path::Path,
+) -> Result<(BTreeMap<String, Task>, BTreeMap<String, Harness>)> {
+    let mut tasks = BTreeMap::new();
+    let mut harnesses = BTreeMap::new();
+    let all: BTreeMap<String, Task> = Task::load_all(&args.tasks_dir)?
+        .into_iter()
+        .map(|t| (t.id.clone(), t))
+        .collect();
+    for g in &recorded.plan.groups {
+        let Some(task) = all.get(&g.task) else {
+            bail!(
+                "run {run} ran task {}, which is not in {}",
+                g.task,
+                args.tasks_dir.display()
+            );
+        };
+        tasks.insert(g.task.clone(), task.clone());
+        let harness = Harness::resolve(&g.harness).with_context(|| {
+            format!(
+                "run {run} ran harness {}, which is not a built-in one",
+                g.harness
+            )
+        })?;
+        harness.check_bundle(bundles)?;
+        harnesses.insert(g.harness.clone(), harness);
+    }
+    Ok((tasks, harnesses))
+}
+
+/// The comparison and the replay report as JSON (`--report`).
+fn write_report(
+    path: &std::path::Path,
+    run: &str,
+    rows: &[forgelog_deploy_core::replay::ReplayedAttempt],
+    report: &[forgelog_producers::replay::ReportEntry],
+    refused: &[String],
+) -> Result<()> {
+    let attempts: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "attempt": r.attempt,
+                "harness": r.harness,
+                "recorded": r.recorded,
+                "replayed": r.replayed,
+                "differences": r.differences(),
+            })
+        })
+        .collect();
+    let json = serde_json::json!({
+        "run": run,
+        "attempts": attempts,
+        "divergences": report,
+        "refused": refused,
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// How the tasks and the kit's launch scripts here differ from those a
