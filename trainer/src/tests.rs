@@ -1,5 +1,6 @@
 use super::*;
 use clap::Parser;
+use forgelog_schemas::{Event, PolicyPublished, Topic};
 
 /// How the `forgelog` CLI embeds the arguments.
 #[derive(Parser)]
