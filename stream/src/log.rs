@@ -84,37 +84,6 @@ pub trait LogReader {
     }
 }
 
-/// A reader lent is a reader (a test keeps appending to the log it lent).
-impl<T: LogReader + ?Sized> LogReader for &T {
-    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
-        (**self).partitions(topic)
-    }
-
-    fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
-        (**self).end(topic, partition)
-    }
-
-    fn for_each_in(
-        &self,
-        topic: &str,
-        partition: i32,
-        from: i64,
-        to: i64,
-        f: impl FnMut(Received) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<()>, ConsumeError> {
-        (**self).for_each_in(topic, partition, from, to, f)
-    }
-
-    fn for_each_of_run(
-        &self,
-        topic: &str,
-        run: &str,
-        f: impl FnMut(Received) -> ControlFlow<()>,
-    ) -> Result<(), ConsumeError> {
-        (**self).for_each_of_run(topic, run, f)
-    }
-}
-
 /// The newest `PolicyPublished` on `forgelog.policy` (of `run`, when given):
 /// where a restarted trainer resumes, and the one policy a restarted engine
 /// loads (not every version before it).

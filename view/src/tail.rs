@@ -25,6 +25,11 @@ impl<R: LogReader> LogTail<R> {
         }
     }
 
+    /// The log (or bundle) it reads.
+    pub fn log(&self) -> &R {
+        &self.reader
+    }
+
     /// Hands `f` every event written since the last poll (all of them on the
     /// first), topic by topic, each partition in offset order; returns how many.
     /// Messages that are not forgelog events are skipped: the consumers
@@ -138,11 +143,11 @@ mod tests {
         {
             log.append(e).unwrap();
         }
-        let mut tail = LogTail::new(&log, Some("ours".to_string()));
+        let mut tail = LogTail::new(log, Some("ours".to_string()));
         let mut seen = Vec::new();
         assert_eq!(tail.poll(|e| seen.push(e)).unwrap(), first.len());
         for e in later.iter().chain(&theirs) {
-            log.append(e).unwrap();
+            tail.log().append(e).unwrap();
         }
         assert_eq!(tail.poll(|e| seen.push(e)).unwrap(), later.len());
         assert_eq!(tail.poll(|e| seen.push(e)).unwrap(), 0);
@@ -165,7 +170,7 @@ mod tests {
         for e in &events {
             log.append(e).unwrap();
         }
-        let mut tail = LogTail::new(&log, None);
+        let mut tail = LogTail::new(log, None);
         assert_eq!(tail.poll(|_| {}).unwrap(), events.len());
         assert_eq!(tail.poll(|_| {}).unwrap(), 0);
     }
