@@ -198,7 +198,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             "--brokers",
             &f.stream.brokers,
         ])
-        .args(["--run-id", &run, "--admin-token", "vllm-test-admin"])
+        .args(["--run", &run, "--admin-token", "vllm-test-admin"])
         .arg("--spool")
         .arg(spool.path())
         .spawn()

@@ -52,8 +52,9 @@ pub struct ProxyArgs {
     /// Local spool directory: events wait here while the broker is away
     #[arg(long, default_value = ".forgelog/proxy-spool")]
     pub spool: PathBuf,
-    /// Run id for sessions created without one
-    #[arg(long, env = "FORGELOG_RUN")]
+    /// Run id for sessions created without one (`--run`, as every command
+    /// names a run; `--run-id` is its older name)
+    #[arg(long = "run", alias = "run-id", env = "FORGELOG_RUN")]
     pub run_id: Option<String>,
     /// Calls one session may have in flight at once, i.e. concurrent, not in
     /// total (more get 429; the total is the session's `max_model_calls`)

@@ -125,7 +125,7 @@ impl KitProxy {
                 "--brokers",
                 &stream.brokers,
             ])
-            .args(["--run-id", &run, "--admin-token", ADMIN])
+            .args(["--run", &run, "--admin-token", ADMIN])
             .arg("--spool")
             .arg(spool.path())
             .spawn()
