@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, run_dir, slots_of, stderr_of};
-use support::{containers_of, shipped, variant};
+use support::{containers_of, faulty_variants, shipped, variant};
 
 const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
 
@@ -367,33 +367,7 @@ fn failures_are_typed_and_tried_again_twice_before_the_first_model_call() {
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     variant(r, "good", "instruction.md", "Write hello.txt.\n");
-    variant(
-        r,
-        "wrong-answer",
-        "solution/solve.sh",
-        "echo 'Hello?' > /app/hello.txt\n",
-    );
-    variant(r, "verifier-crashes", "tests/test.sh", "exit 3\n");
-    variant(r, "reward-missing", "tests/test.sh", "true\n");
-    variant(
-        r,
-        "reward-nan",
-        "tests/test.sh",
-        "echo NaN > /logs/verifier/reward.txt\n",
-    );
-    variant(r, "agent-hangs", "solution/solve.sh", "sleep 600\n");
-    let toml = std::fs::read_to_string(shipped().join("hello-file/task.toml")).unwrap();
-    std::fs::write(
-        r.join("agent-hangs/task.toml"),
-        toml.replace("timeout_sec = 300.0", "timeout_sec = 2.0"),
-    )
-    .unwrap();
-    variant(
-        r,
-        "image-missing",
-        "task.toml",
-        &format!("{toml}docker_image = \"localhost/forgelog-no-such-image\"\n"),
-    );
+    faulty_variants(r);
     let run = unique_run_id("run-faults");
     let out = f.run(r, &run, "solve", 2);
     assert!(

@@ -8,7 +8,7 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use support::{containers_of, shipped, variant};
+use support::{containers_of, faulty_variants, shipped, variant};
 
 fn tasks_check(dir: &Path, run: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_forgelog"))
@@ -59,34 +59,8 @@ fn every_shipped_solution_scores_one_through_its_own_verifier() {
 fn each_failure_is_its_typed_status_with_a_null_reward_and_no_sandbox_is_left() {
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
-    variant(
-        r,
-        "wrong-answer",
-        "solution/solve.sh",
-        "echo 'Hello?' > /app/hello.txt\n",
-    );
-    variant(r, "verifier-crashes", "tests/test.sh", "exit 3\n");
-    variant(r, "reward-missing", "tests/test.sh", "true\n");
-    variant(
-        r,
-        "reward-nan",
-        "tests/test.sh",
-        "echo NaN > /logs/verifier/reward.txt\n",
-    );
-    variant(r, "agent-hangs", "solution/solve.sh", "sleep 600\n");
-    let toml = std::fs::read_to_string(shipped().join("hello-file/task.toml")).unwrap();
-    std::fs::write(
-        r.join("agent-hangs/task.toml"),
-        toml.replace("timeout_sec = 300.0", "timeout_sec = 2.0"),
-    )
-    .unwrap();
+    faulty_variants(r);
     variant(r, "agent-fails", "solution/solve.sh", "exit 4\n");
-    variant(
-        r,
-        "image-missing",
-        "task.toml",
-        &format!("{toml}docker_image = \"localhost/forgelog-no-such-image\"\n"),
-    );
 
     let run = format!("faults-{}", std::process::id());
     let out = tasks_check(r, &run);

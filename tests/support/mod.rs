@@ -94,6 +94,40 @@ pub fn variant(root: &Path, name: &str, file: &str, text: &str) {
     std::fs::write(dir.join(file), text).unwrap();
 }
 
+/// Variants of `hello-file` under `root` that fail each their own way:
+/// `wrong-answer` (reward 0), `verifier-crashes`, `reward-missing`,
+/// `reward-nan`, `agent-hangs` (a 2 s agent timeout) and `image-missing`.
+pub fn faulty_variants(root: &Path) {
+    let r = root;
+    variant(
+        r,
+        "wrong-answer",
+        "solution/solve.sh",
+        "echo 'Hello?' > /app/hello.txt\n",
+    );
+    variant(r, "verifier-crashes", "tests/test.sh", "exit 3\n");
+    variant(r, "reward-missing", "tests/test.sh", "true\n");
+    variant(
+        r,
+        "reward-nan",
+        "tests/test.sh",
+        "echo NaN > /logs/verifier/reward.txt\n",
+    );
+    variant(r, "agent-hangs", "solution/solve.sh", "sleep 600\n");
+    let toml = std::fs::read_to_string(shipped().join("hello-file/task.toml")).unwrap();
+    std::fs::write(
+        r.join("agent-hangs/task.toml"),
+        toml.replace("timeout_sec = 300.0", "timeout_sec = 2.0"),
+    )
+    .unwrap();
+    variant(
+        r,
+        "image-missing",
+        "task.toml",
+        &format!("{toml}docker_image = \"localhost/forgelog-no-such-image\"\n"),
+    );
+}
+
 /// Writes `policy` to `dir` as a Hugging Face model folder: what every
 /// checkpoint carries (`forgelog_model::hf`) and its weights.
 pub fn write_hf_model_folder(policy: &forgelog_model::Policy, dir: &Path) {
