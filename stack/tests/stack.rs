@@ -104,3 +104,65 @@ async fn the_log_clock_reads_the_newest_version_its_run_published() {
     assert_eq!(clock.newest_version().await, 5);
     assert_eq!(clock.stopped(), None);
 }
+
+/// What answers a run's calls: the embedded engine behind a proxy that
+/// renders prompts with the engine's own tokenizer (token in), its session
+/// API behind a token; both gone once stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn serving_starts_an_engine_behind_a_proxy_and_stops_both() {
+    use forgelog_stack::{Serving, ServingConfig};
+    let config = shared_broker().await;
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama(model.path(), 5).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let serving = Serving::start(
+        &config,
+        ServingConfig {
+            run: unique_run_id("stack-serving"),
+            upstream: None,
+            model: model.path().display().to_string(),
+            device: DeviceKind::Cpu,
+            engine_listen: any,
+            train: false,
+            synced: None,
+            tokenizer: None,
+            policy_adapters: false,
+            proxy_listen: any,
+            spool: home.path().join("spool"),
+            home: home.path().to_path_buf(),
+        },
+    )
+    .await
+    .unwrap();
+    let engine = serving
+        .engine
+        .as_ref()
+        .expect("the embedded engine")
+        .url
+        .clone();
+    assert_eq!(serving.upstream, engine);
+    assert!(serving.sync.is_none(), "no training, no sync");
+    let proxy = serving.proxy.url();
+    // The session API wants the token it was given.
+    let client = reqwest::Client::new();
+    let sessions = |token: Option<&str>| {
+        let mut post = client
+            .post(format!("{proxy}/sessions"))
+            .json(&serde_json::json!({"rollout_id": "r", "task_id": "t", "harness": "h", "group_id": "g"}));
+        if let Some(token) = token {
+            post = post.bearer_auth(token);
+        }
+        post.send()
+    };
+    assert_eq!(sessions(None).await.unwrap().status(), 401);
+    let token = serving.admin_token.clone();
+    assert!(sessions(Some(&token)).await.unwrap().status().is_success());
+    serving.stop(None, Duration::from_secs(5)).await.unwrap();
+    for url in [&proxy, &engine] {
+        assert!(
+            client.get(format!("{url}/healthz")).send().await.is_err(),
+            "{url} still serves"
+        );
+    }
+}
