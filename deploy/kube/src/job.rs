@@ -138,12 +138,80 @@ impl AttemptObjects<'_> {
     }
 
     pub fn job(&self) -> Job {
+        let mount = |name: &str, path: &str| VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        };
+        let mut limits = BTreeMap::new();
+        if let Some(c) = self.cpus {
+            limits.insert("cpu".to_string(), Quantity(format!("{c}")));
+        }
+        if let Some(m) = self.memory_mb {
+            limits.insert("memory".to_string(), Quantity(format!("{m}Mi")));
+        }
+        let files = Volume {
+            name: "task".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: files_name(self.run_id, self.task_id, self.harness),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (bundles, init) = bundles_volume(self.bundles);
+        let labels = self.labels();
+        Job {
+            metadata: meta(self.job_name(), self, labels.clone()),
+            spec: Some(JobSpec {
+                backoff_limit: Some(0),
+                active_deadline_seconds: Some(self.deadline_sec()),
+                ttl_seconds_after_finished: Some(600),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        restart_policy: Some("Never".into()),
+                        automount_service_account_token: Some(false),
+                        enable_service_links: Some(false),
+                        init_containers: init.map(|c| vec![c]),
+                        containers: vec![Container {
+                            name: "attempt".into(),
+                            image: Some(self.image.to_string()),
+                            command: Some(vec!["bash".into(), "-c".into(), RUNNER.into()]),
+                            env: Some(self.env()),
+                            volume_mounts: Some(vec![
+                                mount("task", TASK_FILES),
+                                mount("bundles", BUNDLES),
+                            ]),
+                            resources: (!limits.is_empty()).then(|| ResourceRequirements {
+                                limits: Some(limits),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }],
+                        volumes: Some(vec![files, bundles]),
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The runner's environment: where the proxy, the bundles, the task's
+    /// files and the logs are, the launch, the timeouts, and the session's
+    /// key from its Secret (never in the Job itself).
+    fn env(&self) -> Vec<EnvVar> {
         let env = |name: &str, value: String| EnvVar {
             name: name.into(),
             value: Some(value),
             ..Default::default()
         };
-        let mut envs = vec![
+        vec![
             env("HOME", "/tmp/forgelog-home".into()),
             env(
                 "FORGELOG_BASE_URL",
@@ -171,127 +239,71 @@ impl AttemptObjects<'_> {
                 "FORGELOG_VERIFIER_TIMEOUT",
                 (self.verifier_timeout_sec.ceil() as u64).max(1).to_string(),
             ),
-        ];
-        envs.push(EnvVar {
-            name: "FORGELOG_API_KEY".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: self.secret_name(),
-                    key: "api_key".into(),
-                    optional: Some(false),
+            EnvVar {
+                name: "FORGELOG_API_KEY".into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: self.secret_name(),
+                        key: "api_key".into(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
                 }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        });
-        let mount = |name: &str, path: &str| VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            read_only: Some(true),
-            ..Default::default()
-        };
-        let mut limits = BTreeMap::new();
-        if let Some(c) = self.cpus {
-            limits.insert("cpu".to_string(), Quantity(format!("{c}")));
-        }
-        if let Some(m) = self.memory_mb {
-            limits.insert("memory".to_string(), Quantity(format!("{m}Mi")));
-        }
-        let files = Volume {
-            name: "task".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: files_name(self.run_id, self.task_id, self.harness),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let (bundles, init) = match self.bundles {
-            BundleSource::Image(image) => (
-                Volume {
-                    name: "bundles".into(),
-                    image: Some(ImageVolumeSource {
-                        reference: Some(image.clone()),
-                        pull_policy: Some("IfNotPresent".into()),
-                    }),
-                    ..Default::default()
-                },
-                None,
-            ),
-            BundleSource::CopiedFrom(image) => (
-                Volume {
-                    name: "bundles".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
-                    ..Default::default()
-                },
-                Some(Container {
-                    name: "bundles".into(),
-                    image: Some(image.clone()),
-                    command: Some(vec![
-                        "cp".into(),
-                        "-a".into(),
-                        "/bundles/.".into(),
-                        format!("{BUNDLES}/"),
-                    ]),
-                    volume_mounts: Some(vec![VolumeMount {
-                        name: "bundles".into(),
-                        mount_path: BUNDLES.into(),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
+            },
+        ]
+    }
+}
+
+/// The harness bundles' volume, and the init container that fills it when
+/// they are copied out of an image.
+fn bundles_volume(source: &BundleSource) -> (Volume, Option<Container>) {
+    match source {
+        BundleSource::Image(image) => (
+            Volume {
+                name: "bundles".into(),
+                image: Some(ImageVolumeSource {
+                    reference: Some(image.clone()),
+                    pull_policy: Some("IfNotPresent".into()),
                 }),
-            ),
-            BundleSource::HostPath(dir) => (
-                Volume {
+                ..Default::default()
+            },
+            None,
+        ),
+        BundleSource::CopiedFrom(image) => (
+            Volume {
+                name: "bundles".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Some(Container {
+                name: "bundles".into(),
+                image: Some(image.clone()),
+                command: Some(vec![
+                    "cp".into(),
+                    "-a".into(),
+                    "/bundles/.".into(),
+                    format!("{BUNDLES}/"),
+                ]),
+                volume_mounts: Some(vec![VolumeMount {
                     name: "bundles".into(),
-                    host_path: Some(HostPathVolumeSource {
-                        path: dir.clone(),
-                        type_: Some("Directory".into()),
-                    }),
+                    mount_path: BUNDLES.into(),
                     ..Default::default()
-                },
-                None,
-            ),
-        };
-        let labels = self.labels();
-        Job {
-            metadata: meta(self.job_name(), self, labels.clone()),
-            spec: Some(JobSpec {
-                backoff_limit: Some(0),
-                active_deadline_seconds: Some(self.deadline_sec()),
-                ttl_seconds_after_finished: Some(600),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels),
-                        ..Default::default()
-                    }),
-                    spec: Some(PodSpec {
-                        restart_policy: Some("Never".into()),
-                        automount_service_account_token: Some(false),
-                        enable_service_links: Some(false),
-                        init_containers: init.map(|c| vec![c]),
-                        containers: vec![Container {
-                            name: "attempt".into(),
-                            image: Some(self.image.to_string()),
-                            command: Some(vec!["bash".into(), "-c".into(), RUNNER.into()]),
-                            env: Some(envs),
-                            volume_mounts: Some(vec![
-                                mount("task", TASK_FILES),
-                                mount("bundles", BUNDLES),
-                            ]),
-                            resources: (!limits.is_empty()).then(|| ResourceRequirements {
-                                limits: Some(limits),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }],
-                        volumes: Some(vec![files, bundles]),
-                        ..Default::default()
-                    }),
-                },
+                }]),
                 ..Default::default()
             }),
-            ..Default::default()
-        }
+        ),
+        BundleSource::HostPath(dir) => (
+            Volume {
+                name: "bundles".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: dir.clone(),
+                    type_: Some("Directory".into()),
+                }),
+                ..Default::default()
+            },
+            None,
+        ),
     }
 }
 
