@@ -224,60 +224,7 @@ pub fn rollout_page(
         .collect();
     let views = calls
         .iter()
-        .map(|c| {
-            let (messages, answer) = &conversations[&c.call_index];
-            // A call that starts a path of its own (a drifted prompt, a
-            // sub-agent) is compared with the session's previous call, but
-            // only a tree predecessor it departs from is a rewrite.
-            let on_path = predecessor.get(&c.call_index).copied();
-            let before = on_path.or_else(|| {
-                conversations
-                    .range(..c.call_index)
-                    .next_back()
-                    .map(|(i, _)| *i)
-            });
-            // What the predecessor saw and said, in order: a continuation repeats it.
-            let carried: Vec<&MessageView> = before
-                .and_then(|b| conversations.get(&b))
-                .map(|(m, a)| m.iter().chain(a.iter()).collect())
-                .unwrap_or_default();
-            let kept = carried
-                .iter()
-                .zip(messages)
-                .take_while(|(a, b)| **a == *b)
-                .count();
-            let logprobs = &c.completion_logprobs;
-            CallView {
-                index: c.call_index,
-                status: match c.status {
-                    CallStatus::Ok => "ok".into(),
-                    other => format!("{other:?}").to_lowercase(),
-                },
-                error: c.error.clone(),
-                model: c.model.clone(),
-                version: version_text(c.policy_version),
-                latency_ms: c.latency_ms,
-                finish_reason: c.finish_reason.clone().unwrap_or_else(|| "-".into()),
-                trainable: c.trainable,
-                untrainable_reason: c.untrainable_reason.clone(),
-                flags: findings
-                    .iter()
-                    .filter(|f| f.call_index == c.call_index)
-                    .map(|f| f.kind.clone())
-                    .collect(),
-                new_messages: messages[kept..].to_vec(),
-                earlier_messages: kept,
-                rewritten: on_path.is_some() && kept < carried.len(),
-                answer: answer.clone(),
-                tokens: c
-                    .completion_token_ids
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &id)| token(id, logprobs.get(i).copied(), c.policy_version, text))
-                    .collect(),
-                mean_logprob: mean(logprobs.iter().map(|&l| l as f64)),
-            }
-        })
+        .map(|c| call_view(c, &conversations, &predecessor, &findings, text))
         .collect();
 
     let mut roots: Vec<RootView> = Vec::new();
@@ -319,6 +266,70 @@ pub fn rollout_page(
             )
         }),
     })
+}
+
+/// One call as its rollout page shows it: what is new in its prompt against
+/// the call before it (on its tree path, else in the session), whether it
+/// rewrote what that call saw, its answer and sampled tokens.
+fn call_view(
+    c: &CallFinished,
+    conversations: &BTreeMap<i64, (Vec<MessageView>, Option<MessageView>)>,
+    predecessor: &BTreeMap<i64, i64>,
+    findings: &[FindingView],
+    text: &dyn TokenText,
+) -> CallView {
+    let (messages, answer) = &conversations[&c.call_index];
+    // A call that starts a path of its own (a drifted prompt, a
+    // sub-agent) is compared with the session's previous call, but
+    // only a tree predecessor it departs from is a rewrite.
+    let on_path = predecessor.get(&c.call_index).copied();
+    let before = on_path.or_else(|| {
+        conversations
+            .range(..c.call_index)
+            .next_back()
+            .map(|(i, _)| *i)
+    });
+    // What the predecessor saw and said, in order: a continuation repeats it.
+    let carried: Vec<&MessageView> = before
+        .and_then(|b| conversations.get(&b))
+        .map(|(m, a)| m.iter().chain(a.iter()).collect())
+        .unwrap_or_default();
+    let kept = carried
+        .iter()
+        .zip(messages)
+        .take_while(|(a, b)| **a == *b)
+        .count();
+    let logprobs = &c.completion_logprobs;
+    CallView {
+        index: c.call_index,
+        status: match c.status {
+            CallStatus::Ok => "ok".into(),
+            other => format!("{other:?}").to_lowercase(),
+        },
+        error: c.error.clone(),
+        model: c.model.clone(),
+        version: version_text(c.policy_version),
+        latency_ms: c.latency_ms,
+        finish_reason: c.finish_reason.clone().unwrap_or_else(|| "-".into()),
+        trainable: c.trainable,
+        untrainable_reason: c.untrainable_reason.clone(),
+        flags: findings
+            .iter()
+            .filter(|f| f.call_index == c.call_index)
+            .map(|f| f.kind.clone())
+            .collect(),
+        new_messages: messages[kept..].to_vec(),
+        earlier_messages: kept,
+        rewritten: on_path.is_some() && kept < carried.len(),
+        answer: answer.clone(),
+        tokens: c
+            .completion_token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| token(id, logprobs.get(i).copied(), c.policy_version, text))
+            .collect(),
+        mean_logprob: mean(logprobs.iter().map(|&l| l as f64)),
+    }
 }
 
 /// One path of a rollout's tree, token by token; `None` when there is none such.
