@@ -147,6 +147,46 @@ fn path_document(
         .map(|c| (request_messages(c).len(), *c))
         .collect();
 
+    let mut steps = steps_of(&conversation, &sampled_at, session);
+    // Calls recorded without a chat view (an unknown dialect): their turns
+    // as agent steps with the tokens and no text.
+    if steps.is_empty() {
+        for c in calls {
+            let mut step = json!({ "step_id": steps.len() + 1, "source": "agent", "message": "" });
+            sampled_by(&mut step, c);
+            steps.push(step);
+        }
+    }
+    let agent = agent_of(t, last.copied());
+    let s = &t.sequences[path];
+    json!({
+        "schema_version": SCHEMA_VERSION,
+        "session_id": t.session_id,
+        "agent": agent,
+        "steps": steps,
+        "final_metrics": {
+            "total_prompt_tokens": calls.iter().map(|c| c.prompt_token_ids.len()).sum::<usize>(),
+            "total_completion_tokens": calls.iter().map(|c| c.completion_token_ids.len()).sum::<usize>(),
+            "total_steps": steps.len(),
+        },
+        "extra": {
+            "path_index": path,
+            "root": s.root,
+            "call_indices": s.call_indices,
+            "recorded_by": format!("forgelog {}", env!("CARGO_PKG_VERSION")),
+        },
+    })
+}
+
+/// The conversation as ATIF steps: each assistant message an agent step
+/// (with the call that sampled it, or marked as copied context), each tool
+/// result the observation of the agent step before it, the rest system or
+/// user steps.
+fn steps_of(
+    conversation: &[Value],
+    sampled_at: &BTreeMap<usize, &CallFinished>,
+    session: &[&CallFinished],
+) -> Vec<Value> {
     let mut steps: Vec<Value> = Vec::new();
     for (at, message) in conversation.iter().enumerate() {
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
@@ -218,15 +258,11 @@ fn path_document(
             }
         }
     }
-    // Calls recorded without a chat view (an unknown dialect): their turns
-    // as agent steps with the tokens and no text.
-    if steps.is_empty() {
-        for c in calls {
-            let mut step = json!({ "step_id": steps.len() + 1, "source": "agent", "message": "" });
-            sampled_by(&mut step, c);
-            steps.push(step);
-        }
-    }
+    steps
+}
+
+/// The harness and the model, as ATIF's `agent`.
+fn agent_of(t: &TrajectoryBuilt, last: Option<&CallFinished>) -> Map<String, Value> {
     let mut agent = Map::new();
     agent.insert("name".into(), json!(t.harness));
     // The log does not record the harness's own version.
@@ -241,24 +277,7 @@ fn path_document(
     {
         agent.insert("tool_definitions".into(), Value::Array(tools));
     }
-    let s = &t.sequences[path];
-    json!({
-        "schema_version": SCHEMA_VERSION,
-        "session_id": t.session_id,
-        "agent": agent,
-        "steps": steps,
-        "final_metrics": {
-            "total_prompt_tokens": calls.iter().map(|c| c.prompt_token_ids.len()).sum::<usize>(),
-            "total_completion_tokens": calls.iter().map(|c| c.completion_token_ids.len()).sum::<usize>(),
-            "total_steps": steps.len(),
-        },
-        "extra": {
-            "path_index": path,
-            "root": s.root,
-            "call_indices": s.call_indices,
-            "recorded_by": format!("forgelog {}", env!("CARGO_PKG_VERSION")),
-        },
-    })
+    agent
 }
 
 /// What call `c` sampled, on the agent step that shows its answer.
