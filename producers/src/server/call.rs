@@ -150,6 +150,16 @@ fn made(made: &Made, token_in: &TokenIn) -> PromptMade {
 }
 
 /// One recorded harness call, from arrival to the answer.
+/// What an engine's answer came with, for its record.
+struct EngineAnswer<'a> {
+    req: &'a ChatRequest,
+    sent: SamplingParams,
+    upstream: &'a crate::upstream::UpstreamRequest,
+    answer: &'a crate::upstream::UpstreamAnswer,
+    resp: &'a ChatResponse,
+    response_body: &'a Bytes,
+}
+
 struct Call {
     st: Arc<ProxyState>,
     session: Arc<Session>,
@@ -241,21 +251,12 @@ impl Call {
             self.session.max_tokens,
             probe.context,
         );
-        // An engine serving versions as adapters: the call names the newest
-        // (before any, the base model: version 0) and was sampled by it.
-        let adapter = match &self.st.upstream {
-            Upstream::Live(client) if self.st.config.policy_adapters => {
-                match client.newest_adapter().await {
-                    Ok(Some(v)) => Some((forgelog_sync_core::adapter_name(v), v as i64)),
-                    Ok(None) => Some((probe.model.clone(), 0)),
-                    Err(e) => {
-                        let err = e.dialect_error();
-                        self.fail(&err, Some(&req.sampling));
-                        return Err(err);
-                    }
-                }
+        let adapter = match self.adapter(&probe.model).await {
+            Ok(adapter) => adapter,
+            Err(err) => {
+                self.fail(&err, Some(&req.sampling));
+                return Err(err);
             }
-            _ => None,
         };
         let model = adapter.as_ref().map_or(&probe.model, |(name, _)| name);
         let upstream = upstream_request(req, &sent, model);
@@ -337,6 +338,56 @@ impl Call {
                 .increment(sampled.unparsed_tool_calls as u64);
         }
         let response_body = Bytes::from(D::encode_response(&resp).to_string());
+        let answered = EngineAnswer {
+            req,
+            sent,
+            upstream: &upstream,
+            answer: &answer,
+            resp: &resp,
+            response_body: &response_body,
+        };
+        let e = self.finished_ok(
+            answered,
+            sampled,
+            &probe.model,
+            prompt,
+            token_in.map(|(t, _)| t),
+        );
+        self.record(e);
+        Ok((resp, response_body))
+    }
+
+    /// The call's prompt ids, spliced onto an earlier call of the session
+    /// where it extends one; a template that cannot render it is the
+    /// harness's bad request.
+    /// An engine serving versions as adapters: the name of the newest for
+    /// the call to ask for and its version (before any, the base model:
+    /// version 0); none for any other engine.
+    async fn adapter(&self, base: &str) -> Result<Option<(String, i64)>, DialectError> {
+        match &self.st.upstream {
+            Upstream::Live(client) if self.st.config.policy_adapters => {
+                match client.newest_adapter().await {
+                    Ok(Some(v)) => Ok(Some((forgelog_sync_core::adapter_name(v), v as i64))),
+                    Ok(None) => Ok(Some((base.to_string(), 0))),
+                    Err(e) => Err(e.dialect_error()),
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The `CallFinished` of a call the engine answered: its ids and
+    /// logprobs, what was asked and sent, the harness's answer, and (token
+    /// in) how its prompt was made; an answer the next call may be spliced
+    /// onto is remembered.
+    fn finished_ok(
+        &self,
+        a: EngineAnswer<'_>,
+        sampled: Sampled,
+        served_model: &str,
+        prompt: Option<splice::Prompt>,
+        token_in: Option<&TokenIn>,
+    ) -> CallFinished {
         let Sampled {
             prompt_token_ids,
             completion_token_ids,
@@ -348,29 +399,32 @@ impl Call {
         } = sampled;
         let mut e = self.finished(CallStatus::Ok, None);
         e.unparsed_tool_calls = unparsed_tool_calls as i64;
-        e.model = answer["model"].as_str().unwrap_or(&probe.model).to_string();
+        e.model = a.answer["model"]
+            .as_str()
+            .unwrap_or(served_model)
+            .to_string();
         e.trainable = untrainable_reason.is_none();
         e.untrainable_reason = untrainable_reason;
         e.prompt_token_ids = prompt_token_ids;
         e.completion_token_ids = completion_token_ids;
         e.completion_logprobs = completion_logprobs;
         e.finish_reason = finish_reason;
-        e.sampling_requested = req.sampling.clone();
-        e.sampling_sent = sent;
+        e.sampling_requested = a.req.sampling.clone();
+        e.sampling_sent = a.sent;
         e.policy_version = policy_version;
         e.usage = Usage {
-            prompt_tokens: resp.usage.input as i64,
-            completion_tokens: resp.usage.output as i64,
+            prompt_tokens: a.resp.usage.input as i64,
+            completion_tokens: a.resp.usage.output as i64,
         };
-        e.response_body = response_body.to_vec();
+        e.response_body = a.response_body.to_vec();
         // The call in OpenAI Chat form whatever the dialect (what SFT export writes):
         // the upstream request is already that form, and so is its answer.
-        e.chat_request = upstream.chat_form_text();
+        e.chat_request = a.upstream.chat_form_text();
         match (prompt, token_in) {
-            (Some(prompt), Some((token_in, _))) => {
+            (Some(prompt), Some(token_in)) => {
                 // What the harness got, tool calls parsed: what it sends back.
                 let message =
-                    OpenAiChatDialect::encode_response(&resp)["choices"][0]["message"].take();
+                    OpenAiChatDialect::encode_response(a.resp)["choices"][0]["message"].take();
                 e.chat_response = message.to_string();
                 e.prompt_made = Some(made(&prompt.made, token_in));
                 // Spliced onto only if the engine read the ids it was asked with.
@@ -378,21 +432,17 @@ impl Call {
                     self.session.remember_answer(AnsweredCall::new(
                         self.index,
                         prompt,
-                        tools_of(&upstream.body).cloned(),
+                        tools_of(&a.upstream.body).cloned(),
                         message,
                         e.completion_token_ids.clone(),
                     ));
                 }
             }
-            _ => e.chat_response = answer["choices"][0]["message"].to_string(),
+            _ => e.chat_response = a.answer["choices"][0]["message"].to_string(),
         }
-        self.record(e);
-        Ok((resp, response_body))
+        e
     }
 
-    /// The call's prompt ids, spliced onto an earlier call of the session
-    /// where it extends one; a template that cannot render it is the
-    /// harness's bad request.
     fn prompt(&self, token_in: &TokenIn, chat: &Value) -> Result<splice::Prompt, DialectError> {
         let mut answered = self.session.answered();
         let prompt = splice::prompt(
