@@ -56,16 +56,14 @@ pub struct Serving {
 
 impl Serving {
     pub async fn start(config: &StreamConfig, s: ServingConfig) -> Result<Serving, StackError> {
-        let engine = match &s.upstream {
-            Some(_) => None,
+        let (engine, upstream) = match &s.upstream {
+            Some(url) => (None, url.clone()),
             None => {
-                Some(LocalEngine::start(&s.model, s.engine_listen, s.device, config, &s.run).await?)
+                let engine =
+                    LocalEngine::start(&s.model, s.engine_listen, s.device, config, &s.run).await?;
+                let url = engine.url.clone();
+                (Some(engine), url)
             }
-        };
-        let upstream = match (&s.upstream, &engine) {
-            (Some(u), _) => u.clone(),
-            (None, Some(e)) => e.url.clone(),
-            (None, None) => unreachable!("an engine starts when no upstream is given"),
         };
         let sync = match (s.train, &s.upstream) {
             (true, Some(_)) => {
