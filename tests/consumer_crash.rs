@@ -70,6 +70,16 @@ fn broker_with(events: Vec<Event>, partitions: i32) -> PrivateBroker {
     broker
 }
 
+/// Both consumers over the whole log once, from a fresh state, to its end:
+/// the reference a crashed run is compared with.
+fn consume_cleanly(config: &StreamConfig) {
+    let state = tempfile::tempdir().unwrap();
+    assert!(consume("all", config, state.path())
+        .wait()
+        .unwrap()
+        .success());
+}
+
 fn consume(which: &str, config: &StreamConfig, state: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_forgelog"))
         .args([
@@ -112,11 +122,7 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
     let clean_b = broker_with_run();
     let crashed = broker_with_run();
     for b in [&clean_a, &clean_b] {
-        let state = tempfile::tempdir().unwrap();
-        assert!(consume("all", &b.config(), state.path())
-            .wait()
-            .unwrap()
-            .success());
+        consume_cleanly(&b.config());
     }
     let reference = outputs(&clean_a.config());
     let trajectories = reference
@@ -206,11 +212,7 @@ fn killed_consumers_produce_exactly_what_a_clean_run_does() {
 #[test]
 fn consumers_ride_out_a_broker_restart() {
     let clean = broker_with_run();
-    let state = tempfile::tempdir().unwrap();
-    assert!(consume("all", &clean.config(), state.path())
-        .wait()
-        .unwrap()
-        .success());
+    consume_cleanly(&clean.config());
     let reference = outputs(&clean.config());
     let count = |all: &[Message], topic: Topic| all.iter().filter(|m| m.0 == topic.name()).count();
 
@@ -327,11 +329,7 @@ fn holdings(members: &Path) -> Vec<Vec<String>> {
 fn three_instances_killed_at_random_produce_what_one_clean_instance_does() {
     let events = recorded_run(RUN, 3 * groups(), 4, 4, 40);
     let clean = broker_with(events.clone(), 6);
-    let state = tempfile::tempdir().unwrap();
-    assert!(consume("all", &clean.config(), state.path())
-        .wait()
-        .unwrap()
-        .success());
+    consume_cleanly(&clean.config());
     let reference = outputs(&clean.config());
     let count = |all: &[Message], topic: &str| all.iter().filter(|m| m.0 == topic).count();
 
