@@ -3,7 +3,7 @@
 //! process), or checked to follow the log itself (forgelog's engine).
 
 use crate::StackError;
-use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
+use forgelog_sync::{EngineSync, Kind, Mode, ModelList, SyncArgs};
 use std::path::Path;
 
 /// Makes the engine at `url` (`synced`: vLLM or SGLang; `None`: an engine
@@ -82,14 +82,14 @@ pub async fn serves_policy_versions(upstream: &str) -> Result<(), StackError> {
         url: url.clone(),
         why,
     };
-    let models: serde_json::Value = reqwest::get(&url)
+    let models: ModelList = reqwest::get(&url)
         .await
         .and_then(|r| r.error_for_status())
         .map_err(|e| failed(e.to_string()))?
         .json()
         .await
         .map_err(|e| failed(format!("not JSON: {e}")))?;
-    if models["policy_version"].is_u64() || models["data"][0]["policy_version"].is_u64() {
+    if models.policy_version().is_some() {
         return Ok(());
     }
     Err(StackError::NoPolicyVersions {

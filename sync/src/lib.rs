@@ -8,13 +8,17 @@
 //! the newest version into it. The version served is the engine's own
 //! answer, read back after every sync.
 
-use forgelog_schemas::{Event, PolicyPublished, Topic};
+mod follow;
+mod stage;
+
+pub use follow::{follow, follow_from, run};
+pub use forgelog_sync_core::{adapter_name, EngineKind as Kind, ModelList, SyncMode as Mode};
+
+use forgelog_schemas::PolicyPublished;
 use forgelog_sync_core::{self as core, EngineKind, Method, Step, SyncMode};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-pub use forgelog_sync_core::{adapter_name, EngineKind as Kind, SyncMode as Mode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -249,85 +253,6 @@ impl EngineSync {
         ))
     }
 
-    /// The local folder the engine loads `published` from: the version's
-    /// model folder alone (the weights and the Hugging Face files), never the
-    /// checkpoint's own folder, which also holds the optimizer's moments as
-    /// safetensors that vLLM would load as weights (found by running
-    /// `up --train --engine vllm`). A local checkpoint's files are linked, a
-    /// remote one's (s3://) copied: vLLM's reload reads no object store.
-    async fn stage(&self, published: &PolicyPublished) -> Result<PathBuf, SyncError> {
-        let version = published.version.max(0) as u64;
-        let uri = &published.checkpoint_uri;
-        let err = |why: String| SyncError::Stage {
-            version,
-            uri: uri.clone(),
-            why,
-        };
-        let stage_dir = match &self.args.stage_dir {
-            Some(dir) => dir.clone(),
-            None => forgelog_stream::forgelog_home().join("staged-checkpoints"),
-        };
-        let dir = std::path::absolute(stage_dir.join(format!("v{version:06}")))
-            .map_err(|e| err(e.to_string()))?;
-        let adapter_alone = uri.ends_with(forgelog_model::lora::ADAPTER_WEIGHTS);
-        if adapter_alone && self.args.sync_mode == SyncMode::Weights {
-            return Err(err(
-                "this version is a LoRA adapter alone: sync it with --sync-mode adapter, or \
-                 have the learner publish merged weights too (--lora-publish merged)"
-                    .into(),
-            ));
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        let url = forgelog_stream::store::location_url(uri).map_err(|e| err(e.to_string()))?;
-        if url.scheme() != "file" {
-            forgelog_trainer::checkpoint::export_model_folder(uri, &dir)
-                .await
-                .map_err(|e| err(e.to_string()))?;
-            return Ok(dir);
-        }
-        let weights = url
-            .to_file_path()
-            .map_err(|()| err("not a local path".into()))?;
-        if !weights.is_file() {
-            return Err(err(format!("{} is not there", weights.display())));
-        }
-        let folder = weights.parent().ok_or_else(|| err("no folder".into()))?;
-        std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
-        // An adapter is loaded from its two PEFT files alone.
-        let names: Vec<&std::ffi::OsStr> = match self.args.sync_mode {
-            SyncMode::Weights => forgelog_model::hf::FOLDER_FILES
-                .into_iter()
-                .map(std::ffi::OsStr::new)
-                .chain(weights.file_name())
-                .collect(),
-            SyncMode::Adapter => {
-                let adapter = folder.join(forgelog_model::lora::ADAPTER_WEIGHTS);
-                if !adapter.is_file() {
-                    return Err(err(format!(
-                        "{} is not there: a LoRA adapter is synced only from a learner \
-                         that trains one (--lora-rank)",
-                        adapter.display()
-                    )));
-                }
-                [
-                    forgelog_model::lora::ADAPTER_CONFIG,
-                    forgelog_model::lora::ADAPTER_WEIGHTS,
-                ]
-                .into_iter()
-                .map(std::ffi::OsStr::new)
-                .collect()
-            }
-        };
-        for name in names {
-            let file = folder.join(name);
-            if file.is_file() {
-                std::os::unix::fs::symlink(&file, dir.join(name))
-                    .map_err(|e| err(e.to_string()))?;
-            }
-        }
-        Ok(dir)
-    }
-
     /// Makes the engine serve `published` and reads the version back; the
     /// time it took.
     pub async fn serve(&self, published: &PolicyPublished) -> Result<Duration, SyncError> {
@@ -384,7 +309,8 @@ impl EngineSync {
             });
         }
         if self.args.sync_mode == SyncMode::Adapter {
-            for old in core::stale_adapters(&answer, version, self.args.staleness) {
+            let listed = core::ModelList::of(&answer).unwrap_or_default();
+            for old in listed.stale_adapters(version, self.args.staleness) {
                 self.send(&core::unload_adapter(self.args.engine, old))
                     .await?;
             }
@@ -422,117 +348,5 @@ impl EngineSync {
     }
 }
 
-/// Follows `forgelog.policy` at `brokers` and makes the engine serve each
-/// version newer than what it serves ([`EngineSync::start`]: a restarted
-/// sync goes on from the log and the engine's own word). Returns the first
-/// failed sync's error: whoever watches it stops sampling.
-pub async fn follow(sync: &EngineSync, brokers: &str) -> Result<(), SyncError> {
-    let served = sync.start().await?;
-    follow_from(sync, brokers, served).await
-}
-
-/// [`follow`], the engine serving `served` already (from [`EngineSync::start`]).
-pub async fn follow_from(
-    sync: &EngineSync,
-    brokers: &str,
-    mut served: Option<u64>,
-) -> Result<(), SyncError> {
-    let config = forgelog_stream::StreamConfig::new(brokers);
-    let run = sync.args.run.clone();
-    let newest = {
-        let (config, run) = (config.clone(), run.clone());
-        tokio::task::spawn_blocking(move || {
-            let reader = forgelog_stream::ReplayReader::new(&config)?;
-            forgelog_stream::newest_policy(&reader, run.as_deref())
-        })
-        .await
-        .expect("the newest policy's reader does not panic")?
-    };
-    let nothing_served = served.is_none();
-    let mut serve = async |p: &PolicyPublished| -> Result<(), SyncError> {
-        let version = p.version.max(0) as u64;
-        if served.is_some_and(|s| s >= version) {
-            return Ok(());
-        }
-        let took = sync.serve(p).await?;
-        tracing::info!(version, secs = took.as_secs_f64(), engine = %sync.engine(), "serving");
-        served = Some(version);
-        Ok(())
-    };
-    match newest {
-        Some(p) => serve(&p).await?,
-        // Paused with nothing to load: it stays so, and says why.
-        None if nothing_served => {
-            if let Some(query) = core::paused_query(sync.args.engine) {
-                if core::is_paused(&sync.send(&query).await?) {
-                    return Err(SyncError::PausedWithNothingToLoad {
-                        engine: sync.engine(),
-                    });
-                }
-            }
-        }
-        None => {}
-    }
-    let group = format!("forgelog-sync-{}", std::process::id());
-    let consumer = forgelog_stream::EventConsumer::new(&config, &group, &[Topic::Policy])?;
-    loop {
-        let received = consumer.recv().await?;
-        match received.event {
-            Ok(Event::PolicyPublished(p)) if run.as_ref().is_none_or(|r| *r == p.run_id) => {
-                serve(&p).await?
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                offset = received.offset,
-                "undecodable message on forgelog.policy: {e}"
-            ),
-        }
-    }
-}
-
-/// `forgelog sync`: [`follow`] until `shutdown` completes or a sync fails.
-pub async fn run(
-    args: SyncArgs,
-    brokers: &str,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), SyncError> {
-    let sync = EngineSync::new(args);
-    tokio::select! {
-        followed = follow(&sync, brokers) => followed,
-        () = shutdown => Ok(()),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A LoRA version published as its adapter alone cannot be loaded as
-    /// whole weights: refused before the engine is asked anything (it would
-    /// be paused and left without a model), naming what to do.
-    #[tokio::test]
-    async fn an_adapter_alone_is_not_synced_as_weights() {
-        let dir = tempfile::tempdir().unwrap();
-        let version = dir.path().join("v000001");
-        std::fs::create_dir_all(&version).unwrap();
-        std::fs::write(version.join("adapter_model.safetensors"), b"x").unwrap();
-        let sync = EngineSync::new(SyncArgs {
-            stage_dir: Some(dir.path().join("staged")),
-            // Nothing listens here: a request would fail otherwise.
-            ..SyncArgs::new("http://127.0.0.1:9", EngineKind::Vllm, SyncMode::Weights)
-        });
-        let published = PolicyPublished {
-            event_id: "e".into(),
-            run_id: "r".into(),
-            version: 1,
-            step: 1,
-            checkpoint_uri: format!("file://{}/adapter_model.safetensors", version.display()),
-            metrics: Default::default(),
-        };
-        let err = sync.serve(&published).await.unwrap_err().to_string();
-        assert!(
-            err.contains("LoRA adapter alone") && err.contains("--sync-mode adapter"),
-            "{err}"
-        );
-    }
-}
+mod tests;

@@ -15,6 +15,7 @@ pub use token_in::{check_rendering, completion_request, TokenIn};
 use forgelog_dialects::canonical::*;
 use forgelog_dialects::dialect::{DialectAdapter, DialectError, ErrorKind, OpenAiChatDialect};
 use forgelog_schemas::SamplingParams;
+use forgelog_sync_core::ModelList;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -260,7 +261,7 @@ impl UpstreamClient {
         .await
     }
 
-    pub async fn models(&self) -> Result<Value, UpstreamError> {
+    pub async fn models(&self) -> Result<ModelList, UpstreamError> {
         let r = self
             .http
             .get(url(&self.base, "/v1/models").map_err(UpstreamError::Connect)?)
@@ -276,11 +277,10 @@ impl UpstreamClient {
     /// why calls would not be trainable (`None`: they would be).
     pub async fn probe(&self) -> Result<Probe, UpstreamError> {
         let models = self.models().await?;
-        let model = models["data"][0]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let context = models["data"][0]["max_model_len"].as_i64();
+        let (model, context) = models
+            .served()
+            .map(|m| (m.id.clone(), m.max_model_len))
+            .unwrap_or_default();
         let req = ChatRequest {
             model: model.clone(),
             messages: vec![Message::text(Role::User, "Hi")],
@@ -308,7 +308,7 @@ impl UpstreamClient {
     /// The newest policy version the upstream serves as an adapter (the
     /// `policy@N` its `/v1/models` lists), `None` when it lists none.
     pub async fn newest_adapter(&self) -> Result<Option<u64>, UpstreamError> {
-        Ok(forgelog_sync_core::newest_adapter(&self.models().await?))
+        Ok(self.models().await?.newest_adapter())
     }
 
     /// The version of the weights the upstream serves, as its

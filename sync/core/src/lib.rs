@@ -20,6 +20,9 @@
 //! itself (`forgelog engine --brokers B --run R`) and says the version it
 //! serves at `/weight_info` as vLLM does.
 
+mod models;
+
+pub use models::{ModelCard, ModelList};
 use serde_json::{json, Value};
 
 /// The engine a policy is served by.
@@ -241,35 +244,9 @@ pub fn served_version(kind: EngineKind, mode: SyncMode, body: &Value) -> Option<
         (_, SyncMode::Weights) => version(&body["weight_version"]),
         // The newest adapter it lists; none: the base model, version 0 (the
         // learner's adapter starts as zero on the weights the engine serves).
-        (_, SyncMode::Adapter) => Some(newest_adapter(body).unwrap_or(0)),
+        // An answer that is no model list names none.
+        (_, SyncMode::Adapter) => ModelList::of(body).map(|m| m.newest_adapter().unwrap_or(0)),
     }
-}
-
-/// The newest version the engine lists as an adapter (`policy@N` in its
-/// `/v1/models` answer): what a call asks for to be sampled by the newest
-/// policy it serves.
-pub fn newest_adapter(models: &Value) -> Option<u64> {
-    adapter_versions(models).max()
-}
-
-fn adapter_versions(models: &Value) -> impl Iterator<Item = u64> + '_ {
-    models["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["id"].as_str()?.strip_prefix("policy@")?.parse().ok())
-}
-
-/// The adapters the engine lists (its `/v1/models` answer) that leave it once
-/// `version` is served: those more than `window` versions older, which a
-/// staleness window of `window` no longer admits. Read from the engine, not
-/// remembered: a restarted sync retires what an earlier one left.
-pub fn stale_adapters(models: &Value, version: u64, window: u64) -> Vec<u64> {
-    let mut stale: Vec<u64> = adapter_versions(models)
-        .filter(|v| v + window < version)
-        .collect();
-    stale.sort_unstable();
-    stale
 }
 
 #[cfg(test)]

@@ -103,18 +103,24 @@ fn the_served_version_is_what_the_engine_answers() {
         served_version(EngineKind::Vllm, SyncMode::Adapter, &base),
         Some(0)
     );
-    assert_eq!(newest_adapter(&base), None);
-    assert_eq!(newest_adapter(&models), Some(10));
+    assert_eq!(ModelList::of(&base).unwrap().newest_adapter(), None);
+    assert_eq!(ModelList::of(&models).unwrap().newest_adapter(), Some(10));
+    // Not a model list: no version, not the base model's.
+    assert_eq!(
+        served_version(EngineKind::Vllm, SyncMode::Adapter, &json!({"data": 3})),
+        None
+    );
 }
 
 #[test]
 fn adapters_past_the_staleness_window_leave_as_the_engine_lists_them() {
     let models = json!({"data": [{"id": "smollm2"}, {"id": "policy@5"}, {"id": "policy@1"},
                                  {"id": "policy@7"}, {"id": "policy@8"}]});
+    let models = ModelList::of(&models).unwrap();
     // Serving 8 with a window of 1: 7 and 8 may still be asked for.
-    assert_eq!(stale_adapters(&models, 8, 1), [1, 5]);
-    assert_eq!(stale_adapters(&models, 8, 0), [1, 5, 7]);
-    assert!(stale_adapters(&models, 8, 100).is_empty());
+    assert_eq!(models.stale_adapters(8, 1), [1, 5]);
+    assert_eq!(models.stale_adapters(8, 0), [1, 5, 7]);
+    assert!(models.stale_adapters(8, 100).is_empty());
 }
 
 #[test]
@@ -144,4 +150,26 @@ fn a_paused_vllm_says_so() {
     assert!(is_paused(&json!({"is_paused": true})));
     assert!(!is_paused(&json!({"is_paused": false})));
     assert!(!is_paused(&Value::Null));
+}
+
+#[test]
+fn a_model_list_says_the_served_model_its_context_and_its_policy_version() {
+    let vllm = json!({"object": "list", "data": [
+        {"id": "qwen3", "object": "model", "max_model_len": 4096, "root": "/m"}]});
+    let vllm = ModelList::of(&vllm).unwrap();
+    let served = vllm.served().unwrap();
+    assert_eq!(
+        (served.id.as_str(), served.max_model_len),
+        ("qwen3", Some(4096))
+    );
+    assert_eq!(vllm.policy_version(), None);
+    // forgelog's engine names the version at the top, or on the model.
+    let top = json!({"data": [{"id": "m"}], "policy_version": 3});
+    assert_eq!(ModelList::of(&top).unwrap().policy_version(), Some(3));
+    let card = json!({"data": [{"id": "m", "policy_version": 4}]});
+    assert_eq!(ModelList::of(&card).unwrap().policy_version(), Some(4));
+    // Not a list, or a model without its name: not a model list.
+    assert_eq!(ModelList::of(&json!("models")), None);
+    assert_eq!(ModelList::of(&json!({"data": [{"object": "model"}]})), None);
+    assert_eq!(ModelList::of(&json!({})), Some(ModelList::default()));
 }
