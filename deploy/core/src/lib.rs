@@ -30,5 +30,5 @@ pub use outcome::{AgentEnd, RolloutStatus, VerifierEnd};
 pub use plan::{Group, Rollout, RunPlan};
 pub use replay::{RecordedRun, ReplayPlanError, ReplayTable, ReplayedAttempt};
 pub use reward::{Reward, RewardError};
-pub use summary::{Outcome, RunSummary};
+pub use summary::{Outcome, OutcomeSummary};
 pub use task::{Task, TaskConfig, TaskError};

@@ -60,14 +60,15 @@ impl HarnessSummary {
     }
 }
 
-/// The table, one row per harness in name order.
+/// How the rollouts this process ran ended, one row per harness in name
+/// order (the run itself, as the log says, is `forgelog_deploy::demo::summary::RunSummary`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RunSummary {
+pub struct OutcomeSummary {
     pub harnesses: Vec<HarnessSummary>,
 }
 
-impl RunSummary {
-    pub fn of(outcomes: &[Outcome]) -> RunSummary {
+impl OutcomeSummary {
+    pub fn of(outcomes: &[Outcome]) -> OutcomeSummary {
         let mut rows: BTreeMap<&str, HarnessSummary> = BTreeMap::new();
         for o in outcomes {
             let row = rows.entry(&o.harness).or_insert_with(|| HarnessSummary {
@@ -88,7 +89,7 @@ impl RunSummary {
                 (Some(s), _) => *row.failures.entry(s.name()).or_default() += 1,
             }
         }
-        RunSummary {
+        OutcomeSummary {
             harnesses: rows.into_values().collect(),
         }
     }
@@ -99,7 +100,7 @@ impl RunSummary {
     }
 }
 
-impl fmt::Display for RunSummary {
+impl fmt::Display for OutcomeSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.0}%", x * 100.0));
         let num = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
@@ -155,7 +156,7 @@ mod tests {
 
     #[test]
     fn rows_count_scores_failures_and_skipped_rollouts_per_harness() {
-        let s = RunSummary::of(&[
+        let s = OutcomeSummary::of(&[
             o("codex", Some(RolloutStatus::Scored), Some(1.0)),
             o("codex", Some(RolloutStatus::Scored), Some(0.0)),
             o("codex", Some(RolloutStatus::Infra(Stage::Image)), None),
