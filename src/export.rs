@@ -7,9 +7,11 @@ use crate::source::SourceArgs;
 use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::export;
+use forgelog_deploy::kit::Kit;
 use forgelog_schemas::Event;
 use forgelog_schemas::Topic;
 use forgelog_stream::{ReplayReader, StartAt};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
@@ -244,30 +246,19 @@ fn export_bundle(
     broker: &BrokerArgs,
 ) -> Result<()> {
     let reader = ReplayReader::new(&broker.config())?;
-    let mut hashes = std::collections::BTreeMap::new();
-    let mut task_ids = std::collections::BTreeSet::new();
-    let mut harnesses = std::collections::BTreeSet::new();
+    let (mut task_ids, mut harnesses) = (BTreeSet::new(), BTreeSet::new());
     for r in forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, run)? {
         if let Ok(Event::RolloutStarted(s)) = r.event {
             task_ids.insert(s.task_id);
             harnesses.insert(s.harness);
         }
     }
-    if let Some(dir) = tasks {
-        for id in &task_ids {
-            let task = forgelog_deploy_core::task::Task::load(&dir.join(id))
-                .with_context(|| format!("task {id} of run {run}"))?;
-            hashes.insert(format!("task/{id}"), vec![task.sha256()?]);
-        }
-    }
-    for name in &harnesses {
-        // The kit's launch script, where the harness is one of the kit's.
-        if let Ok(h) = forgelog_deploy::harness::Harness::resolve(name) {
-            if let Some(sha) = h.launch_script_sha256() {
-                hashes.insert(format!("harness/{name}"), vec![sha]);
-            }
-        }
-    }
+    let hashes = Kit::of_names(task_ids, tasks, harnesses)
+        .with_context(|| format!("the tasks of run {run}"))?
+        .hashes()?
+        .into_iter()
+        .filter_map(|(what, sha)| Some((what, vec![sha?])))
+        .collect();
     let working = crate::spinner(format!("bundling run {run}"));
     let manifest = forgelog_stream::bundle::write_bundle(&reader, run, to, hashes)?;
     working.finish_and_clear();

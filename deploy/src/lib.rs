@@ -7,4 +7,5 @@
 
 pub mod demo;
 pub mod harness;
+pub mod kit;
 pub mod orchestrator;

@@ -6,21 +6,20 @@
 //! that differed. Exit 1 when anything differs unexplained.
 
 use super::{drive, RunArgs};
-use crate::source::{RunLog, SourceArgs};
+use crate::source::SourceArgs;
 use crate::Found;
 use anyhow::{bail, Context, Result};
 use forgelog_api::SessionClient;
-use forgelog_deploy::harness::Harness;
+use forgelog_deploy::kit::Kit;
 use forgelog_deploy::orchestrator::{Orchestrator, RunOptions};
-use forgelog_deploy_core::{RecordedRun, ReplayTable, RunHistory, Task};
+use forgelog_deploy_core::{RecordedRun, ReplayTable, RunHistory};
 use forgelog_podman::run_dir::RunDir;
 use forgelog_podman::{LocalBackend, PinnedClocks, Podman};
 use forgelog_producers::replay::{report_text, Matching, Normaliser, RecordedUpstream, Recording};
 use forgelog_producers::server::ProxyConfig;
 use forgelog_producers::RunningProxy;
 use forgelog_schemas::Topic;
-use forgelog_stream::LogReader;
-use std::collections::BTreeMap;
+use forgelog_stream::{LogReader, RunLog};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,9 +39,9 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
     drop(events);
     let home = forgelog_stream::forgelog_home();
     let bundles = home.join("harnesses");
-    let (tasks, harnesses) = environment(args, run, &recorded, &bundles)?;
+    let kit = Kit::of_recorded(&recorded.plan, &args.tasks_dir, &bundles)?;
     if let RunLog::Bundle(b) = &log {
-        for line in differences_from(&b.manifest.hashes, &tasks, &harnesses)? {
+        for line in kit.differences_from(&b.manifest.hashes)? {
             eprintln!("warning: {line}");
         }
     }
@@ -106,8 +105,8 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
             backend,
             SessionClient::new(proxy.url(), Some(token)),
             recorded.plan.clone(),
-            tasks,
-            harnesses,
+            kit.tasks,
+            kit.harnesses,
             options,
         );
         let outcomes = drive(orchestrator, &RunHistory::default(), total).await;
@@ -135,41 +134,6 @@ pub fn replay(rt: &tokio::runtime::Runtime, args: &RunArgs, run: &str) -> Result
         println!("the replay of run {run} did what the recording did: {total} rollouts");
         Ok(())
     })
-}
-
-/// The tasks (from `TASKS_DIR`) and the kit's harnesses (their bundles
-/// installed under `bundles`) the recorded run ran.
-fn environment(
-    args: &RunArgs,
-    run: &str,
-    recorded: &RecordedRun,
-    bundles: &std::path::Path,
-) -> Result<(BTreeMap<String, Task>, BTreeMap<String, Harness>)> {
-    let mut tasks = BTreeMap::new();
-    let mut harnesses = BTreeMap::new();
-    let all: BTreeMap<String, Task> = Task::load_all(&args.tasks_dir)?
-        .into_iter()
-        .map(|t| (t.id.clone(), t))
-        .collect();
-    for g in &recorded.plan.groups {
-        let Some(task) = all.get(&g.task) else {
-            bail!(
-                "run {run} ran task {}, which is not in {}",
-                g.task,
-                args.tasks_dir.display()
-            );
-        };
-        tasks.insert(g.task.clone(), task.clone());
-        let harness = Harness::resolve(&g.harness).with_context(|| {
-            format!(
-                "run {run} ran harness {}, which is not a built-in one",
-                g.harness
-            )
-        })?;
-        harness.check_bundle(bundles)?;
-        harnesses.insert(g.harness.clone(), harness);
-    }
-    Ok((tasks, harnesses))
 }
 
 /// The comparison and the replay report as JSON (`--report`).
@@ -201,38 +165,4 @@ fn write_report(
     std::fs::write(path, serde_json::to_vec_pretty(&json)?)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
-}
-
-/// How the tasks and the kit's launch scripts here differ from those a
-/// bundled run was made with (`task/ID`, `harness/NAME` in its manifest), in
-/// words: a replay of a changed task or script is a different experiment.
-fn differences_from(
-    recorded: &BTreeMap<String, Vec<String>>,
-    tasks: &BTreeMap<String, Task>,
-    harnesses: &BTreeMap<String, Harness>,
-) -> Result<Vec<String>> {
-    let mut here = BTreeMap::new();
-    for (id, task) in tasks {
-        here.insert(format!("task/{id}"), Some(task.sha256()?));
-    }
-    for (name, h) in harnesses {
-        here.insert(format!("harness/{name}"), h.launch_script_sha256());
-    }
-    let mut said = Vec::new();
-    for (what, sha) in here {
-        let Some(theirs) = recorded.get(&what) else {
-            continue;
-        };
-        let short = |s: &str| s.chars().take(12).collect::<String>();
-        match sha {
-            Some(ours) if theirs.contains(&ours) => {}
-            Some(ours) => said.push(format!(
-                "{what} differs from the one the bundle's run used (sha256 {} there, {} here)",
-                theirs.first().map_or(String::new(), |s| short(s)),
-                short(&ours)
-            )),
-            None => said.push(format!("{what} has no launch script here to compare")),
-        }
-    }
-    Ok(said)
 }

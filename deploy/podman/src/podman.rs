@@ -3,6 +3,7 @@
 //! labelled with its run, rollout and attempt, kept alive by `sleep` while
 //! the harness and the verifier run in it through `podman exec`.
 
+use forgelog_deploy_core::Task;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
@@ -20,6 +21,11 @@ pub enum SandboxError {
     NoPodman(std::io::Error),
     #[error("podman {what}: {stderr}")]
     Podman { what: String, stderr: String },
+    #[error(
+        "task {task} builds FROM {image}, which is not in podman's local storage: \
+         scripts/sandbox-setup.sh makes the shipped tasks' base image"
+    )]
+    NoBaseImage { task: String, image: String },
 }
 
 /// Where the container runs: the `podman` program with forgelog's settings.
@@ -118,6 +124,25 @@ impl Podman {
             .await
             .map_err(SandboxError::NoPodman)?;
         Ok(status.success())
+    }
+
+    /// Whether every image `tasks` build from that no registry serves is in
+    /// local storage: checked before anything of a run starts.
+    pub async fn check_base_images<'a>(
+        &self,
+        tasks: impl IntoIterator<Item = &'a Task>,
+    ) -> Result<(), SandboxError> {
+        for task in tasks {
+            for image in task.local_base_images() {
+                if !self.has_image(&image).await? {
+                    return Err(SandboxError::NoBaseImage {
+                        task: task.id.clone(),
+                        image,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Builds `context` (a directory with a Dockerfile) as `tag`, never pulling:
