@@ -5,10 +5,12 @@
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::core::report::Report;
 use forgelog_consumers::export;
-use forgelog_deploy::demo::{self, summary::RunSummary, DemoPlan, ProxyClient};
-use forgelog_schemas::{Event, Topic};
+use forgelog_deploy::demo::{summary::RunSummary, DemoPlan, ProxyClient, RolloutOutcome};
+use forgelog_schemas::Topic;
+use forgelog_stack::{demo_rounds, DemoRounds, RoundWatch};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The demo once; with `--train`, rounds of it until the learner has
@@ -33,8 +35,68 @@ pub async fn run(
         train_steps.map_or(String::new(), |s| format!(", rounds until {s} versions are trained"))
     ));
     let proxy = ProxyClient::new(base, Some(admin_token.to_string()));
-    let rounds = rounds(config, &proxy, engine, plan, args, &say).await?;
+    let terminal = Terminal {
+        say: &say,
+        bar: Mutex::new(None),
+    };
+    let engine = args.sync.reader(engine);
+    let rounds = demo_rounds(config, &proxy, &engine, plan, train_steps, &terminal).await?;
     finish(config, run_id, args, &say, rounds, sync).await
+}
+
+/// The rounds on the terminal: a bar while a round samples, a spinner while
+/// they wait.
+struct Terminal<'a> {
+    say: &'a Say,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Terminal<'_> {
+    fn show(&self, bar: ProgressBar) {
+        bar.enable_steady_tick(Duration::from_millis(200));
+        if let Some(before) = self.bar.lock().unwrap().replace(bar) {
+            before.finish();
+        }
+    }
+}
+
+impl RoundWatch for Terminal<'_> {
+    fn sampling(&self, round: usize, rollouts: usize) {
+        let style =
+            ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")
+                .expect("a valid template")
+                .progress_chars("=> ");
+        let bar = ProgressBar::new(rollouts as u64).with_style(style);
+        bar.set_message(format!("round {round}"));
+        self.show(bar);
+    }
+
+    fn rollout(&self, o: &RolloutOutcome) {
+        if let Some(bar) = &*self.bar.lock().unwrap() {
+            if let Some(e) = &o.error {
+                bar.println(format!("rollout {} failed: {e}", o.rollout_id));
+            }
+            bar.inc(1);
+        }
+    }
+
+    fn waiting(&self, what: String) {
+        self.show(ProgressBar::new_spinner().with_message(what));
+    }
+
+    fn waited(&self) {
+        if let Some(bar) = self.bar.lock().unwrap().take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn trained(&self, round: usize, version: u64, sampled: Duration, took: Duration) {
+        self.say.line(format!(
+            "round {round}: rollouts sampled in {:.1} s; version {version} served {:.1} s after the round began",
+            sampled.as_secs_f64(),
+            took.as_secs_f64()
+        ));
+    }
 }
 
 /// Where `--json` sends the words: stdout carries only the JSON summary then.
@@ -52,115 +114,6 @@ impl Say {
     }
 }
 
-/// What the rounds did.
-struct Rounds {
-    rollouts: usize,
-    failed: usize,
-    /// Wall time per training round, from its start to its version served
-    /// (this is the driver, not a consumer: the clock is its to read): what
-    /// a step of the closed loop costs on this machine.
-    seconds: Vec<f64>,
-}
-
-/// The demo's rounds: each sampled, its groups derived, and (training) its
-/// version published and served before the next.
-async fn rounds(
-    config: &StreamConfig,
-    proxy: &ProxyClient,
-    engine: &str,
-    mut plan: DemoPlan,
-    args: &crate::up::UpArgs,
-    say: &Say,
-) -> Result<Rounds> {
-    let run_id = plan.run_id.clone();
-    let run_id = run_id.as_str();
-    let train_steps = args.train.then_some(args.steps);
-
-    let mut failed = 0;
-    let mut rollouts = 0;
-    let mut round_seconds: Vec<f64> = Vec::new();
-    loop {
-        let round_started = std::time::Instant::now();
-        let bar = ProgressBar::new(plan.rollouts() as u64).with_style(
-            ProgressStyle::with_template("{msg:<12} [{bar:30}] {pos}/{len} rollouts  {elapsed}")?
-                .progress_chars("=> "),
-        );
-        bar.set_message(format!("round {}", plan.round));
-        bar.enable_steady_tick(Duration::from_millis(200));
-        let outcomes = demo::run(proxy, &plan, |o| {
-            if let Some(e) = &o.error {
-                bar.println(format!("rollout {} failed: {e}", o.rollout_id));
-            }
-            bar.inc(1);
-        })
-        .await;
-        bar.finish();
-        let sampled = round_started.elapsed();
-        failed += outcomes.iter().filter(|o| o.error.is_some()).count();
-        rollouts += outcomes.len();
-        let groups = plan.groups.len() * (plan.round + 1);
-        let spinner = crate::spinner("consumers: building trees and groups".into());
-        forgelog_stack::events_at_least(
-            config,
-            run_id,
-            Topic::Batches,
-            groups,
-            Duration::from_secs(150),
-        )
-        .await?
-        .with_context(|| {
-            format!("the consumers did not emit the demo's {groups} groups within 150 s")
-        })?;
-        spinner.finish_with_message("consumers: done");
-        let Some(steps) = train_steps else {
-            break;
-        };
-        // Round k makes version k + 1 (one step per round: `--groups-per-step`).
-        let target = plan.round as u64 + 1;
-        if target > steps {
-            break;
-        }
-        // The next round waits for that version, so it samples from it; a
-        // learner that makes none within 10 minutes leaves it to the version
-        // there is. Waiting for that count (not for "one more than now")
-        // cannot miss a version published before we looked.
-        let spinner = crate::spinner(format!("trainer: version {target} of {steps}"));
-        let newest = forgelog_stack::events_at_least(
-            config,
-            run_id,
-            Topic::Policy,
-            target as usize,
-            Duration::from_secs(600),
-        )
-        .await?
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|e| match e {
-            Event::PolicyPublished(p) => Some(p.version),
-            _ => None,
-        })
-        .max();
-        // And for the engine to serve it (it reloads once it reads the event).
-        if let Some(version) = newest {
-            wait_until_served(engine, version, args).await;
-        }
-        spinner.finish_and_clear();
-        let seconds = round_started.elapsed().as_secs_f64();
-        say.line(format!(
-            "round {}: rollouts sampled in {:.1} s; version {target} served {seconds:.1} s after the round began",
-            plan.round,
-            sampled.as_secs_f64()
-        ));
-        round_seconds.push(seconds);
-        plan.round += 1;
-    }
-    Ok(Rounds {
-        rollouts,
-        failed,
-        seconds: round_seconds,
-    })
-}
-
 /// After the rounds: the summary and report from the log, the SFT export,
 /// the JSON summary with `--json`; an error when rollouts failed.
 async fn finish(
@@ -168,17 +121,17 @@ async fn finish(
     run_id: &str,
     args: &crate::up::UpArgs,
     say: &Say,
-    rounds: Rounds,
+    rounds: DemoRounds,
     sync: Option<forgelog_sync::SyncTimes>,
 ) -> Result<()> {
     let (export_to, json) = (args.export_to.as_path(), args.json);
     let train_steps = args.train.then_some(args.steps);
-    let Rounds {
+    let DemoRounds {
         rollouts,
         failed,
         seconds: round_seconds,
     } = rounds;
-    let events = crate::report::events_of(config, run_id).await?;
+    let events = forgelog_stack::run_events(config, run_id, &Topic::ALL).await?;
     if !round_seconds.is_empty() {
         let mean = round_seconds.iter().sum::<f64>() / round_seconds.len() as f64;
         say.line(format!(
@@ -245,14 +198,4 @@ async fn finish(
         bail!("{failed} of {rollouts} rollouts failed (see above)");
     }
     Ok(())
-}
-
-/// Until `engine` reports serving `version` (as `forgelog sync` reads it
-/// back: vLLM's and forgelog's engine's `/weight_info`, or the newest adapter
-/// it lists), for ten minutes at most; an engine that refuses the question
-/// (reports no version at all) is not waited for.
-async fn wait_until_served(engine: &str, version: i64, args: &crate::up::UpArgs) {
-    let engine = args.sync.reader(engine);
-    let served = forgelog_stack::until_served(&engine, version.max(0) as u64);
-    let _ = tokio::time::timeout(Duration::from_secs(600), served).await;
 }

@@ -188,12 +188,8 @@ fn describe(e: &anyhow::Error) -> String {
     line
 }
 
-/// Logs go to stderr at the level `-v`/`-q` ask for, or as `RUST_LOG` says.
-/// librdkafka repeats a failure once per reconnect attempt (hundreds of lines
-/// while a broker is down): its lines pass at most once per 30 seconds.
+/// Logs at the level `-v`/`-q` ask for, or as `RUST_LOG` says.
 fn init_logs(verbose: u8, quiet: bool, command: &Command) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tracing_subscriber::prelude::*;
     let level = match (quiet, verbose) {
         (true, _) => "error",
         (false, 0) => "warn",
@@ -206,33 +202,7 @@ fn init_logs(verbose: u8, quiet: bool, command: &Command) {
         ("warn", Command::Train(_)) => "warn,forgelog_trainer=info",
         (level, _) => level,
     };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
-    let start = std::time::Instant::now();
-    let last_kafka_line = AtomicU64::new(u64::MAX);
-    let kafka_once = tracing_subscriber::filter::filter_fn(move |meta| {
-        if !meta.target().contains("rdkafka") {
-            return true;
-        }
-        let now = start.elapsed().as_secs();
-        let last = last_kafka_line.load(Ordering::Relaxed);
-        if last != u64::MAX && now < last + 30 {
-            return false;
-        }
-        last_kafka_line.store(now, Ordering::Relaxed);
-        true
-    });
-    // Colours only for a person at a terminal (not in files, pipes or CI logs).
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    let output = tracing_subscriber::fmt::layer()
-        .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        .with_filter(kafka_once);
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(output)
-        .init();
+    forgelog_http::init_logs(level);
 }
 
 /// The command line, with `forgelog.toml`'s defaults where there is one.

@@ -5,7 +5,7 @@ use crate::source::SourceArgs;
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::core::report::Report;
 use forgelog_schemas::{Event, Topic};
-use forgelog_stream::{LogReader, ReplayReader};
+use forgelog_stream::LogReader;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
@@ -22,12 +22,6 @@ pub struct ReportArgs {
 /// The run's events on every topic.
 pub fn run_events(reader: &impl LogReader, run: &str) -> Result<Vec<Event>> {
     Ok(reader.run_events(run, &Topic::ALL)?)
-}
-
-/// [`run_events`] off the async runtime (the reads block).
-pub async fn events_of(config: &forgelog_stream::StreamConfig, run: &str) -> Result<Vec<Event>> {
-    let (config, run) = (config.clone(), run.to_string());
-    tokio::task::spawn_blocking(move || run_events(&ReplayReader::new(&config)?, &run)).await?
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {

@@ -96,22 +96,10 @@ fn train_args(
         idle_flush: 5.0,
         ..forgelog_stack::learner_settings(&args.model, config, run, &args.home)?
     };
-    if !args.demo {
-        return Ok(train);
-    }
-    // One step per round: a step is a round's groups, however long the
-    // engine takes between them (an idle flush of seconds split a round in
-    // two under load: found by CI), and each round is then sampled by the
-    // version it made. The learner scores tokens at the temperature they
-    // were sampled at.
-    let plan = forgelog_deploy::demo::DemoPlan::new(run);
-    Ok(forgelog_trainer::TrainArgs {
-        max_steps: Some(args.steps),
-        tokens_per_step: usize::MAX,
-        groups_per_step: Some(plan.groups.len()),
-        idle_flush: 600.0,
-        temperature: plan.sampling.temperature.unwrap_or(1.0),
-        ..train
+    Ok(if args.demo {
+        forgelog_stack::demo_learner(train, run, args.steps)
+    } else {
+        train
     })
 }
 

@@ -5,7 +5,10 @@
 //! alike (slowloris), and shutting down waits for the requests in flight for
 //! a bounded grace, then closes what is left instead of waiting on it.
 
+mod logs;
 pub mod telemetry;
+
+pub use logs::init_logs;
 
 use axum::http::HeaderMap;
 use axum::Router;

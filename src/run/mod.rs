@@ -12,63 +12,30 @@ use anyhow::{bail, Context, Result};
 pub use args::RunArgs;
 use cluster::kube_backend;
 use forgelog_api::SessionClient;
-use forgelog_deploy::harness::Harness;
+use forgelog_deploy::kit::Kit;
 use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
-use forgelog_deploy_core::{Outcome, RunHistory, RunPlan, RunSummary, StalenessBound, Task};
+use forgelog_deploy_core::{Outcome, OutcomeSummary, RunHistory, RunPlan, StalenessBound};
 use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
 use forgelog_podman::{LocalBackend, Podman};
-use forgelog_schemas::{Event, Topic};
 use forgelog_stack::{LogClock, ServedClock, Serving, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
-use forgelog_stream::{LogReader, ReplayReader, StreamConfig};
+use forgelog_stream::StreamConfig;
 use progress::Bar;
-use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Run `run`'s events on `topics`, as far as the log holds them.
-fn run_events(config: &StreamConfig, run: &str, topics: &[Topic]) -> Result<Vec<Event>> {
-    Ok(ReplayReader::new(config)?.run_events(run, topics)?)
-}
-
-/// The run's rollout events already in the log.
-fn history(config: &StreamConfig, run: &str) -> Result<RunHistory> {
-    let mut history = RunHistory::default();
-    for e in run_events(config, run, &[Topic::Rollouts, Topic::Rewards])? {
-        history.observe(&e);
-    }
-    Ok(history)
-}
 
 pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     if let Some(recorded) = &args.replay {
         return replay::replay(rt, &args, recorded);
     }
-    let all = Task::load_all(&args.tasks_dir)?;
-    let tasks: BTreeMap<String, Task> = all
-        .into_iter()
-        .filter(|t| args.tasks.is_empty() || args.tasks.contains(&t.id))
-        .map(|t| (t.id.clone(), t))
-        .collect();
-    if tasks.is_empty() {
-        bail!(
-            "no tasks in {} (a task is a directory with a task.toml)",
-            args.tasks_dir.display()
-        );
-    }
-    for t in tasks.values() {
+    let home = forgelog_stream::forgelog_home();
+    let bundles = home.join("harnesses");
+    let kit = Kit::for_run(&args.tasks_dir, &args.tasks, &args.harness, &bundles)?;
+    for t in kit.tasks.values() {
         for w in &t.warnings {
             eprintln!("{}: {w}", t.id);
         }
-    }
-    let home = forgelog_stream::forgelog_home();
-    let bundles = home.join("harnesses");
-    let mut harnesses = BTreeMap::new();
-    for spec in &args.harness {
-        let h = Harness::resolve(spec)?;
-        h.check_bundle(&bundles)?;
-        harnesses.insert(h.name.clone(), h);
     }
     let run_id = match &args.run {
         Some(r) => r.clone(),
@@ -79,8 +46,8 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
                 .as_secs()
         ),
     };
-    let names: Vec<String> = harnesses.keys().cloned().collect();
-    let ids: Vec<String> = tasks.keys().cloned().collect();
+    let names: Vec<String> = kit.harnesses.keys().cloned().collect();
+    let ids: Vec<String> = kit.tasks.keys().cloned().collect();
     let plan = RunPlan::new(&run_id, &ids, &names, args.group_size);
     let dir = RunDir::acquire(&home, &run_id)?;
     let podman = Podman::default();
@@ -94,22 +61,10 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         Err(e) => eprintln!("warning: reaping the sandboxes of dead runs: {e}"),
     }
     // Before anything starts: an image no registry serves must be here.
-    for task in tasks.values() {
-        for image in task.local_base_images() {
-            if !rt.block_on(podman.has_image(&image))? {
-                bail!(
-                    "task {} builds FROM {image}, which is not in podman's local storage: \
-                     scripts/sandbox-setup.sh makes the shipped tasks' base image",
-                    task.id
-                );
-            }
-        }
-    }
+    rt.block_on(podman.check_base_images(kit.tasks.values()))?;
     let config = args.broker.config();
     rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
-    rt.block_on(orchestrate(
-        &args, &config, plan, tasks, harnesses, dir, podman, bundles,
-    ))
+    rt.block_on(orchestrate(&args, &config, plan, kit, dir, podman, bundles))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -117,8 +72,7 @@ async fn orchestrate(
     args: &RunArgs,
     config: &StreamConfig,
     plan: RunPlan,
-    tasks: BTreeMap<String, Task>,
-    harnesses: BTreeMap<String, Harness>,
+    kit: Kit,
     dir: RunDir,
     podman: Podman,
     bundles: PathBuf,
@@ -133,16 +87,13 @@ async fn orchestrate(
         .with_context(|| format!("the proxy's address in {url}"))?
         .next()
         .with_context(|| format!("{url} resolves to no address"))?;
-    let history = {
-        let (config, run) = (config.clone(), run_id.clone());
-        tokio::task::spawn_blocking(move || history(&config, &run)).await??
-    };
+    let history = forgelog_stack::run_history(config, &run_id).await?;
     let total = plan.rollouts().count();
     let groups = plan.groups.len();
     eprintln!(
         "run {run_id}: {} tasks × {} harnesses × {} = {total} rollouts, {} at a time, proxy {url}{}",
-        tasks.len(),
-        harnesses.len(),
+        kit.tasks.len(),
+        kit.harnesses.len(),
         args.group_size.max(1),
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
@@ -182,9 +133,8 @@ async fn orchestrate(
         if args.backend == "kube" {
             let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
             let orchestrator =
-                Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
-                    .with_admission(admission());
-            drive(orchestrator, &history, total).await
+                Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
+            drive(orchestrator.with_admission(admission()), &history, total).await
         } else {
             let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
             backend
@@ -192,9 +142,8 @@ async fn orchestrate(
                 .await
                 .context("sandbox networks (forgelog run needs root for network namespaces)")?;
             let orchestrator =
-                Orchestrator::new(backend, sessions, plan, tasks, harnesses, options)
-                    .with_admission(admission());
-            drive(orchestrator, &history, total).await
+                Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
+            drive(orchestrator.with_admission(admission()), &history, total).await
         }
     };
     let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
@@ -333,7 +282,7 @@ async fn last_versions(
 
 /// The run's summary per harness, and what orchestrating it cost.
 fn print_outcomes(run_id: &str, outcomes: &[Outcome]) {
-    let summary = RunSummary::of(outcomes);
+    let summary = OutcomeSummary::of(outcomes);
     println!("\nrun {run_id}\n{summary}");
     let ran = outcomes
         .iter()

@@ -5,19 +5,24 @@
 //! run's admission reads ([`LogClock`]: what the log says was published;
 //! [`ServedClock`]: what the engine says it serves), the engine and proxy
 //! that answer a run's calls ([`Serving`]) and the waits of the loop that
-//! drives it ([`events_at_least`], [`versions_published`]). `forgelog up`, `up
+//! drives it ([`events_at_least`], [`versions_published`], the demo's
+//! [`demo_rounds`]). `forgelog up`, `up
 //! --demo`, `run` and `run --train` wire these and print; nothing here
 //! prints.
 
 mod clock;
+mod demo;
 mod engine;
+mod history;
 mod learning;
 mod serving;
 mod sync;
 mod wait;
 
 pub use clock::{LogClock, ServedClock};
+pub use demo::{demo_learner, demo_rounds, DemoRounds, RoundWatch};
 pub use engine::LocalEngine;
+pub use history::{run_events, run_history};
 pub use learning::{learner_settings, LearnerEnd, Learning};
 pub use serving::{token_in, Serving, ServingConfig};
 pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
@@ -49,4 +54,7 @@ pub enum StackError {
     TokenIn { spec: String, why: String },
     #[error(transparent)]
     Log(#[from] forgelog_stream::ConsumeError),
+    /// What a wait waited for did not come in time.
+    #[error("{0}")]
+    Late(String),
 }

@@ -12,6 +12,7 @@ mod log;
 mod process;
 pub mod producer;
 pub mod run_index;
+mod run_log;
 pub mod spool;
 pub mod store;
 #[cfg(feature = "testing")]
@@ -27,4 +28,5 @@ pub use forgelog_schemas::Received;
 pub use log::{newest_policy, EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, models_dir, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
+pub use run_log::{RunLog, RunLogError};
 pub use spool::{FsyncPolicy, ParkedRecord, Spool, SpoolError, SpoolOptions, SpoolStatus};

@@ -1,0 +1,130 @@
+//! `up --demo`'s rounds: the demo sampled through the proxy, its groups
+//! derived by the consumers, and, training, each round's version published
+//! and served before the next round samples. Whoever shows them (the
+//! terminal) watches through [`RoundWatch`].
+
+use crate::{events_at_least, until_served, StackError};
+use forgelog_deploy::demo::{self, DemoPlan, ProxyClient, RolloutOutcome};
+use forgelog_schemas::{Event, Topic};
+use forgelog_stream::StreamConfig;
+use forgelog_sync::EngineSync;
+use forgelog_trainer::TrainArgs;
+use std::time::{Duration, Instant};
+
+/// What the rounds tell whoever shows them.
+pub trait RoundWatch {
+    /// Round `round` starts sampling its `rollouts` rollouts.
+    fn sampling(&self, round: usize, rollouts: usize);
+    /// One rollout ended (failed, when it says why).
+    fn rollout(&self, outcome: &RolloutOutcome);
+    /// The rounds wait for `what`, until [`RoundWatch::waited`].
+    fn waiting(&self, what: String);
+    fn waited(&self);
+    /// Training round `round` sampled in `sampled` and its version `version`
+    /// was served `took` after the round began.
+    fn trained(&self, round: usize, version: u64, sampled: Duration, took: Duration);
+}
+
+/// What the rounds did.
+#[derive(Debug, Default)]
+pub struct DemoRounds {
+    pub rollouts: usize,
+    pub failed: usize,
+    /// Wall time per training round, from its start to its version served
+    /// (this is the driver, not a consumer: the clock is its to read): what
+    /// a step of the closed loop costs on this machine.
+    pub seconds: Vec<f64>,
+}
+
+/// The demo once; with `train_steps`, rounds of it until the learner has
+/// published that many versions, each round sampled by the version `engine`
+/// serves then.
+pub async fn demo_rounds(
+    config: &StreamConfig,
+    proxy: &ProxyClient,
+    engine: &EngineSync,
+    mut plan: DemoPlan,
+    train_steps: Option<u64>,
+    watch: &impl RoundWatch,
+) -> Result<DemoRounds, StackError> {
+    let run = plan.run_id.clone();
+    let mut done = DemoRounds::default();
+    loop {
+        let started = Instant::now();
+        watch.sampling(plan.round, plan.rollouts());
+        let outcomes = demo::run(proxy, &plan, |o| watch.rollout(o)).await;
+        let sampled = started.elapsed();
+        done.failed += outcomes.iter().filter(|o| o.error.is_some()).count();
+        done.rollouts += outcomes.len();
+        let groups = plan.groups.len() * (plan.round + 1);
+        watch.waiting("consumers: building trees and groups".into());
+        events_at_least(config, &run, Topic::Batches, groups, WAIT_GROUPS)
+            .await?
+            .ok_or_else(|| {
+                StackError::Late(format!(
+                    "the consumers did not emit the demo's {groups} groups within {} s",
+                    WAIT_GROUPS.as_secs()
+                ))
+            })?;
+        watch.waited();
+        // Round k makes version k + 1 (one step per round: `--groups-per-step`).
+        let target = plan.round as u64 + 1;
+        let Some(steps) = train_steps.filter(|&steps| target <= steps) else {
+            return Ok(done);
+        };
+        watch.waiting(format!("trainer: version {target} of {steps}"));
+        served(config, &run, target, engine).await?;
+        watch.waited();
+        watch.trained(plan.round, target, sampled, started.elapsed());
+        done.seconds.push(started.elapsed().as_secs_f64());
+        plan.round += 1;
+    }
+}
+
+/// `train` made the demo's learner: one step per round, a step being a
+/// round's groups however long the engine takes between them (an idle flush
+/// of seconds split a round in two under load: found by CI), so each round
+/// is sampled by the version the one before made; `steps` of them. The
+/// learner scores tokens at the temperature they were sampled at.
+pub fn demo_learner(train: TrainArgs, run: &str, steps: u64) -> TrainArgs {
+    let plan = DemoPlan::new(run);
+    TrainArgs {
+        max_steps: Some(steps),
+        tokens_per_step: usize::MAX,
+        groups_per_step: Some(plan.groups.len()),
+        idle_flush: 600.0,
+        temperature: plan.sampling.temperature.unwrap_or(1.0),
+        ..train
+    }
+}
+
+const WAIT_GROUPS: Duration = Duration::from_secs(150);
+const WAIT_VERSION: Duration = Duration::from_secs(600);
+
+/// Until `target` versions of `run` are published and the engine serves the
+/// newest (it reloads once it reads the event), so the next round samples
+/// from it. Waiting for that count (not for "one more than now") cannot miss
+/// a version published before it looked. A learner that makes none within
+/// ten minutes, or an engine that names no version it serves, leaves the
+/// next round to the version there is.
+async fn served(
+    config: &StreamConfig,
+    run: &str,
+    target: u64,
+    engine: &EngineSync,
+) -> Result<(), StackError> {
+    let newest = events_at_least(config, run, Topic::Policy, target as usize, WAIT_VERSION)
+        .await?
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p.version),
+            _ => None,
+        })
+        .max();
+    if let Some(version) = newest {
+        let served = until_served(engine, version.max(0) as u64);
+        let _ = tokio::time::timeout(WAIT_VERSION, served).await;
+    }
+    Ok(())
+}
