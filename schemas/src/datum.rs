@@ -9,7 +9,7 @@
 //! `apache_avro` writes them in its `HashMap`'s order, different each run.
 //! `tests/codec.rs` checks every event kind against `apache_avro`'s writer.
 
-use apache_avro::schema::{Name, Namespace, RecordSchema, Schema};
+use apache_avro::schema::{Name, Namespace, RecordSchema, Schema, UnionSchema};
 use apache_avro::types::Value;
 use std::collections::HashMap;
 
@@ -63,7 +63,48 @@ impl Writer<'_> {
             return self.value(value, named, ns);
         }
         match (value, schema) {
-            (Value::Union(branch, inner), Schema::Union(union)) => {
+            (_, Schema::Union(union)) => self.union(value, union, schema, ns),
+            (Value::Union(..), _) => Err(mismatch(value, schema)),
+            (Value::Array(items), Schema::Array(array)) => {
+                if !items.is_empty() {
+                    self.long(items.len() as i64);
+                    for item in items {
+                        self.value(item, &array.items, ns)?;
+                    }
+                }
+                self.out.push(0);
+                Ok(())
+            }
+            (Value::Map(entries), Schema::Map(map)) => {
+                if !entries.is_empty() {
+                    self.long(entries.len() as i64);
+                    // By key: `Value::Map` is a HashMap, and the same event
+                    // must always be the same bytes.
+                    let mut entries: Vec<_> = entries.iter().collect();
+                    entries.sort_unstable_by_key(|(key, _)| *key);
+                    for (key, item) in entries {
+                        self.bytes(key.as_bytes());
+                        self.value(item, &map.types, ns)?;
+                    }
+                }
+                self.out.push(0);
+                Ok(())
+            }
+            (Value::Record(fields), Schema::Record(record)) => self.record(fields, record, ns),
+            _ => self.scalar(value, schema),
+        }
+    }
+
+    /// A value of a union (`schema`): its branch index, then the value.
+    fn union(
+        &mut self,
+        value: &Value,
+        union: &UnionSchema,
+        schema: &Schema,
+        ns: &Namespace,
+    ) -> Result<(), DatumError> {
+        match value {
+            Value::Union(branch, inner) => {
                 let variant = union.variants().get(*branch as usize).ok_or_else(|| {
                     DatumError(format!(
                         "union branch {branch} of {}",
@@ -73,10 +114,9 @@ impl Writer<'_> {
                 self.long(i64::from(*branch));
                 self.value(inner, variant, ns)
             }
-            (Value::Union(..), _) => Err(mismatch(value, schema)),
             // serde writes `None` as the union's null branch; a plain null in a
             // union is that branch too.
-            (Value::Null, Schema::Union(union)) => {
+            Value::Null => {
                 let branch = union
                     .variants()
                     .iter()
@@ -85,7 +125,7 @@ impl Writer<'_> {
                 self.long(branch as i64);
                 Ok(())
             }
-            (_, Schema::Union(union)) => {
+            _ => {
                 // Any other value in a union: its first branch that takes it.
                 let start = self.out.len();
                 for (branch, variant) in union.variants().iter().enumerate() {
@@ -97,6 +137,12 @@ impl Writer<'_> {
                 }
                 Err(mismatch(value, schema))
             }
+        }
+    }
+
+    /// A value with no values inside: a primitive, a fixed, an enum symbol.
+    fn scalar(&mut self, value: &Value, schema: &Schema) -> Result<(), DatumError> {
+        match (value, schema) {
             (Value::Null, Schema::Null) => Ok(()),
             (Value::Boolean(b), Schema::Boolean) => {
                 self.out.push(u8::from(*b));
@@ -153,32 +199,6 @@ impl Writer<'_> {
                 self.long(i64::from(*index));
                 Ok(())
             }
-            (Value::Array(items), Schema::Array(array)) => {
-                if !items.is_empty() {
-                    self.long(items.len() as i64);
-                    for item in items {
-                        self.value(item, &array.items, ns)?;
-                    }
-                }
-                self.out.push(0);
-                Ok(())
-            }
-            (Value::Map(entries), Schema::Map(map)) => {
-                if !entries.is_empty() {
-                    self.long(entries.len() as i64);
-                    // By key: `Value::Map` is a HashMap, and the same event
-                    // must always be the same bytes.
-                    let mut entries: Vec<_> = entries.iter().collect();
-                    entries.sort_unstable_by_key(|(key, _)| *key);
-                    for (key, item) in entries {
-                        self.bytes(key.as_bytes());
-                        self.value(item, &map.types, ns)?;
-                    }
-                }
-                self.out.push(0);
-                Ok(())
-            }
-            (Value::Record(fields), Schema::Record(record)) => self.record(fields, record, ns),
             _ => Err(mismatch(value, schema)),
         }
     }

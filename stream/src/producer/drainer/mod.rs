@@ -4,15 +4,17 @@
 //! a refused call's stand-in in its place.
 
 use super::delivering::DeliveringProducer;
-use crate::spool::{Checkpoint, ParkedRecord, Spool, SpoolError, SpoolRecord};
-use crate::{ConsumeError, ReplayReader, StreamConfig};
+use crate::spool::{Checkpoint, ParkedRecord, Spool, SpoolError, SpoolReader, SpoolRecord};
+use crate::{ConsumeError, StreamConfig};
 use forgelog_schemas::Codec;
 use futures::stream::{FuturesOrdered, StreamExt};
-use sha2::{Digest, Sha256};
+use recovery::Arrived;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+mod recovery;
 
 const WINDOW: usize = 4096;
 /// The checkpoint is saved (with an fsync) every this many deliveries, and when
@@ -54,6 +56,16 @@ enum Fate {
 }
 
 type Delivered = Result<Fate, DrainError>;
+/// A delivery under way: produced now, or already in the log.
+type Delivery = std::pin::Pin<Box<dyn std::future::Future<Output = Delivered> + Send>>;
+
+/// A record on its way to the log: what its delivery report is matched with.
+struct Outgoing {
+    seq: u64,
+    topic: String,
+    /// Sent in place of a record refused before.
+    stood_in: bool,
+}
 
 /// Refusals no retry can change: the record itself is the problem.
 fn refused_for_good(e: &rdkafka::error::KafkaError) -> bool {
@@ -144,33 +156,16 @@ impl Drainer {
         }
         let result: Result<(), DrainError> = 'session: loop {
             while inflight.len() < WINDOW {
-                let Some(rec) = or_end!('session, reader.next_record()) else {
+                let next = self
+                    .next_delivery(&producer, &mut reader, &mut already, &mut refused_before)
+                    .await;
+                let Some((outgoing, delivery)) = or_end!('session, next) else {
                     break;
-                };
-                if !self.checkpoint.scan_from.contains_key(&rec.topic) {
-                    or_end!('session, self.mark_scan_base(&rec.topic).await);
-                }
-                let stood_in_for = refused_before
-                    .remove(&rec.seq)
-                    .and_then(|reason| stand_in(&rec, &reason));
-                let (rec, stood_in) = match stood_in_for {
-                    Some(stand_in) => (stand_in, true),
-                    None => (rec, false),
-                };
-                let seq = rec.seq;
-                let topic = rec.topic.clone();
-                let delivery: std::pin::Pin<
-                    Box<dyn std::future::Future<Output = Delivered> + Send>,
-                > = match already.take(&rec) {
-                    Some((partition, offset)) => {
-                        Box::pin(std::future::ready(Ok(Fate::At(partition, offset))))
-                    }
-                    None => Box::pin(or_end!('session, self.produce(&producer, rec))),
                 };
                 let sent = Instant::now();
                 inflight.push_back(async move {
                     let delivered = delivery.await;
-                    (seq, topic, stood_in, delivered, sent, Instant::now())
+                    (outgoing, delivered, sent, Instant::now())
                 });
             }
             if inflight.is_empty() {
@@ -188,53 +183,24 @@ impl Drainer {
                 }
                 continue;
             }
-            let Some((seq, topic, stood_in, delivered, sent, done)) = inflight.next().await else {
+            let Some((outgoing, delivered, sent, done)) = inflight.next().await else {
                 continue;
             };
-            match delivered {
-                Ok(fate) => {
-                    match fate {
-                        Fate::At(partition, offset) => self.delivered_at(topic, partition, offset),
-                        Fate::Refused(reason) if stood_in => refused_stand_in(seq, &reason),
-                        Fate::Refused(reason) => {
-                            let rec = or_end!('session, self.spool.reader(seq).next_record());
-                            let rec = or_end!('session, rec.ok_or_else(|| DrainError::Other(format!("spool record {seq} vanished"))));
-                            or_end!('session, self.spool.park(&rec, &reason));
-                            // Its stand-in goes in its place, under its seq:
-                            // parked first, so a crash before the ack below
-                            // sends this same stand-in again, once.
-                            if let Some(stand_in) = stand_in(&rec, &reason) {
-                                let delivery = or_end!('session, self.produce(&producer, stand_in));
-                                match or_end!('session, delivery.await) {
-                                    Fate::At(partition, offset) => {
-                                        self.delivered_at(topic, partition, offset);
-                                        metrics::counter!("forgelog_spool_stand_ins_total")
-                                            .increment(1);
-                                    }
-                                    Fate::Refused(reason) => refused_stand_in(seq, &reason),
-                                }
-                            }
-                        }
-                    }
-                    self.checkpoint.acked_through = seq + 1;
-                    self.spool.delivered_through(seq + 1);
-                    metrics::counter!("forgelog_events_delivered_total").increment(1);
-                    since_checkpoint += 1;
-                    // How long the broker took with this record's request:
-                    // from its send, or from the delivery before it when it
-                    // waited behind that one here (a burst queued locally
-                    // dies with a killed writer; only requests on the wire
-                    // land late). A slowdown is saved at once: a writer
-                    // killed now leaves requests queued about that long.
-                    let took = done.duration_since(sent.max(last_done));
-                    last_done = last_done.max(done);
-                    let slowing = self.checkpoint.record_delivery(took);
-                    if since_checkpoint >= CHECKPOINT_EVERY || slowing {
-                        or_end!('session, self.save());
-                        since_checkpoint = 0;
-                    }
-                }
-                Err(e) => break Err(e),
+            let fate = or_end!('session, delivered);
+            or_end!('session, self.acknowledge(&producer, outgoing, fate).await);
+            since_checkpoint += 1;
+            // How long the broker took with this record's request:
+            // from its send, or from the delivery before it when it
+            // waited behind that one here (a burst queued locally
+            // dies with a killed writer; only requests on the wire
+            // land late). A slowdown is saved at once: a writer
+            // killed now leaves requests queued about that long.
+            let took = done.duration_since(sent.max(last_done));
+            last_done = last_done.max(done);
+            let slowing = self.checkpoint.record_delivery(took);
+            if since_checkpoint >= CHECKPOINT_EVERY || slowing {
+                or_end!('session, self.save());
+                since_checkpoint = 0;
             }
         };
         if result.is_err() {
@@ -257,6 +223,84 @@ impl Drainer {
             self.save()?;
         }
         result
+    }
+
+    /// The next spool record's delivery, `None` while the spool has no more:
+    /// a stand-in in place of a record refused before; one the recovery found
+    /// in the log is not sent again.
+    async fn next_delivery(
+        &mut self,
+        producer: &DeliveringProducer,
+        reader: &mut SpoolReader,
+        already: &mut Arrived,
+        refused_before: &mut HashMap<u64, String>,
+    ) -> Result<Option<(Outgoing, Delivery)>, DrainError> {
+        let Some(rec) = reader.next_record()? else {
+            return Ok(None);
+        };
+        if !self.checkpoint.scan_from.contains_key(&rec.topic) {
+            self.mark_scan_base(&rec.topic).await?;
+        }
+        let stood_in_for = refused_before
+            .remove(&rec.seq)
+            .and_then(|reason| stand_in(&rec, &reason));
+        let (rec, stood_in) = match stood_in_for {
+            Some(stand_in) => (stand_in, true),
+            None => (rec, false),
+        };
+        let outgoing = Outgoing {
+            seq: rec.seq,
+            topic: rec.topic.clone(),
+            stood_in,
+        };
+        let delivery: Delivery = match already.take(&rec) {
+            Some((partition, offset)) => {
+                Box::pin(std::future::ready(Ok(Fate::At(partition, offset))))
+            }
+            None => Box::pin(self.produce(producer, rec)?),
+        };
+        Ok(Some((outgoing, delivery)))
+    }
+
+    /// Acknowledges a record of known `fate`. One the broker refused for
+    /// good is parked, and its stand-in goes in its place.
+    async fn acknowledge(
+        &mut self,
+        producer: &DeliveringProducer,
+        outgoing: Outgoing,
+        fate: Fate,
+    ) -> Result<(), DrainError> {
+        let Outgoing {
+            seq,
+            topic,
+            stood_in,
+        } = outgoing;
+        match fate {
+            Fate::At(partition, offset) => self.delivered_at(topic, partition, offset),
+            Fate::Refused(reason) if stood_in => refused_stand_in(seq, &reason),
+            Fate::Refused(reason) => {
+                let rec = self.spool.reader(seq).next_record()?;
+                let rec =
+                    rec.ok_or_else(|| DrainError::Other(format!("spool record {seq} vanished")))?;
+                self.spool.park(&rec, &reason)?;
+                // Its stand-in goes in its place, under its seq:
+                // parked first, so a crash before the ack below
+                // sends this same stand-in again, once.
+                if let Some(stand_in) = stand_in(&rec, &reason) {
+                    match self.produce(producer, stand_in)?.await? {
+                        Fate::At(partition, offset) => {
+                            self.delivered_at(topic, partition, offset);
+                            metrics::counter!("forgelog_spool_stand_ins_total").increment(1);
+                        }
+                        Fate::Refused(reason) => refused_stand_in(seq, &reason),
+                    }
+                }
+            }
+        }
+        self.checkpoint.acked_through = seq + 1;
+        self.spool.delivered_through(seq + 1);
+        metrics::counter!("forgelog_events_delivered_total").increment(1);
+        Ok(())
     }
 
     /// Notes that a record is at `offset`: the recovery scan starts past it.
@@ -302,110 +346,5 @@ impl Drainer {
                 None => Err(DrainError::Other("producer dropped the message".into())),
             }
         }))
-    }
-
-    /// Before the first message to `topic`, remember where its partitions end:
-    /// nothing of ours can be before that.
-    async fn mark_scan_base(&mut self, topic: &str) -> Result<(), DrainError> {
-        let (config, topic) = (self.stream.clone(), topic.to_string());
-        let ends = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
-            let reader = ReplayReader::new(&config)?;
-            let partitions = reader.partitions(&topic).map_err(|e| {
-                DrainError::Other(format!(
-                    "{e} (create the topics first: forgelog topics create)"
-                ))
-            })?;
-            let mut ends = std::collections::BTreeMap::new();
-            for p in partitions {
-                ends.insert(p, reader.end(&topic, p)?);
-            }
-            Ok((topic, ends))
-        })
-        .await
-        .map_err(|e| DrainError::Other(e.to_string()))??;
-        self.checkpoint.scan_from.insert(ends.0, ends.1);
-        self.checkpoint.store(self.spool.dir())?;
-        Ok(())
-    }
-
-    /// The messages past each partition's scan base: among them are any of our
-    /// unacknowledged records that did reach the broker.
-    async fn recover(&mut self) -> Result<Arrived, DrainError> {
-        if self.spool.next_seq() <= self.checkpoint.acked_through
-            || self.checkpoint.scan_from.is_empty()
-        {
-            return Ok(Arrived::default());
-        }
-        // The writer before (a killed process, or this one's producer before
-        // a failure) may have produce requests still queued at the broker:
-        // read the tails before they land and they would be sent twice.
-        let grace = self
-            .checkpoint
-            .recovery_grace(self.spool.options().recovery_grace);
-        tracing::info!(
-            ?grace,
-            slowest_delivery_ms = self.checkpoint.slowest_delivery_ms,
-            pending = self.spool.pending(),
-            "spool recovery: waiting for a dead writer's requests to land"
-        );
-        tokio::time::sleep(grace).await;
-        let scan_from = self.checkpoint.scan_from.clone();
-        let config = self.stream.clone();
-        let arrived = tokio::task::spawn_blocking(move || -> Result<_, DrainError> {
-            let reader = ReplayReader::new(&config)?;
-            let mut arrived = Arrived::default();
-            for (topic, parts) in &scan_from {
-                for (&partition, &from) in parts {
-                    let hi = reader.end(topic, partition)?;
-                    let _ = reader.for_each_in(topic, partition, from, hi, |rec| {
-                        let digest = Arrived::digest(topic, &rec.key, &rec.value);
-                        arrived
-                            .at
-                            .entry(digest)
-                            .or_default()
-                            .push_back((partition, rec.offset));
-                        std::ops::ControlFlow::Continue(())
-                    })?;
-                }
-            }
-            Ok(arrived)
-        })
-        .await
-        .map_err(|e| DrainError::Other(e.to_string()))??;
-        if !arrived.at.is_empty() {
-            tracing::info!(
-                messages = arrived.at.len(),
-                "spool recovery: scanned the topics' tails for records already delivered"
-            );
-        }
-        Ok(arrived)
-    }
-}
-
-/// Messages found past the scan bases, by digest of (topic, key, value); each
-/// can stand for one spool record only.
-#[derive(Default)]
-struct Arrived {
-    at: HashMap<[u8; 32], std::collections::VecDeque<(i32, i64)>>,
-}
-
-impl Arrived {
-    fn digest(topic: &str, key: &[u8], value: &[u8]) -> [u8; 32] {
-        let mut h = Sha256::new();
-        for part in [topic.as_bytes(), key, value] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part);
-        }
-        h.finalize().into()
-    }
-
-    /// Where `rec` already is in the log, if it is (consuming that message).
-    fn take(&mut self, rec: &SpoolRecord) -> Option<(i32, i64)> {
-        if self.at.is_empty() {
-            return None;
-        }
-        self.at
-            .get_mut(&Self::digest(&rec.topic, &rec.key, &rec.value))?
-            .pop_front()
     }
 }

@@ -1,0 +1,143 @@
+//! The loss of a step and its gradients: teacher-forced logprobs of the
+//! sampled tokens, micro-batch by micro-batch.
+
+use super::{micro_batches, Learner, MicroBatch, SampledSequence};
+use crate::loss::{grpo_loss, token_stats, Normalisation, TokenInputs};
+use candle_core::{DType, Result, Tensor, D};
+use forgelog_model::{KvCache, Logits, Transformer};
+
+/// The loss of some sequences, its gradients, and per-token diagnostics.
+pub struct Evaluation {
+    pub loss: f64,
+    /// Aligned with [`Learner::vars`].
+    pub grads: Vec<Option<Tensor>>,
+    pub ratios: Vec<f64>,
+    pub clipped: usize,
+    pub entropy_sum: f64,
+}
+
+impl Learner {
+    /// Teacher-forced `log_softmax(logits / T)` at each sequence's sampled
+    /// tokens, concatenated in the micro-batch's order, and the entropies
+    /// there (no gradient). Each run's shared prefix is fed once; its members
+    /// go on from forks of its cache, so the graph flows back through it.
+    fn sampled_logprobs(
+        &self,
+        model: &Transformer,
+        micro: &MicroBatch,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut prefix_caches: Vec<KvCache> = micro.runs.iter().map(|_| KvCache::new()).collect();
+        let mut prefixes: Vec<(&[u32], &mut KvCache)> = micro
+            .runs
+            .iter()
+            .zip(prefix_caches.iter_mut())
+            .filter(|(run, _)| run.prefix > 0)
+            .map(|(run, cache)| (&run.members[0].tokens[..run.prefix], cache))
+            .collect();
+        if !prefixes.is_empty() {
+            model.forward_batch(&mut prefixes, Logits::Rows(&[]))?;
+        }
+        let mut caches = Vec::new();
+        let mut fed = Vec::new();
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (run, prefix) in micro.runs.iter().zip(&prefix_caches) {
+            for s in &run.members {
+                caches.push(prefix.fork()?);
+                // Logits at row i predict token i + 1: feed up to the last
+                // sampled token's predecessor, after the prefix.
+                fed.push(&s.tokens[run.prefix..s.tokens.len() - 1]);
+                rows.push(
+                    s.positions
+                        .iter()
+                        .map(|&j| (j - 1 - run.prefix) as u32)
+                        .collect::<Vec<_>>(),
+                );
+                targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
+            }
+        }
+        let mut batch: Vec<(&[u32], &mut KvCache)> =
+            fed.into_iter().zip(caches.iter_mut()).collect();
+        let logits = model.forward_batch(&mut batch, Logits::Rows(&rows))?;
+        let logits = (Tensor::cat(&logits, 0)? / self.config.temperature)?;
+        let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let targets = Tensor::new(targets.as_slice(), model.device())?.unsqueeze(1)?;
+        let sampled = logprobs.gather(&targets, 1)?.squeeze(1)?;
+        let detached = logprobs.detach();
+        let entropy = (detached.exp()? * &detached)?.sum(1)?.neg()?;
+        Ok((sampled, entropy))
+    }
+
+    /// The step's loss over `seqs`, its gradients summed over micro-batches,
+    /// and diagnostics. Weights are not changed.
+    pub fn evaluate(&self, seqs: &[SampledSequence]) -> Result<Evaluation> {
+        let device = self.model.device();
+        let dtype = self.vars.first().map_or(DType::F32, |(_, v)| v.dtype());
+        let total_tokens: usize = seqs.iter().map(|s| s.positions.len()).sum();
+        let weight_of = |s: &SampledSequence| match self.config.loss.normalisation {
+            Normalisation::PerToken => 1.0 / total_tokens as f64,
+            Normalisation::PerSequence => 1.0 / (s.positions.len() * seqs.len()) as f64,
+        };
+        let mut eval = Evaluation {
+            loss: 0.0,
+            grads: vec![None; self.vars.len()],
+            ratios: Vec::with_capacity(total_tokens),
+            clipped: 0,
+            entropy_sum: 0.0,
+        };
+        let micro_batches = micro_batches(
+            seqs,
+            self.config.micro_batch_tokens,
+            self.config.share_prefixes,
+        );
+        for micro in &micro_batches {
+            let (logp, entropy) = self.sampled_logprobs(&self.model, micro)?;
+            let mut recorded = Vec::new();
+            let mut advantages = Vec::new();
+            let mut weights = Vec::new();
+            for s in micro.sequences() {
+                recorded.extend(s.recorded.iter().map(|&r| r as f64));
+                advantages.extend(std::iter::repeat_n(s.advantage, s.positions.len()));
+                weights.extend(std::iter::repeat_n(weight_of(s), s.positions.len()));
+            }
+            let tensor = |v: &[f64]| Tensor::new(v, device)?.to_dtype(dtype);
+            let reference = match &self.reference {
+                Some(reference) => Some(self.sampled_logprobs(reference, micro)?.0.detach()),
+                None => None,
+            };
+            let (recorded_t, advantages_t, weights_t) =
+                (tensor(&recorded)?, tensor(&advantages)?, tensor(&weights)?);
+            let loss = grpo_loss(
+                &TokenInputs {
+                    logp: &logp,
+                    recorded: &recorded_t,
+                    advantages: &advantages_t,
+                    weights: &weights_t,
+                    reference: reference.as_ref(),
+                },
+                &self.config.loss,
+            )?;
+            let grads = loss.backward()?;
+            for ((_, var), sum) in self.vars.iter().zip(eval.grads.iter_mut()) {
+                if let Some(g) = grads.get(var.as_tensor()) {
+                    *sum = Some(match sum.take() {
+                        Some(s) => (s + g)?,
+                        None => g.clone(),
+                    });
+                }
+            }
+            eval.loss += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let logp = logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            for ((lp, rec), adv) in logp.iter().zip(&recorded).zip(&advantages) {
+                let stats = token_stats(*lp, *rec, *adv, &self.config.loss);
+                eval.ratios.push(stats.ratio);
+                eval.clipped += stats.clipped as usize;
+            }
+            eval.entropy_sum += entropy
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+        Ok(eval)
+    }
+}
