@@ -1,3 +1,4 @@
+use super::agent::{agent_steps, agent_turn, arguments_for};
 use super::*;
 
 fn tool(name: &str, parameters: Value) -> Value {
