@@ -128,3 +128,28 @@ async fn served(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_learner_steps_once_per_round_at_the_sampling_temperature() {
+        let asked = TrainArgs {
+            learning_rate: 3e-6,
+            idle_flush: 5.0,
+            tokens_per_step: 4096,
+            ..TrainArgs::default()
+        };
+        let plan = DemoPlan::new("demo-1");
+        let demo = demo_learner(asked, "demo-1", 12);
+        assert_eq!(demo.max_steps, Some(12));
+        // A round's groups are a step, whatever their tokens or the time between them.
+        assert_eq!(demo.groups_per_step, Some(plan.groups.len()));
+        assert_eq!(demo.tokens_per_step, usize::MAX);
+        assert!(demo.idle_flush >= 600.0, "{}", demo.idle_flush);
+        assert_eq!(Some(demo.temperature), plan.sampling.temperature);
+        // What the user asked for that the demo does not set is kept.
+        assert_eq!(demo.learning_rate, 3e-6);
+    }
+}
