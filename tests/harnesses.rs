@@ -1,4 +1,4 @@
-//! The four real harnesses (Claude Code, Codex, OpenCode, mini-swe-agent),
+//! The kit's real harnesses (eight agent CLIs and an OpenAI Agents SDK agent),
 //! installed by `deploy/harnesses/install.sh` and run unmodified by
 //! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
 //! proxy: each runs once through `forgelog proxy` (in front of the fake
@@ -129,12 +129,21 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
             calls: stdout.lines().filter(|l| l.starts_with("Tokens: ")).count(),
             sub_agents: 0,
         }),
+        // Its one JSON line: the model calls the SDK's runner made.
+        "openai-agents" => {
+            let line = stdout.lines().last().unwrap_or_default();
+            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
+            Some(Reported {
+                calls: count(&v["model_calls"])?,
+                sub_agents: 0,
+            })
+        }
         _ => None,
     }
 }
 
 #[test]
-fn eight_real_harnesses_run_through_the_proxy_within_a_call_budget() {
+fn the_kits_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     require_installed();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let proxy = KitProxy::start(&rt, "harnesses");

@@ -7,15 +7,16 @@
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
+#              | openai-agents
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
 #              codex, opencode, pi: JSON events; aider: its text; mini-swe-agent:
-#              trajectory.json)
+#              trajectory.json; openai-agents: one JSON line)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 HARNESS=$1 PROXY_URL=$2 KEY=$3 OUT=$4
 TASK=${5:-"Create a file hello.txt containing the word hello, then say done."}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +35,8 @@ case $HARNESS in
   gemini-cli) want=$GEMINI_CLI_VERSION dir=$H/gemini-cli ;;
   pi) want=$PI_VERSION dir=$H/pi ;;
   aider) want=$AIDER_VERSION dir=$H/aider ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider)" >&2; exit 2 ;;
+  openai-agents) want=$OPENAI_AGENTS_VERSION dir=$H/openai-agents ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 8] = [
+pub const BUILTIN: [(&str, &str); 9] = [
     (
         "claude-code",
         include_str!("../harnesses/agents/claude-code.sh"),
@@ -33,6 +33,10 @@ pub const BUILTIN: [(&str, &str); 8] = [
     ),
     ("pi", include_str!("../harnesses/agents/pi.sh")),
     ("aider", include_str!("../harnesses/agents/aider.sh")),
+    (
+        "openai-agents",
+        include_str!("../harnesses/agents/openai-agents.sh"),
+    ),
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -56,7 +60,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, solve, or a path to a launch script (NAME.sh)")]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {

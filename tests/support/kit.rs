@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 8] = [
+pub const HARNESSES: [&str; 9] = [
     "claude-code",
     "codex",
     "opencode",
@@ -23,6 +23,7 @@ pub const HARNESSES: [&str; 8] = [
     "qwen-code",
     "pi",
     "aider",
+    "openai-agents",
 ];
 
 /// Harnesses that give the model no tools (aider edits files from the text of
@@ -67,6 +68,7 @@ pub fn require_installed() {
         ("qwen-code", "QWEN_CODE_VERSION"),
         ("pi", "PI_VERSION"),
         ("aider", "AIDER_VERSION"),
+        ("openai-agents", "OPENAI_AGENTS_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
