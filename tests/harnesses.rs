@@ -1,4 +1,4 @@
-//! The kit's real harnesses (eight agent CLIs and an OpenAI Agents SDK agent),
+//! The kit's real harnesses (nine agent CLIs and an OpenAI Agents SDK agent),
 //! installed by `deploy/harnesses/install.sh` and run unmodified by
 //! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
 //! proxy: each runs once through `forgelog proxy` (in front of the fake
@@ -127,6 +127,15 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
         "aider" => Some(Reported {
             // A "Tokens: N sent, M received." line per model call.
             calls: stdout.lines().filter(|l| l.starts_with("Tokens: ")).count(),
+            sub_agents: 0,
+        }),
+        // Every message as a JSON line: one assistant message per model call.
+        "grok-cli" => Some(Reported {
+            calls: stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|m| m["role"] == "assistant")
+                .count(),
             sub_agents: 0,
         }),
         // Its one JSON line: the model calls the SDK's runner made.

@@ -7,11 +7,11 @@
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
-#              | openai-agents
+#              | openai-agents | grok-cli
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
-#              codex, opencode, pi: JSON events; aider: its text; mini-swe-agent:
+#              codex, opencode, pi, grok-cli: JSON lines; aider: its text; mini-swe-agent:
 #              trajectory.json; openai-agents: one JSON line)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
@@ -36,7 +36,8 @@ case $HARNESS in
   pi) want=$PI_VERSION dir=$H/pi ;;
   aider) want=$AIDER_VERSION dir=$H/aider ;;
   openai-agents) want=$OPENAI_AGENTS_VERSION dir=$H/openai-agents ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents)" >&2; exit 2 ;;
+  grok-cli) want=$GROK_CLI_VERSION dir=$H/grok-cli ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2

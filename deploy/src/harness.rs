@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 9] = [
+pub const BUILTIN: [(&str, &str); 10] = [
     (
         "claude-code",
         include_str!("../harnesses/agents/claude-code.sh"),
@@ -37,6 +37,7 @@ pub const BUILTIN: [(&str, &str); 9] = [
         "openai-agents",
         include_str!("../harnesses/agents/openai-agents.sh"),
     ),
+    ("grok-cli", include_str!("../harnesses/agents/grok-cli.sh")),
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -60,7 +61,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, solve, or a path to a launch script (NAME.sh)")]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {

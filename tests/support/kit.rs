@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 9] = [
+pub const HARNESSES: [&str; 10] = [
     "claude-code",
     "codex",
     "opencode",
@@ -24,6 +24,7 @@ pub const HARNESSES: [&str; 9] = [
     "pi",
     "aider",
     "openai-agents",
+    "grok-cli",
 ];
 
 /// Harnesses that give the model no tools (aider edits files from the text of
@@ -69,6 +70,7 @@ pub fn require_installed() {
         ("pi", "PI_VERSION"),
         ("aider", "AIDER_VERSION"),
         ("openai-agents", "OPENAI_AGENTS_VERSION"),
+        ("grok-cli", "GROK_CLI_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
