@@ -1,4 +1,4 @@
-//! The kit's real harnesses (nine agent CLIs and an OpenAI Agents SDK agent),
+//! The kit's real harnesses (ten agent CLIs and an OpenAI Agents SDK agent),
 //! installed by `deploy/harnesses/install.sh` and run unmodified by
 //! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
 //! proxy: each runs once through `forgelog proxy` (in front of the fake
@@ -129,6 +129,26 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
             calls: stdout.lines().filter(|l| l.starts_with("Tokens: ")).count(),
             sub_agents: 0,
         }),
+        // Its saved session (copied out by the launch script): one assistant
+        // message per model call in `history`, tool results on the message.
+        "continue-cli" => {
+            let dir = out.join("continue-sessions");
+            let session = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().is_some_and(|n| n != "sessions.json"))
+                .expect("a saved session");
+            let v: Value =
+                serde_json::from_str(&std::fs::read_to_string(session).unwrap()).unwrap();
+            Some(Reported {
+                calls: v["history"]
+                    .as_array()?
+                    .iter()
+                    .filter(|h| h["message"]["role"] == "assistant")
+                    .count(),
+                sub_agents: 0,
+            })
+        }
         // Every message as a JSON line: one assistant message per model call.
         "grok-cli" => Some(Reported {
             calls: stdout

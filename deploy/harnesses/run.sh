@@ -7,7 +7,7 @@
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
-#              | openai-agents | grok-cli
+#              | openai-agents | grok-cli | continue-cli
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
@@ -37,7 +37,8 @@ case $HARNESS in
   aider) want=$AIDER_VERSION dir=$H/aider ;;
   openai-agents) want=$OPENAI_AGENTS_VERSION dir=$H/openai-agents ;;
   grok-cli) want=$GROK_CLI_VERSION dir=$H/grok-cli ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli)" >&2; exit 2 ;;
+  continue-cli) want=$CONTINUE_CLI_VERSION dir=$H/continue-cli ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2

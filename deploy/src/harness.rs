@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 10] = [
+pub const BUILTIN: [(&str, &str); 11] = [
     (
         "claude-code",
         include_str!("../harnesses/agents/claude-code.sh"),
@@ -38,6 +38,10 @@ pub const BUILTIN: [(&str, &str); 10] = [
         include_str!("../harnesses/agents/openai-agents.sh"),
     ),
     ("grok-cli", include_str!("../harnesses/agents/grok-cli.sh")),
+    (
+        "continue-cli",
+        include_str!("../harnesses/agents/continue-cli.sh"),
+    ),
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -61,7 +65,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, solve, or a path to a launch script (NAME.sh)")]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 10] = [
+pub const HARNESSES: [&str; 11] = [
     "claude-code",
     "codex",
     "opencode",
@@ -25,6 +25,7 @@ pub const HARNESSES: [&str; 10] = [
     "aider",
     "openai-agents",
     "grok-cli",
+    "continue-cli",
 ];
 
 /// Harnesses that give the model no tools (aider edits files from the text of
@@ -71,6 +72,7 @@ pub fn require_installed() {
         ("aider", "AIDER_VERSION"),
         ("openai-agents", "OPENAI_AGENTS_VERSION"),
         ("grok-cli", "GROK_CLI_VERSION"),
+        ("continue-cli", "CONTINUE_CLI_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
