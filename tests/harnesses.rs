@@ -1,4 +1,5 @@
-//! The kit's real harnesses (ten agent CLIs and an OpenAI Agents SDK agent),
+//! The kit's real harnesses (ten agent CLIs, and agents of ours on the OpenAI Agents SDK and the Claude
+//! Agent SDK),
 //! installed by `deploy/harnesses/install.sh` and run unmodified by
 //! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
 //! proxy: each runs once through `forgelog proxy` (in front of the fake
@@ -146,6 +147,16 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
                     .iter()
                     .filter(|h| h["message"]["role"] == "assistant")
                     .count(),
+                sub_agents: 0,
+            })
+        }
+        // Its one JSON line: the SDK's result, the main agent's turns.
+        "claude-agent-sdk" => {
+            let line = stdout.lines().last().unwrap_or_default();
+            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
+            assert_eq!(v["is_error"], false, "{v}");
+            Some(Reported {
+                calls: count(&v["num_turns"])?,
                 sub_agents: 0,
             })
         }

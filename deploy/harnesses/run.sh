@@ -7,12 +7,12 @@
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
-#              | openai-agents | grok-cli | continue-cli
+#              | openai-agents | grok-cli | continue-cli | claude-agent-sdk
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
 #              codex, opencode, pi, grok-cli: JSON lines; aider: its text; mini-swe-agent:
-#              trajectory.json; openai-agents: one JSON line)
+#              trajectory.json; openai-agents, claude-agent-sdk: one JSON line)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
 set -euo pipefail
@@ -38,7 +38,8 @@ case $HARNESS in
   openai-agents) want=$OPENAI_AGENTS_VERSION dir=$H/openai-agents ;;
   grok-cli) want=$GROK_CLI_VERSION dir=$H/grok-cli ;;
   continue-cli) want=$CONTINUE_CLI_VERSION dir=$H/continue-cli ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli)" >&2; exit 2 ;;
+  claude-agent-sdk) want=$CLAUDE_AGENT_SDK_VERSION dir=$H/claude-agent-sdk ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2

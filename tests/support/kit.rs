@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 11] = [
+pub const HARNESSES: [&str; 12] = [
     "claude-code",
     "codex",
     "opencode",
@@ -26,6 +26,7 @@ pub const HARNESSES: [&str; 11] = [
     "openai-agents",
     "grok-cli",
     "continue-cli",
+    "claude-agent-sdk",
 ];
 
 /// Harnesses that give the model no tools (aider edits files from the text of
@@ -73,6 +74,7 @@ pub fn require_installed() {
         ("openai-agents", "OPENAI_AGENTS_VERSION"),
         ("grok-cli", "GROK_CLI_VERSION"),
         ("continue-cli", "CONTINUE_CLI_VERSION"),
+        ("claude-agent-sdk", "CLAUDE_AGENT_SDK_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
