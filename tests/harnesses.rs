@@ -1,5 +1,5 @@
-//! The kit's real harnesses (ten agent CLIs, and agents of ours on the OpenAI Agents SDK and the Claude
-//! Agent SDK),
+//! The kit's real harnesses (eleven agent CLIs, and agents of ours on the OpenAI Agents SDK and the
+//! Claude Agent SDK),
 //! installed by `deploy/harnesses/install.sh` and run unmodified by
 //! `deploy/harnesses/run.sh` in a network namespace whose only way out is the
 //! proxy: each runs once through `forgelog proxy` (in front of the fake
@@ -160,6 +160,15 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
                 sub_agents: 0,
             })
         }
+        // --json events: an iteration per model call of its agent.
+        "cline" => Some(Reported {
+            calls: stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|e| e["type"] == "agent_event" && e["event"]["type"] == "iteration_start")
+                .count(),
+            sub_agents: 0,
+        }),
         // Every message as a JSON line: one assistant message per model call.
         "grok-cli" => Some(Reported {
             calls: stdout

@@ -297,7 +297,8 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
 }
 
 /// The kit's newer harnesses (Gemini CLI, Qwen Code, pi, aider, Grok CLI,
-/// Continue CLI, agents on the OpenAI Agents SDK and the Claude Agent SDK) from
+/// Continue CLI, Cline, agents on the OpenAI Agents SDK and the Claude Agent
+/// SDK) from
 /// their bundles, each in its sandbox, on two shipped tasks: every rollout
 /// exits 0 and is scored, every call recorded with the ids the upstream gave,
 /// each rollout one clean path.
@@ -306,7 +307,7 @@ fn the_newer_kit_harnesses_run_in_sandboxes() {
     let f = fixture();
     let run = unique_run_id("run-kit8");
     let newer =
-        "gemini-cli,qwen-code,pi,aider,grok-cli,continue-cli,openai-agents,claude-agent-sdk";
+        "gemini-cli,qwen-code,pi,aider,grok-cli,continue-cli,cline,openai-agents,claude-agent-sdk";
     let out = f
         .command(&shipped(), &run, newer, 1)
         .args(["--task", "hello-file", "--task", "count-lines"])
@@ -315,7 +316,7 @@ fn the_newer_kit_harnesses_run_in_sandboxes() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     let events = f.events(&run);
     let verdicts = verdicts(&events);
-    assert_eq!(verdicts.len(), 2 * 8, "one verdict per rollout");
+    assert_eq!(verdicts.len(), 2 * 9, "one verdict per rollout");
     for e in &events {
         if let Event::RolloutFinished(r) = e {
             // aider answers in one exchange (no tools); the others run the

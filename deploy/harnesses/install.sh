@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the harnesses forgelog is tested with, at pinned versions, into
 # $FORGELOG_HOME/harnesses (outside the clone): node 22 (npm package `node`);
-# Claude Code, Codex, OpenCode, Gemini CLI, Qwen Code, pi, Grok CLI and
-# Continue CLI (npm --prefix);
+# Claude Code, Codex, OpenCode, Gemini CLI, Qwen Code, pi, Grok CLI,
+# Continue CLI and Cline (npm --prefix);
 # mini-swe-agent, aider, the OpenAI Agents SDK and the Claude Agent SDK (a
 # venv each; an SDK's agent is its launch script).
 # Idempotent: a harness whose pinned version is already there is skipped.
-# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent|gemini-cli|qwen-code|pi|aider|openai-agents|grok-cli|continue-cli|claude-agent-sdk ...] (default: all)
+# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent|gemini-cli|qwen-code|pi|aider|openai-agents|grok-cli|continue-cli|claude-agent-sdk|cline ...] (default: all)
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 H="$FORGELOG_HOME/harnesses"
@@ -43,7 +43,7 @@ pip_venv() { # DIR VERSION PACKAGE==VERSION: a Python harness in a venv of its o
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent gemini-cli qwen-code pi aider openai-agents grok-cli continue-cli claude-agent-sdk)
+[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent gemini-cli qwen-code pi aider openai-agents grok-cli continue-cli claude-agent-sdk cline)
 for w in "${want[@]}"; do
   case $w in
     claude-code) timed "node $NODE_VERSION" node22; timed "claude-code $CLAUDE_CODE_VERSION" npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
@@ -57,8 +57,9 @@ for w in "${want[@]}"; do
     grok-cli) timed "node $NODE_VERSION" node22; timed "grok-cli $GROK_CLI_VERSION" npm_install "$H/grok-cli" "$GROK_CLI_VERSION" "@vibe-kit/grok-cli@$GROK_CLI_VERSION" ;;
     continue-cli) timed "node $NODE_VERSION" node22; timed "continue-cli $CONTINUE_CLI_VERSION" npm_install "$H/continue-cli" "$CONTINUE_CLI_VERSION" "@continuedev/cli@$CONTINUE_CLI_VERSION" ;;
     claude-agent-sdk) timed "claude-agent-sdk $CLAUDE_AGENT_SDK_VERSION" pip_venv "$H/claude-agent-sdk" "$CLAUDE_AGENT_SDK_VERSION" "claude-agent-sdk==$CLAUDE_AGENT_SDK_VERSION" ;;
+    cline) timed "node $NODE_VERSION" node22; timed "cline $CLINE_VERSION" npm_install "$H/cline" "$CLINE_VERSION" "cline@$CLINE_VERSION" ;;
     openai-agents) timed "openai-agents $OPENAI_AGENTS_VERSION" pip_venv "$H/openai-agents" "$OPENAI_AGENTS_VERSION" "openai-agents==$OPENAI_AGENTS_VERSION" ;;
-    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk)" >&2; exit 2 ;;
+    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline)" >&2; exit 2 ;;
   esac
 done
 echo "install: harnesses ready in $H" >&2

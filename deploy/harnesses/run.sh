@@ -7,7 +7,7 @@
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
-#              | openai-agents | grok-cli | continue-cli | claude-agent-sdk
+#              | openai-agents | grok-cli | continue-cli | claude-agent-sdk | cline
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
 #              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
@@ -39,7 +39,8 @@ case $HARNESS in
   grok-cli) want=$GROK_CLI_VERSION dir=$H/grok-cli ;;
   continue-cli) want=$CONTINUE_CLI_VERSION dir=$H/continue-cli ;;
   claude-agent-sdk) want=$CLAUDE_AGENT_SDK_VERSION dir=$H/claude-agent-sdk ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk)" >&2; exit 2 ;;
+  cline) want=$CLINE_VERSION dir=$H/cline ;;
+  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline)" >&2; exit 2 ;;
 esac
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 12] = [
+pub const BUILTIN: [(&str, &str); 13] = [
     (
         "claude-code",
         include_str!("../harnesses/agents/claude-code.sh"),
@@ -46,6 +46,7 @@ pub const BUILTIN: [(&str, &str); 12] = [
         "claude-agent-sdk",
         include_str!("../harnesses/agents/claude-agent-sdk.sh"),
     ),
+    ("cline", include_str!("../harnesses/agents/cline.sh")),
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -69,7 +70,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline, solve, or a path to a launch script (NAME.sh)")]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 pub struct RunArgs {
     /// A directory of Harbor-style task directories (e.g. deploy/tasks)
     pub tasks_dir: PathBuf,
-    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk,
+    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline,
     /// solve (the task's reference solution), or a launch script path (NAME.sh)
     #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent")]
     pub harness: Vec<String>,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 12] = [
+pub const HARNESSES: [&str; 13] = [
     "claude-code",
     "codex",
     "opencode",
@@ -27,6 +27,7 @@ pub const HARNESSES: [&str; 12] = [
     "grok-cli",
     "continue-cli",
     "claude-agent-sdk",
+    "cline",
 ];
 
 /// Harnesses that give the model no tools (aider edits files from the text of
@@ -75,6 +76,7 @@ pub fn require_installed() {
         ("grok-cli", "GROK_CLI_VERSION"),
         ("continue-cli", "CONTINUE_CLI_VERSION"),
         ("claude-agent-sdk", "CLAUDE_AGENT_SDK_VERSION"),
+        ("cline", "CLINE_VERSION"),
     ] {
         let stamp = home.join("harnesses").join(h).join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();

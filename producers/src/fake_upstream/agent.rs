@@ -25,7 +25,9 @@ pub(super) fn agent_turn(req: &Value, messages: &[Value], steps: usize) -> (Stri
             .iter()
             .find(|t| pick(&t["function"]["name"].as_str().unwrap_or("").to_lowercase()))
     };
-    let shell = named(&|n| ["bash", "shell", "exec"].iter().any(|k| n.contains(k)));
+    // A shell by its name; else a tool that runs commands (Cline's `run_commands`).
+    let shell = named(&|n| ["bash", "shell", "exec"].iter().any(|k| n.contains(k)))
+        .or_else(|| named(&|n| n.starts_with("run_command")));
     let delegate = messages
         .iter()
         .any(|m| m["role"] == "user" && text_of(&m["content"]).contains("[delegate]"));
@@ -65,6 +67,8 @@ pub(super) fn arguments_for(schema: &Value, command: &str) -> Value {
     for name in required.iter().filter_map(Value::as_str) {
         let prop = &schema["properties"][name];
         let value = match prop["type"].as_str() {
+            // A list of commands (Cline's), or one command's argv.
+            Some("array") if name == "commands" => json!([command]),
             Some("array") => json!(["bash", "-lc", command]),
             Some("integer" | "number") => json!(10000),
             Some("boolean") => json!(false),

@@ -38,6 +38,18 @@ fn the_agent_runs_shell_steps_from_the_schema_then_stops() {
         arguments_for(&schema(json!(["cmd"]), "string"), "ls")["cmd"],
         "ls"
     );
+    // Cline's `run_commands`: a list of commands, the tool found by its name.
+    let list = json!({"required": ["commands"], "properties": {"commands": {"type": "array"}}});
+    let commands = arguments_for(&list, "ls");
+    assert_eq!(commands["commands"], json!(["ls"]));
+    let cline = json!({"tools": [
+        tool("read_files", json!({"required": ["paths"], "properties": {"paths": {"type": "array"}}})),
+        tool("run_commands", json!({"required": ["commands"], "properties": {"commands": {"type": "array"}}}))]});
+    let go = vec![json!({"role": "user", "content": "Go. [agent:1]"})];
+    assert_eq!(
+        agent_turn(&cline, &go, 1).1[0]["function"]["name"],
+        "run_commands"
+    );
 }
 
 #[test]
