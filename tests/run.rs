@@ -210,6 +210,15 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
     for h in HARNESSES.split(',').chain(["solve", "intruder"]) {
         assert!(table.lines().any(|l| l.starts_with(h)), "{h}: {table}");
     }
+    // The one harness that never asked the model (the intruder: `solve`
+    // never does, by design) is named, with where its output is.
+    let hints: Vec<&str> = table.lines().filter(|l| l.starts_with("hint: ")).collect();
+    assert_eq!(hints.len(), 1, "{table}");
+    assert!(
+        hints[0].starts_with("hint: no attempt of intruder reached the model")
+            && hints[0].contains("/attempts/"),
+        "{table}"
+    );
 
     let events = f.events(&run);
     let verdicts = verdicts(&events);

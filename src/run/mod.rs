@@ -78,6 +78,8 @@ async fn orchestrate(
     bundles: PathBuf,
 ) -> Result<()> {
     let run_id = plan.run_id.clone();
+    // Where a local sandbox's harness output is kept, per attempt.
+    let attempt_logs = (args.backend != "kube").then(|| dir.attempt_logs(""));
     let (mut serving, url, token) = serve_run(args, config, &run_id, &dir).await?;
     let engine_url = serving.as_ref().map(|s| s.upstream.clone());
     let mut no_sync = None;
@@ -164,7 +166,7 @@ async fn orchestrate(
             }
         }
     }
-    print_outcomes(&run_id, &result?);
+    print_outcomes(&run_id, &result?, attempt_logs.as_deref());
     Ok(())
 }
 
@@ -281,9 +283,19 @@ async fn last_versions(
 }
 
 /// The run's summary per harness, and what orchestrating it cost.
-fn print_outcomes(run_id: &str, outcomes: &[Outcome]) {
+fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std::path::Path>) {
     let summary = OutcomeSummary::of(outcomes);
     println!("\nrun {run_id}\n{summary}");
+    // `solve` never asks the model; any other harness that did not is broken.
+    let silent = summary.silent_harnesses(outcomes);
+    for (harness, attempt) in silent.filter(|(h, _)| *h != forgelog_deploy::harness::SOLVE) {
+        let logs = attempt_logs.map_or(format!("attempt {attempt}'s logs"), |dir| {
+            dir.join(attempt).display().to_string()
+        });
+        println!(
+            "hint: no attempt of {harness} reached the model: its launch script's stdout and stderr are in {logs}"
+        );
+    }
     let ran = outcomes
         .iter()
         .filter(|o| o.status.is_some())

@@ -94,6 +94,24 @@ impl OutcomeSummary {
         }
     }
 
+    /// Each harness none of whose attempts in this process reached the
+    /// model, with one such attempt's id: where a user looks first when
+    /// their harness never talks to the proxy.
+    pub fn silent_harnesses<'a>(
+        &'a self,
+        outcomes: &'a [Outcome],
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        self.harnesses
+            .iter()
+            .filter(|h| h.rollouts > h.already_done && h.model_calls == 0)
+            .filter_map(|h| {
+                let attempt = outcomes
+                    .iter()
+                    .find(|o| o.harness == h.harness && o.status.is_some())?;
+                Some((h.harness.as_str(), attempt.attempt.as_str()))
+            })
+    }
+
     /// Rollouts that ended unscored for infrastructure reasons, in all.
     pub fn infra(&self) -> usize {
         self.harnesses.iter().map(HarnessSummary::infra).sum()
@@ -152,6 +170,25 @@ mod tests {
             sampled_tokens: 10,
             retries: u32::from(status == Some(RolloutStatus::Infra(Stage::Image))),
         }
+    }
+
+    #[test]
+    fn a_harness_whose_attempts_never_reached_the_model_is_named() {
+        let silent = |harness: &str, status| Outcome {
+            model_calls: 0,
+            attempt: format!("{harness}-a"),
+            ..o(harness, status, None)
+        };
+        let outcomes = [
+            o("codex", Some(RolloutStatus::Scored), Some(1.0)),
+            silent("mine", Some(RolloutStatus::AgentTimeout)),
+            silent("mine", Some(RolloutStatus::AgentTimeout)),
+            // Done before this process: nothing to say of it.
+            silent("resumed", None),
+        ];
+        let s = OutcomeSummary::of(&outcomes);
+        let named: Vec<_> = s.silent_harnesses(&outcomes).collect();
+        assert_eq!(named, [("mine", "mine-a")]);
     }
 
     #[test]
