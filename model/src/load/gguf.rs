@@ -2,11 +2,10 @@
 //! tensors dequantized and renamed to the Hugging Face layout.
 
 use super::{io_err, stop_tokens, unknown_architecture, LoadError, Policy};
-use crate::{Architecture, ChatCodec, ChatTemplate, ModelConfig, Transformer};
+use crate::{Architecture, ChatCodec, ChatTemplate, ModelConfig};
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use tokenizers::Tokenizer;
@@ -71,25 +70,13 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
         };
         weights.insert(hf_name, tensor.to_device(device)?);
     }
-    let model = Transformer::load(
-        VarBuilder::from_tensors(weights.clone(), DType::F32, device),
-        &config,
-    )?;
-
-    let ChatCodec {
-        tokenizer,
-        template: chat_template,
-        stop_token_ids,
-        ..
-    } = gguf_chat(&content)?;
-    Ok(Policy {
-        name: file_name(path),
-        model,
-        chat_template,
-        tokenizer,
-        stop_token_ids,
+    Policy::assemble(
+        file_name(path),
         weights,
-    })
+        &config,
+        gguf_chat(&content)?,
+        device,
+    )
 }
 
 fn file_name(path: &Path) -> String {

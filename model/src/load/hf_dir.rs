@@ -5,9 +5,8 @@ use super::{
     io_err, read_json, stop_tokens, unknown_architecture, weights_from_safetensors, LoadError,
     Policy,
 };
-use crate::{Architecture, ChatCodec, ChatTemplate, ModelConfig, Transformer};
-use candle_core::{DType, Device};
-use candle_nn::VarBuilder;
+use crate::{Architecture, ChatCodec, ChatTemplate, ModelConfig};
+use candle_core::Device;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -83,28 +82,12 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
         let bytes = std::fs::read(file).map_err(io_err(file))?;
         weights.extend(weights_from_safetensors(&bytes, device)?);
     }
-    let model = Transformer::load(
-        VarBuilder::from_tensors(weights.clone(), DType::F32, device),
-        &config,
-    )?;
-
-    let ChatCodec {
-        tokenizer,
-        template: chat_template,
-        stop_token_ids,
-        ..
-    } = hf_chat(dir, &read_json(&dir.join("config.json"))?)?;
-    Ok(Policy {
-        name: dir
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        model,
-        tokenizer,
-        chat_template,
-        stop_token_ids,
-        weights,
-    })
+    let name = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let codec = hf_chat(dir, &read_json(&dir.join("config.json"))?)?;
+    Policy::assemble(name, weights, &config, codec, device)
 }
 
 /// A Hugging Face directory's tokenizer (`tokenizer.json`), template

@@ -54,6 +54,34 @@ pub struct Policy {
     pub weights: HashMap<String, Tensor>,
 }
 
+impl Policy {
+    /// The policy named `name` of `weights` (f32, by checkpoint name) as the
+    /// decoder `config` describes, with its chat codec.
+    fn assemble(
+        name: String,
+        weights: HashMap<String, Tensor>,
+        config: &crate::ModelConfig,
+        codec: ChatCodec,
+        device: &Device,
+    ) -> Result<Policy, LoadError> {
+        let vb = candle_nn::VarBuilder::from_tensors(weights.clone(), DType::F32, device);
+        let ChatCodec {
+            tokenizer,
+            template: chat_template,
+            stop_token_ids,
+            ..
+        } = codec;
+        Ok(Policy {
+            name,
+            model: Transformer::load(vb, config)?,
+            tokenizer,
+            chat_template,
+            stop_token_ids,
+            weights,
+        })
+    }
+}
+
 /// Where the default model lives: `FORGELOG_MODEL_GGUF`, else
 /// [`DEFAULT_GGUF`] in `models` (the caller's per-machine model directory,
 /// `forgelog_stream::models_dir()` in forgelog's processes).
