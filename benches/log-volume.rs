@@ -11,7 +11,7 @@ mod support;
 
 use forgelog_api::{Finish, NewSession};
 use forgelog_schemas::testing;
-use support::kit::{volume_of, KitProxy, HARNESSES, TASK};
+use support::kit::{harnesses, volume_of, KitProxy, TASK};
 
 fn main() {
     let _broker = std::env::var_os("FORGELOG_BROKERS").is_none().then(|| {
@@ -59,7 +59,7 @@ fn main() {
     let installed = std::panic::catch_unwind(support::kit::require_installed).is_ok();
     if installed {
         let outs = tempfile::tempdir().unwrap();
-        for h in HARNESSES {
+        for h in harnesses() {
             let status = proxy.run_harness(&rt, h, 6, TASK, &outs.path().join(h));
             println!("{h}: exited {status}");
             sessions.push(h.to_string());

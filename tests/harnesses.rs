@@ -17,7 +17,7 @@ use forgelog_schemas::compact::expand_events;
 use forgelog_schemas::{CallFinished, CallStatus, Event, TrajectoryBuilt};
 use serde_json::Value;
 use std::path::Path;
-use support::kit::{require_installed, volume_of, KitProxy, HARNESSES, TASK, TEXT_ONLY};
+use support::kit::{harnesses, require_installed, volume_of, KitProxy, TASK, TEXT_ONLY};
 
 const BUDGET: usize = 6;
 
@@ -178,8 +178,28 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
                 .count(),
             sub_agents: 0,
         }),
-        // Its one JSON line: the model calls the SDK's runner made.
-        "openai-agents" => {
+        // Its one JSON line: the model requests the agent made.
+        "pydantic-ai" => {
+            let line = stdout.lines().last().unwrap_or_default();
+            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
+            Some(Reported {
+                calls: count(&v["model_requests"])?,
+                sub_agents: 0,
+            })
+        }
+        // Every message as a JSON line: one assistant message per model call
+        // of the conversation (its title call is not one).
+        "gptme" => Some(Reported {
+            calls: stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|m| m["type"] == "message" && m["role"] == "assistant")
+                .count(),
+            sub_agents: 0,
+        }),
+        // Its one JSON line: the model calls the SDK's runner made (ADK's:
+        // its before-model callback's count).
+        "openai-agents" | "google-adk" => {
             let line = stdout.lines().last().unwrap_or_default();
             let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
             Some(Reported {
@@ -198,7 +218,7 @@ fn the_kits_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     let proxy = KitProxy::start(&rt, "harnesses");
     let outs = tempfile::tempdir().unwrap();
     let mut transcripts = std::collections::BTreeMap::new();
-    for h in HARNESSES {
+    for h in harnesses() {
         let out = outs.path().join(h);
         let status = proxy.run_harness(&rt, h, BUDGET as u32, TASK, &out);
         let stderr = std::fs::read_to_string(out.join("stderr")).unwrap_or_default();
@@ -212,7 +232,7 @@ fn the_kits_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     let answers = proxy.fake.answers.lock().unwrap().clone();
     let mut events = proxy.stop();
     // As stored, each session's calls are what is new in them (schema v5).
-    for h in HARNESSES {
+    for h in harnesses() {
         let v = volume_of(&events, h);
         eprintln!("{h}: {v}");
         // The target: at most 2× the final transcript (5–6× stored whole).
@@ -227,7 +247,7 @@ fn the_kits_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     for e in events.iter().cloned() {
         trajectories.process(e, &mut built);
     }
-    for h in HARNESSES {
+    for h in harnesses() {
         let started = events
             .iter()
             .filter(|e| matches!(e, Event::CallStarted(s) if s.rollout_id == h))

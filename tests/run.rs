@@ -98,8 +98,9 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
             rate.follow_ups
         );
     }
-    // Side calls (OpenCode's title call: no tools, its own system prompt,
-    // beside calls with tools); every other call is the main conversation's.
+    // Side calls (OpenCode's and gptme's title calls: no tools, their own
+    // system prompt, beside calls with tools); every other call is the main
+    // conversation's.
     let mut sessions: BTreeMap<String, Vec<forgelog_schemas::CallFinished>> = BTreeMap::new();
     for c in finished_calls(events) {
         sessions.entry(c.session_id.clone()).or_default().push(c);
@@ -114,9 +115,14 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
         })
         .collect();
     for h in calls.keys() {
-        // Only OpenCode makes side calls here: its title call, one per rollout.
+        // Only OpenCode and gptme make side calls here: a title call, one
+        // per rollout.
         let rollouts = harness_of.values().filter(|x| *x == h).count();
-        let expected = if *h == "opencode" { rollouts } else { 0 };
+        let expected = if ["opencode", "gptme"].contains(h) {
+            rollouts
+        } else {
+            0
+        };
         assert_eq!(rates[*h].aux, expected, "{h}: aux calls");
     }
     for t in trees {
@@ -183,17 +189,19 @@ fn status_of(v: &VerifierResult) -> String {
 const INTRUDER: &str = r#"cat /proc/net/route
 python3 - <<'PY'
 import os, sys, urllib.request, urllib.error
-url = os.environ["FORGELOG_BASE_URL"] + "/sessions/anything/finish"
-body = b'{"verifier": {"ok": true, "reward": 1.0}}'
-req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json",
-      "Authorization": "Bearer " + os.environ["FORGELOG_API_KEY"]})
-try:
-    urllib.request.urlopen(req, timeout=10)
-    sys.exit(1)
-except urllib.error.HTTPError as e:
-    print("session api:", e.code)
-    sys.exit(0 if e.code == 401 else 1)
+base, key = os.environ["FORGELOG_BASE_URL"], os.environ["FORGELOG_API_KEY"]
+def status(path, body=None):
+    req = urllib.request.Request(base + path, data=body, headers={
+        "Content-Type": "application/json", "Authorization": "Bearer " + key})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print("session api:", status("/sessions/anything/finish", b'{"verifier": {"ok": true, "reward": 1.0}}'))
+# Another server's API, twice, as a harness probing for Ollama would.
+print("probe:", status("/api/tags"), status("/api/tags"))
 PY
+getent hosts telemetry.example.com || echo "lookup failed"
 "#;
 
 #[test]
@@ -214,11 +222,17 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
     // never does, by design) is named, with where its output is.
     let hints: Vec<&str> = table.lines().filter(|l| l.starts_with("hint: ")).collect();
     assert_eq!(hints.len(), 1, "{table}");
-    assert!(
-        hints[0].starts_with("hint: no attempt of intruder reached the model")
-            && hints[0].contains("/attempts/"),
-        "{table}"
-    );
+    // Its record names how it ended, what it looked up and what it asked
+    // the proxy for in vain.
+    for said in [
+        "hint: no attempt of intruder reached the model: its record",
+        "/attempts/",
+        "it exited 0",
+        "it looked up telemetry.example.com (refused: no network)",
+        "the proxy has no route for GET /api/tags (2×)",
+    ] {
+        assert!(hints[0].contains(said), "{said}: {table}");
+    }
 
     let events = f.events(&run);
     let verdicts = verdicts(&events);
@@ -298,6 +312,8 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
         .collect();
     assert_eq!(table.len(), 1, "{routes}");
     assert!(table[0][0].starts_with("flr"), "{routes}");
+    assert!(routes.contains("probe: 404 404"), "{routes}");
+    assert!(routes.contains("lookup failed"), "{routes}");
     assert_ne!(table[0][1], "00000000", "no default route: {routes}");
     assert!(routes.contains("session api: 401"), "{routes}");
 
@@ -305,27 +321,28 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
     assert_eq!(slots_of(&run), 0, "network namespaces left behind");
 }
 
-/// The kit's newer harnesses (Gemini CLI, Qwen Code, pi, aider, Grok CLI,
-/// Continue CLI, Cline, agents on the OpenAI Agents SDK and the Claude Agent
-/// SDK) from
-/// their bundles, each in its sandbox, on two shipped tasks: every rollout
-/// exits 0 and is scored, every call recorded with the ids the upstream gave,
-/// each rollout one clean path.
+/// The kit's other harnesses (all but the first four: Gemini CLI, Qwen
+/// Code, pi, aider, the SDK agents...) from their bundles, each in its
+/// sandbox, on two shipped tasks: every rollout exits 0 and is scored, every
+/// call recorded with the ids the upstream gave, each rollout one clean path.
 #[test]
 fn the_newer_kit_harnesses_run_in_sandboxes() {
     let f = fixture();
     let run = unique_run_id("run-kit8");
-    let newer =
-        "gemini-cli,qwen-code,pi,aider,grok-cli,continue-cli,cline,openai-agents,claude-agent-sdk";
+    let newer: Vec<&str> = forgelog_deploy::harness::pinned()
+        .map(|h| h.name)
+        .filter(|h| !HARNESSES.split(',').any(|first| first == *h))
+        .collect();
+    assert!(newer.len() >= 12, "{newer:?}");
     let out = f
-        .command(&shipped(), &run, newer, 1)
+        .command(&shipped(), &run, &newer.join(","), 1)
         .args(["--task", "hello-file", "--task", "count-lines"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     let events = f.events(&run);
     let verdicts = verdicts(&events);
-    assert_eq!(verdicts.len(), 2 * 9, "one verdict per rollout");
+    assert_eq!(verdicts.len(), 2 * newer.len(), "one verdict per rollout");
     for e in &events {
         if let Event::RolloutFinished(r) = e {
             // aider answers in one exchange (no tools); the others run the

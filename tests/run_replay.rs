@@ -1,4 +1,4 @@
-//! `forgelog run --replay`: each of the kit's eight harnesses runs a shipped
+//! `forgelog run --replay`: each of the kit's harnesses runs a shipped
 //! task in its sandbox through `forgelog run` (the fake upstream playing a
 //! two-step agent), then re-runs it with `--replay` in the same image, bundle,
 //! paths and home, every call answered from the recording (and once more
@@ -18,7 +18,10 @@ use std::process::{Command, Output};
 use support::sandboxes::{fixture, run_dir, stderr_of};
 use support::{containers_of, shipped, variant};
 
-const KIT: &str = "claude-code,codex,opencode,mini-swe-agent,gemini-cli,qwen-code,pi,aider";
+/// Every harness of the kit's table.
+fn kit() -> Vec<&'static str> {
+    forgelog_deploy::harness::pinned().map(|h| h.name).collect()
+}
 
 fn replay(brokers: &str, tasks: &std::path::Path, run: &str, extra: &[&str]) -> (Output, Value) {
     let dir = tempfile::tempdir().unwrap();
@@ -67,7 +70,7 @@ fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diver
     let f = fixture();
     let run = unique_run_id("replay-kit");
     let out = f
-        .command(&shipped(), &run, KIT, 1)
+        .command(&shipped(), &run, &kit().join(","), 1)
         .args(["--task", "hello-file"])
         .output()
         .unwrap();
@@ -76,7 +79,7 @@ fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diver
 
     let (out, report) = replay(&f.stream.brokers, &shipped(), &run, &[]);
     let attempts = report["attempts"].as_array().unwrap();
-    assert_eq!(attempts.len(), 8, "{report:#}");
+    assert_eq!(attempts.len(), kit().len(), "{report:#}");
     for a in attempts {
         assert_eq!(a["differences"], serde_json::json!([]), "{a:#}");
         assert_eq!(a["replayed"], a["recorded"], "{a:#}");
@@ -135,7 +138,7 @@ fn every_kit_harness_replays_as_recorded_and_a_changed_task_shows_where_it_diver
         .unwrap();
         model_turns(&out)
     };
-    for harness in KIT.split(',') {
+    for harness in kit() {
         let recorded_turns = turns(&run, harness);
         assert!(
             !recorded_turns.is_empty(),

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Installs the harnesses forgelog is tested with, at pinned versions, into
-# $FORGELOG_HOME/harnesses (outside the clone): node 22 (npm package `node`);
-# Claude Code, Codex, OpenCode, Gemini CLI, Qwen Code, pi, Grok CLI,
-# Continue CLI and Cline (npm --prefix);
-# mini-swe-agent, aider, the OpenAI Agents SDK and the Claude Agent SDK (a
-# venv each; an SDK's agent is its launch script).
+# Installs the harnesses forgelog is tested with (kit.txt: name, installer,
+# package, pinned version) into $FORGELOG_HOME/harnesses (outside the clone):
+# an npm harness into a prefix of its own, run by the kit's node 22 (npm
+# package `node`); a pip harness (mini-swe-agent, aider, and the SDKs whose
+# agent is their launch script) into a venv of its own.
 # Idempotent: a harness whose pinned version is already there is skipped.
-# Usage: install.sh [claude-code|codex|opencode|mini-swe-agent|gemini-cli|qwen-code|pi|aider|openai-agents|grok-cli|continue-cli|claude-agent-sdk|cline ...] (default: all)
+# Usage: install.sh [NAME ...] (default: every harness in kit.txt)
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 H="$FORGELOG_HOME/harnesses"
-# shellcheck source=versions.sh
-. "$(dirname "$0")/versions.sh"
+KIT="$(dirname "$0")/kit.txt"
+# The rows of kit.txt without its comments: name installer package version.
+rows() { grep -v '^#' "$KIT" | awk 'NF == 4'; }
 
 mkdir -p "$H"
 stamp_ok() { [ "$(cat "$1/.forgelog-version" 2>/dev/null)" = "$2" ]; }
@@ -26,6 +26,8 @@ npm_install() { # DIR VERSION PACKAGE@VERSION
 }
 
 node22() {
+  local NODE_VERSION
+  NODE_VERSION=$(rows | awk '$1 == "node" { print $4 }')
   npm_install "$H/node" "$NODE_VERSION" "node@$NODE_VERSION"
   # The `node` package's bin is a launcher; link the real binary where PATH can find it.
   mkdir -p "$H/node/bin"
@@ -43,23 +45,14 @@ pip_venv() { # DIR VERSION PACKAGE==VERSION: a Python harness in a venv of its o
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(claude-code codex opencode mini-swe-agent gemini-cli qwen-code pi aider openai-agents grok-cli continue-cli claude-agent-sdk cline)
+[ ${#want[@]} -gt 0 ] || mapfile -t want < <(rows | awk '$1 != "node" { print $1 }')
 for w in "${want[@]}"; do
-  case $w in
-    claude-code) timed "node $NODE_VERSION" node22; timed "claude-code $CLAUDE_CODE_VERSION" npm_install "$H/claude-code" "$CLAUDE_CODE_VERSION" "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" ;;
-    codex) timed "codex $CODEX_VERSION" npm_install "$H/codex" "$CODEX_VERSION" "@openai/codex@$CODEX_VERSION" ;;
-    opencode) timed "opencode $OPENCODE_VERSION" npm_install "$H/opencode" "$OPENCODE_VERSION" "opencode-ai@$OPENCODE_VERSION" ;;
-    mini-swe-agent) timed "mini-swe-agent $MINI_SWE_AGENT_VERSION" pip_venv "$H/mini-swe-agent" "$MINI_SWE_AGENT_VERSION" "mini-swe-agent==$MINI_SWE_AGENT_VERSION" ;;
-    qwen-code) timed "node $NODE_VERSION" node22; timed "qwen-code $QWEN_CODE_VERSION" npm_install "$H/qwen-code" "$QWEN_CODE_VERSION" "@qwen-code/qwen-code@$QWEN_CODE_VERSION" ;;
-    gemini-cli) timed "node $NODE_VERSION" node22; timed "gemini-cli $GEMINI_CLI_VERSION" npm_install "$H/gemini-cli" "$GEMINI_CLI_VERSION" "@google/gemini-cli@$GEMINI_CLI_VERSION" ;;
-    pi) timed "node $NODE_VERSION" node22; timed "pi $PI_VERSION" npm_install "$H/pi" "$PI_VERSION" "@mariozechner/pi-coding-agent@$PI_VERSION" ;;
-    aider) timed "aider $AIDER_VERSION" pip_venv "$H/aider" "$AIDER_VERSION" "aider-chat==$AIDER_VERSION" ;;
-    grok-cli) timed "node $NODE_VERSION" node22; timed "grok-cli $GROK_CLI_VERSION" npm_install "$H/grok-cli" "$GROK_CLI_VERSION" "@vibe-kit/grok-cli@$GROK_CLI_VERSION" ;;
-    continue-cli) timed "node $NODE_VERSION" node22; timed "continue-cli $CONTINUE_CLI_VERSION" npm_install "$H/continue-cli" "$CONTINUE_CLI_VERSION" "@continuedev/cli@$CONTINUE_CLI_VERSION" ;;
-    claude-agent-sdk) timed "claude-agent-sdk $CLAUDE_AGENT_SDK_VERSION" pip_venv "$H/claude-agent-sdk" "$CLAUDE_AGENT_SDK_VERSION" "claude-agent-sdk==$CLAUDE_AGENT_SDK_VERSION" ;;
-    cline) timed "node $NODE_VERSION" node22; timed "cline $CLINE_VERSION" npm_install "$H/cline" "$CLINE_VERSION" "cline@$CLINE_VERSION" ;;
-    openai-agents) timed "openai-agents $OPENAI_AGENTS_VERSION" pip_venv "$H/openai-agents" "$OPENAI_AGENTS_VERSION" "openai-agents==$OPENAI_AGENTS_VERSION" ;;
-    *) echo "install: unknown harness '$w' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline)" >&2; exit 2 ;;
+  installer=""
+  read -r _ installer package version < <(rows | awk -v w="$w" '$1 == w && w != "node"') || true
+  case ${installer:-} in
+    npm) timed "node" node22; timed "$w $version" npm_install "$H/$w" "$version" "$package@$version" ;;
+    pip) timed "$w $version" pip_venv "$H/$w" "$version" "$package==$version" ;;
+    *) echo "install: unknown harness '$w' (one of: $(rows | awk '$1 != "node" { print $1 }' | paste -sd' '))" >&2; exit 2 ;;
   esac
 done
 echo "install: harnesses ready in $H" >&2

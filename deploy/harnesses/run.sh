@@ -6,42 +6,25 @@
 # port to the proxy. Telemetry and update checks are switched off.
 #
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
-#   HARNESS    claude-code | codex | opencode | mini-swe-agent | gemini-cli | qwen-code | pi | aider
-#              | openai-agents | grok-cli | continue-cli | claude-agent-sdk | cline
+#   HARNESS    a harness of kit.txt (claude-code, codex, opencode, ...)
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
 #   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
-#              (claude-code, qwen-code, gemini-cli: stdout is their JSON output;
-#              codex, opencode, pi, grok-cli: JSON lines; aider: its text; mini-swe-agent:
-#              trajectory.json; openai-agents, claude-agent-sdk: one JSON line)
+#              (what each leaves there: see the header of agents/HARNESS.sh)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 HARNESS=$1 PROXY_URL=$2 KEY=$3 OUT=$4
 TASK=${5:-"Create a file hello.txt containing the word hello, then say done."}
 HERE=$(cd "$(dirname "$0")" && pwd)
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 H="$FORGELOG_HOME/harnesses"
-# shellcheck source=versions.sh
-. "$HERE/versions.sh"
 TIMEOUT=${FORGELOG_HARNESS_TIMEOUT:-300}
 
-case $HARNESS in
-  claude-code) want=$CLAUDE_CODE_VERSION dir=$H/claude-code ;;
-  codex) want=$CODEX_VERSION dir=$H/codex ;;
-  opencode) want=$OPENCODE_VERSION dir=$H/opencode ;;
-  mini-swe-agent) want=$MINI_SWE_AGENT_VERSION dir=$H/mini-swe-agent ;;
-  qwen-code) want=$QWEN_CODE_VERSION dir=$H/qwen-code ;;
-  gemini-cli) want=$GEMINI_CLI_VERSION dir=$H/gemini-cli ;;
-  pi) want=$PI_VERSION dir=$H/pi ;;
-  aider) want=$AIDER_VERSION dir=$H/aider ;;
-  openai-agents) want=$OPENAI_AGENTS_VERSION dir=$H/openai-agents ;;
-  grok-cli) want=$GROK_CLI_VERSION dir=$H/grok-cli ;;
-  continue-cli) want=$CONTINUE_CLI_VERSION dir=$H/continue-cli ;;
-  claude-agent-sdk) want=$CLAUDE_AGENT_SDK_VERSION dir=$H/claude-agent-sdk ;;
-  cline) want=$CLINE_VERSION dir=$H/cline ;;
-  *) echo "run: unknown harness '$HARNESS' (claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline)" >&2; exit 2 ;;
-esac
+rows() { grep -v '^#' "$HERE/kit.txt" | awk 'NF == 4 && $1 != "node"'; }
+want=$(rows | awk -v h="$HARNESS" '$1 == h { print $4 }')
+[ -n "$want" ] || { echo "run: unknown harness '$HARNESS' (one of: $(rows | awk '{ print $1 }' | paste -sd' '))" >&2; exit 2; }
+dir=$H/$HARNESS
 if [ "$(cat "$dir/.forgelog-version" 2>/dev/null)" != "$want" ]; then
   echo "run: $HARNESS $want is not installed in $dir; run deploy/harnesses/install.sh $HARNESS" >&2
   exit 3

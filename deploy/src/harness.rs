@@ -11,42 +11,68 @@
 
 use std::path::{Path, PathBuf};
 
-/// The eight harnesses the kit installs (`deploy/harnesses/install.sh`).
-pub const BUILTIN: [(&str, &str); 13] = [
-    (
-        "claude-code",
-        include_str!("../harnesses/agents/claude-code.sh"),
-    ),
-    ("codex", include_str!("../harnesses/agents/codex.sh")),
-    ("opencode", include_str!("../harnesses/agents/opencode.sh")),
-    (
-        "mini-swe-agent",
-        include_str!("../harnesses/agents/mini-swe-agent.sh"),
-    ),
-    (
-        "gemini-cli",
-        include_str!("../harnesses/agents/gemini-cli.sh"),
-    ),
-    (
-        "qwen-code",
-        include_str!("../harnesses/agents/qwen-code.sh"),
-    ),
-    ("pi", include_str!("../harnesses/agents/pi.sh")),
-    ("aider", include_str!("../harnesses/agents/aider.sh")),
-    (
-        "openai-agents",
-        include_str!("../harnesses/agents/openai-agents.sh"),
-    ),
-    ("grok-cli", include_str!("../harnesses/agents/grok-cli.sh")),
-    (
-        "continue-cli",
-        include_str!("../harnesses/agents/continue-cli.sh"),
-    ),
-    (
-        "claude-agent-sdk",
-        include_str!("../harnesses/agents/claude-agent-sdk.sh"),
-    ),
-    ("cline", include_str!("../harnesses/agents/cline.sh")),
+/// The kit's table, `deploy/harnesses/kit.txt`: each harness with its
+/// installer, package and pinned version (install.sh and run.sh read it too).
+pub const KIT_TABLE: &str = include_str!("../harnesses/kit.txt");
+
+/// One row of the kit's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedHarness {
+    pub name: &'static str,
+    /// `npm` or `pip`.
+    pub installer: &'static str,
+    pub package: &'static str,
+    pub version: &'static str,
+}
+
+/// The kit's harnesses in the table's order, without `node` (which the npm
+/// harnesses run on).
+pub fn pinned() -> impl Iterator<Item = PinnedHarness> {
+    KIT_TABLE
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [name, installer, package, version] if name != "node" => Some(PinnedHarness {
+                name,
+                installer,
+                package,
+                version,
+            }),
+            _ => None,
+        })
+}
+
+/// The kit's harness names, comma-separated (for help and errors).
+pub fn kit_names() -> String {
+    pinned().map(|h| h.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Each name with its launch script, `deploy/harnesses/agents/NAME.sh`.
+macro_rules! launch_scripts {
+    ($($name:literal),* $(,)?) => {
+        [$(($name, include_str!(concat!("../harnesses/agents/", $name, ".sh")))),*]
+    };
+}
+
+/// The kit's launch scripts, built in, in the table's order (a test holds
+/// the two together).
+pub const BUILTIN: [(&str, &str); 16] = launch_scripts![
+    "claude-code",
+    "codex",
+    "opencode",
+    "mini-swe-agent",
+    "gemini-cli",
+    "qwen-code",
+    "pi",
+    "aider",
+    "openai-agents",
+    "grok-cli",
+    "continue-cli",
+    "claude-agent-sdk",
+    "cline",
+    "pydantic-ai",
+    "google-adk",
+    "gptme",
 ];
 
 /// Runs the task's reference solution instead of an agent.
@@ -70,7 +96,7 @@ pub struct Harness {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness '{0}': one of claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline, solve, or a path to a launch script (NAME.sh)")]
+    #[error("unknown harness '{0}': one of {names}, solve, or a path to a launch script (NAME.sh)", names = kit_names())]
     Unknown(String),
     #[error("harness script {path}: {source}")]
     Script {
@@ -165,5 +191,33 @@ mod tests {
         );
         let err = codex.check_bundle(dir.path()).unwrap_err().to_string();
         assert!(err.contains("install.sh codex"), "{err}");
+        let err = Harness::resolve("cursor").unwrap_err().to_string();
+        assert!(err.contains("one of claude-code, codex,"), "{err}");
+    }
+
+    #[test]
+    fn every_harness_of_the_table_has_its_launch_script_and_no_other() {
+        let table: Vec<&str> = pinned().map(|h| h.name).collect();
+        let built_in: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+        assert_eq!(table, built_in);
+        for h in pinned() {
+            assert!(["npm", "pip"].contains(&h.installer), "{h:?}");
+            assert!(
+                h.version.chars().next().is_some_and(|c| c.is_ascii_digit()),
+                "{h:?}"
+            );
+        }
+        let agents = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("harnesses/agents");
+        let mut scripts: Vec<String> = std::fs::read_dir(agents)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        scripts.sort();
+        let mut named: Vec<String> = table.iter().map(|n| format!("{n}.sh")).collect();
+        named.sort();
+        assert_eq!(
+            scripts, named,
+            "agents/ holds exactly the table's launch scripts"
+        );
     }
 }

@@ -264,6 +264,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
             model_calls: 0,
             sampled_tokens: 0,
             retries: 0,
+            unrouted: Vec::new(),
         };
         let (mut n, dangling) = match history.resume(&rollout) {
             Resume::Done { attempt, reward } => {
@@ -368,6 +369,7 @@ impl<B: SandboxBackend> Orchestrator<B> {
                 model_calls: finished.model_calls,
                 sampled_tokens: finished.sampled_tokens,
                 retries: tries,
+                unrouted: finished.unrouted,
             },
         })
     }

@@ -199,6 +199,38 @@ async fn reachability_probes_get_200_and_unknown_routes_a_404_naming_them() {
     let (status, v) = rig.post("/v1/nothing/here", None, &json!({})).await;
     assert_eq!(status, 404);
     assert_eq!(v["error"], "no route POST /v1/nothing/here");
+    // With a session's key, what it asked for in vain is kept on the
+    // session, and its finish names it (what the harness expected).
+    let (session, key) = rig.session("r-probes").await;
+    for _ in 0..2 {
+        let tags = rig
+            .http
+            .get(format!("{}/api/tags", rig.proxy.url()))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(tags.status(), 404);
+    }
+    let (status, _) = rig.post("/props", Some(&key), &json!({})).await;
+    assert_eq!(status, 404);
+    // Gemini's clients send the key as `?key=`.
+    let version = rig
+        .http
+        .get(format!("{}/version?alt=json&key={key}", rig.proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(version.status(), 404);
+    // Another key's probe, or none, is not this session's.
+    let _ = rig.post("/api/other", Some("not-a-key"), &json!({})).await;
+    let done = rig.finish(&session, None).await;
+    let asked: Vec<String> = done.unrouted.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        asked,
+        ["GET /api/tags (2×)", "POST /props", "GET /version"],
+        "{done:?}"
+    );
 }
 
 /// Codex sends large Responses bodies zstd-compressed; gzip and deflate happen too.

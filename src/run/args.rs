@@ -9,9 +9,10 @@ use std::path::PathBuf;
 pub struct RunArgs {
     /// A directory of Harbor-style task directories (e.g. deploy/tasks)
     pub tasks_dir: PathBuf,
-    /// Harnesses, comma-separated: claude-code, codex, opencode, mini-swe-agent, gemini-cli, qwen-code, pi, aider, openai-agents, grok-cli, continue-cli, claude-agent-sdk, cline,
-    /// solve (the task's reference solution), or a launch script path (NAME.sh)
-    #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent")]
+    /// Harnesses, comma-separated: the kit's (deploy/harnesses/kit.txt), solve
+    /// (the task's reference solution), or a launch script path (NAME.sh)
+    #[arg(long, value_delimiter = ',', default_value = "mini-swe-agent",
+          long_help = harness_help())]
     pub harness: Vec<String>,
     /// Rollouts per GRPO group (one task, one harness)
     #[arg(long, default_value_t = 8)]
@@ -110,4 +111,13 @@ pub struct RunArgs {
     /// With --replay: write the comparison and the replay report here as JSON
     #[arg(long, requires = "replay")]
     pub report: Option<PathBuf>,
+}
+
+/// `--harness`'s long help: the kit's names, read from its table.
+fn harness_help() -> String {
+    format!(
+        "Harnesses, comma-separated: {}, solve (the task's reference solution), \
+         or a launch script path (NAME.sh)",
+        forgelog_deploy::harness::kit_names()
+    )
 }

@@ -15,6 +15,7 @@ use forgelog_api::SessionClient;
 use forgelog_deploy::kit::Kit;
 use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
 use forgelog_deploy_core::{Outcome, OutcomeSummary, RunHistory, RunPlan, StalenessBound};
+use forgelog_podman::record::AttemptRecord;
 use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
 use forgelog_podman::{LocalBackend, Podman};
 use forgelog_stack::{LogClock, ServedClock, Serving, ServingConfig};
@@ -282,6 +283,30 @@ async fn last_versions(
     }
 }
 
+/// What to look at first for a harness none of whose attempts reached the
+/// model: its attempt's record, how it ended, what it looked up and what it
+/// asked the proxy for in vain.
+fn silent_hint(harness: &str, attempt: &Outcome, logs: Option<&std::path::Path>) -> String {
+    let mut hint = format!("hint: no attempt of {harness} reached the model: ");
+    let Some(record) = logs.map(|d| AttemptRecord::read(&d.join(&attempt.attempt))) else {
+        return hint + &format!("see attempt {}'s logs", attempt.attempt);
+    };
+    let dir = record.dir.display();
+    hint += &format!("its record (stdout, stderr, exit, dns) is in {dir}");
+    if let Some(exit) = &record.exit {
+        hint += &format!("; it {exit}");
+    }
+    if !record.looked_up.is_empty() {
+        let names = record.looked_up.join(", ");
+        hint += &format!("; it looked up {names} (refused: no network)");
+    }
+    if !attempt.unrouted.is_empty() {
+        let asked: Vec<String> = attempt.unrouted.iter().map(ToString::to_string).collect();
+        hint += &format!("; the proxy has no route for {}", asked.join(", "));
+    }
+    hint
+}
+
 /// The run's summary per harness, and what orchestrating it cost.
 fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std::path::Path>) {
     let summary = OutcomeSummary::of(outcomes);
@@ -289,12 +314,7 @@ fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std:
     // `solve` never asks the model; any other harness that did not is broken.
     let silent = summary.silent_harnesses(outcomes);
     for (harness, attempt) in silent.filter(|(h, _)| *h != forgelog_deploy::harness::SOLVE) {
-        let logs = attempt_logs.map_or(format!("attempt {attempt}'s logs"), |dir| {
-            dir.join(attempt).display().to_string()
-        });
-        println!(
-            "hint: no attempt of {harness} reached the model: its launch script's stdout and stderr are in {logs}"
-        );
+        println!("{}", silent_hint(harness, attempt, attempt_logs));
     }
     let ran = outcomes
         .iter()

@@ -13,22 +13,15 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The kit's harnesses the tests run.
-pub const HARNESSES: [&str; 13] = [
-    "claude-code",
-    "codex",
-    "opencode",
-    "mini-swe-agent",
-    "gemini-cli",
-    "qwen-code",
-    "pi",
-    "aider",
-    "openai-agents",
-    "grok-cli",
-    "continue-cli",
-    "claude-agent-sdk",
-    "cline",
-];
+/// The kit's harnesses the tests run: every one of its table
+/// (`FORGELOG_KIT_ONLY=a,b`: only those, when working on one).
+pub fn harnesses() -> Vec<&'static str> {
+    let only = std::env::var("FORGELOG_KIT_ONLY").ok();
+    forgelog_deploy::harness::pinned()
+        .map(|h| h.name)
+        .filter(|h| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == *h)))
+        .collect()
+}
 
 /// Harnesses that give the model no tools (aider edits files from the text of
 /// the answer): one exchange per message, never reaching a budget.
@@ -55,36 +48,18 @@ pub fn kit() -> PathBuf {
 /// Fails with a clear message when install.sh has not installed a harness.
 pub fn require_installed() {
     let home = forgelog_stream::forgelog_home();
-    let versions = std::fs::read_to_string(kit().join("versions.sh")).unwrap();
-    let pinned = |var: &str| {
-        versions
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{var}=")))
-            .unwrap_or_else(|| panic!("{var} in versions.sh"))
-            .to_string()
-    };
-    for (h, var) in [
-        ("claude-code", "CLAUDE_CODE_VERSION"),
-        ("codex", "CODEX_VERSION"),
-        ("opencode", "OPENCODE_VERSION"),
-        ("mini-swe-agent", "MINI_SWE_AGENT_VERSION"),
-        ("gemini-cli", "GEMINI_CLI_VERSION"),
-        ("qwen-code", "QWEN_CODE_VERSION"),
-        ("pi", "PI_VERSION"),
-        ("aider", "AIDER_VERSION"),
-        ("openai-agents", "OPENAI_AGENTS_VERSION"),
-        ("grok-cli", "GROK_CLI_VERSION"),
-        ("continue-cli", "CONTINUE_CLI_VERSION"),
-        ("claude-agent-sdk", "CLAUDE_AGENT_SDK_VERSION"),
-        ("cline", "CLINE_VERSION"),
-    ] {
-        let stamp = home.join("harnesses").join(h).join(".forgelog-version");
+    for h in forgelog_deploy::harness::pinned() {
+        let stamp = home
+            .join("harnesses")
+            .join(h.name)
+            .join(".forgelog-version");
         let have = std::fs::read_to_string(&stamp).unwrap_or_default();
         assert_eq!(
             have.trim(),
-            pinned(var),
-            "{h} {} is not installed ({}): run deploy/harnesses/install.sh (scripts/setup.sh does)",
-            pinned(var),
+            h.version,
+            "{} {} is not installed ({}): run deploy/harnesses/install.sh (scripts/sandbox-setup.sh does)",
+            h.name,
+            h.version,
             stamp.display()
         );
     }

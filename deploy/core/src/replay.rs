@@ -405,6 +405,7 @@ mod tests {
             model_calls: calls,
             sampled_tokens: 0,
             retries: 0,
+            unrouted: Vec::new(),
         };
         let rows = rec.compare(&[
             outcome("g-0~1", Some(0), 6, Some(1.0)),

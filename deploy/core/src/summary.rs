@@ -20,6 +20,8 @@ pub struct Outcome {
     pub sampled_tokens: i64,
     /// Attempts given up before it (they never reached the model).
     pub retries: u32,
+    /// What its attempt asked the proxy for that the proxy has no route for.
+    pub unrouted: Vec<forgelog_api::Unrouted>,
 }
 
 /// One harness's row.
@@ -95,12 +97,12 @@ impl OutcomeSummary {
     }
 
     /// Each harness none of whose attempts in this process reached the
-    /// model, with one such attempt's id: where a user looks first when
-    /// their harness never talks to the proxy.
+    /// model, with one such attempt: where a user looks first when their
+    /// harness never talks to the proxy.
     pub fn silent_harnesses<'a>(
         &'a self,
         outcomes: &'a [Outcome],
-    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    ) -> impl Iterator<Item = (&'a str, &'a Outcome)> + 'a {
         self.harnesses
             .iter()
             .filter(|h| h.rollouts > h.already_done && h.model_calls == 0)
@@ -108,7 +110,7 @@ impl OutcomeSummary {
                 let attempt = outcomes
                     .iter()
                     .find(|o| o.harness == h.harness && o.status.is_some())?;
-                Some((h.harness.as_str(), attempt.attempt.as_str()))
+                Some((h.harness.as_str(), attempt))
             })
     }
 
@@ -169,6 +171,7 @@ mod tests {
             model_calls: 2,
             sampled_tokens: 10,
             retries: u32::from(status == Some(RolloutStatus::Infra(Stage::Image))),
+            unrouted: Vec::new(),
         }
     }
 
@@ -187,7 +190,10 @@ mod tests {
             silent("resumed", None),
         ];
         let s = OutcomeSummary::of(&outcomes);
-        let named: Vec<_> = s.silent_harnesses(&outcomes).collect();
+        let named: Vec<_> = s
+            .silent_harnesses(&outcomes)
+            .map(|(h, o)| (h, o.attempt.as_str()))
+            .collect();
         assert_eq!(named, [("mine", "mine-a")]);
     }
 

@@ -4,6 +4,9 @@
 # script; its tracing (an upload to OpenAI) is off. The bundle is a venv whose
 # site-packages run on the sandbox's python3 (the same minor version). Prints
 # one JSON line: the final output and the model calls the SDK made.
+# Its tools are written out here, not shared with the other SDK agents'
+# scripts: a launch script is the whole agent, and its SHA-256 (in bundles,
+# checked by `run --replay`) covers all of it.
 site=$(echo "$FORGELOG_BUNDLES"/openai-agents/lib/python3*/site-packages)
 export PYTHONPATH="$site" OPENAI_AGENTS_DISABLE_TRACING=1
 exec python3 -c "$(cat <<'PY'

@@ -8,6 +8,8 @@ pub mod check;
 mod clock;
 mod network;
 mod podman;
+pub mod record;
+pub mod resolver;
 pub mod run_dir;
 
 pub use clock::PinnedClocks;
@@ -316,6 +318,7 @@ impl forgelog_deploy::orchestrator::SandboxBackend for LocalBackend {
                 cpus: task.config.environment.cpus,
                 memory_mb: task.config.environment.memory_mb,
                 netns: Some(network.namespace.clone()),
+                dns: Some(network.host_ip),
                 mounts,
                 hosts: Vec::new(),
                 // Setup and copies are seconds; a margin of two minutes.
@@ -325,6 +328,9 @@ impl forgelog_deploy::orchestrator::SandboxBackend for LocalBackend {
             logs: Some(self.dir.attempt_logs(a.id)),
         };
         let ends = run_attempt(&self.podman, a.image, &spec).await;
+        if let Some(dir) = &spec.logs {
+            record::write(dir, &ends.0, &network.dns_asked());
+        }
         let slot = network.slot;
         network.remove().await;
         self.dir.slot_freed(slot);

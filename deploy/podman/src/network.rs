@@ -2,7 +2,11 @@
 //! host and no default route, so the only address it can reach is the host
 //! end, where a relay forwards one port to the proxy. Isolation is checked
 //! from the routing table (`ip route get` of an outside address must be
-//! unreachable), never by connecting out. Needs root (CAP_NET_ADMIN).
+//! unreachable), never by connecting out. Its nameserver is the host end too:
+//! a [`Resolver`] that refuses every query and keeps the names asked. Needs
+//! root (CAP_NET_ADMIN, and port 53).
+
+use crate::resolver::{Question, Resolver};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,6 +28,11 @@ pub enum NetworkError {
     #[error("relay on {addr}: {source}")]
     Relay {
         addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the sandbox's resolver on {ip}:53: {source}")]
+    Resolver {
+        ip: Ipv4Addr,
         source: std::io::Error,
     },
     #[error("namespace {ns} is not isolated: {why}")]
@@ -64,6 +73,7 @@ pub struct SandboxNetwork {
     pub host_ip: Ipv4Addr,
     pub port: u16,
     relay: JoinHandle<()>,
+    resolver: Option<Resolver>,
 }
 
 impl SandboxNetwork {
@@ -91,6 +101,7 @@ impl SandboxNetwork {
             host_ip: addresses(n).0,
             port: proxy.port(),
             relay: tokio::spawn(async {}),
+            resolver: None,
         };
         match net.configure().await {
             Ok(()) => {}
@@ -100,20 +111,39 @@ impl SandboxNetwork {
             }
         }
         let listen = SocketAddr::from((net.host_ip, net.port));
-        let listener = TcpListener::bind(listen).await;
-        match listener {
-            Ok(listener) => Ok(SandboxNetwork {
-                relay: tokio::spawn(relay(listener, proxy)),
+        let listener = match TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(source) => {
+                net.remove().await;
+                return Err(NetworkError::Relay {
+                    addr: listen,
+                    source,
+                });
+            }
+        };
+        let net = SandboxNetwork {
+            relay: tokio::spawn(relay(listener, proxy)),
+            ..net
+        };
+        match Resolver::start(net.host_ip).await {
+            Ok(r) => Ok(SandboxNetwork {
+                resolver: Some(r),
                 ..net
             }),
             Err(source) => {
+                let ip = net.host_ip;
                 net.remove().await;
-                Err(NetworkError::Relay {
-                    addr: listen,
-                    source,
-                })
+                Err(NetworkError::Resolver { ip, source })
             }
         }
+    }
+
+    /// The DNS questions the sandbox asked so far, in order.
+    pub fn dns_asked(&self) -> Vec<Question> {
+        self.resolver
+            .as_ref()
+            .map(Resolver::asked)
+            .unwrap_or_default()
     }
 
     async fn configure(&self) -> Result<(), NetworkError> {
@@ -167,6 +197,9 @@ impl SandboxNetwork {
     /// Deletes the namespace (its veth pair goes with it) and stops the relay.
     pub async fn remove(self) {
         self.relay.abort();
+        if let Some(r) = self.resolver {
+            r.stop();
+        }
         let _ = ip(&["netns", "del", &self.namespace]).await;
         let _ = ip(&["link", "del", &format!("flr{}h", self.slot)]).await;
     }

@@ -53,6 +53,8 @@ pub struct SandboxSpec {
     pub memory_mb: Option<u64>,
     /// A network namespace to join (see `SandboxNetwork`); none: no network.
     pub netns: Option<String>,
+    /// The nameserver its `/etc/resolv.conf` names (the network's resolver).
+    pub dns: Option<std::net::Ipv4Addr>,
     /// Host paths mounted into the sandbox (harness bundles, task files).
     pub mounts: Vec<Mount>,
     /// `/etc/hosts` entries: (name, address), e.g. a Service name for the proxy.
@@ -189,6 +191,9 @@ impl Podman {
                 "-v".into(),
                 format!("{}:{}:{mode}", m.host.to_string_lossy(), m.target),
             ]);
+        }
+        if let Some(ip) = spec.dns {
+            args.extend(["--dns".into(), ip.to_string()]);
         }
         for (name, addr) in &spec.hosts {
             args.extend(["--add-host".into(), format!("{name}:{addr}")]);

@@ -1,6 +1,7 @@
 //! The local backend's parts on their own: a sandbox outlives no orchestrator
 //! (podman kills it at its lifetime), and a sandbox network's only route is
-//! its veth to the host, where the relay reaches the proxy.
+//! its veth to the host, where the relay reaches the proxy, and its resolver
+//! refuses every name at once, keeping what was asked.
 
 use forgelog_podman::{PinnedClocks, Podman, SandboxNetwork, SandboxSpec};
 use std::time::{Duration, Instant};
@@ -125,6 +126,45 @@ async fn a_sandbox_network_routes_only_to_the_relay_and_the_relay_reaches_the_pr
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&inside.stdout), "pong");
+    // A sandbox on it asks the network's resolver, which refuses at once and
+    // keeps the name.
+    let run = format!("dns-{}", std::process::id());
+    let spec = SandboxSpec {
+        name: format!("forgelog-{run}"),
+        run_id: run,
+        netns: Some(ns.clone()),
+        dns: Some(net.host_ip),
+        lifetime: Some(Duration::from_secs(120)),
+        ..Default::default()
+    };
+    let sandbox = Podman::default().start(BASE, &spec).await.unwrap();
+    let asked_at = Instant::now();
+    let out = sandbox
+        .exec(
+            "cat /etc/resolv.conf; getent hosts telemetry.example.com; echo \"getent $?\"",
+            "/",
+            &[],
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let waited = asked_at.elapsed();
+    let _ = sandbox.remove().await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stdout.contains(&format!("nameserver {}", net.host_ip)),
+        "{stdout}"
+    );
+    assert!(stdout.contains("getent 2"), "not found: {stdout}");
+    assert!(
+        waited < Duration::from_secs(20),
+        "the lookup took {waited:?}"
+    );
+    let asked: Vec<String> = net.dns_asked().iter().map(|q| q.name.clone()).collect();
+    assert!(
+        asked.iter().any(|n| n == "telemetry.example.com"),
+        "{asked:?}"
+    );
     let slot = net.slot;
     net.remove().await;
     let gone = std::process::Command::new("ip")

@@ -191,6 +191,27 @@ pub struct Finished {
     /// The attempt was recorded as abandoned: run the rollout again.
     #[serde(default)]
     pub abandoned: bool,
+    /// Requests with the session's key to routes the proxy does not have:
+    /// what the harness probed for, in order (the first 16 routes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unrouted: Vec<Unrouted>,
+}
+
+/// Requests to one route the proxy does not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unrouted {
+    /// `METHOD /path` (no query).
+    pub route: String,
+    pub count: u32,
+}
+
+impl std::fmt::Display for Unrouted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.count {
+            1 => write!(f, "{}", self.route),
+            n => write!(f, "{} ({n}×)", self.route),
+        }
+    }
 }
 
 /// Every error of the session API: `{"error": "..."}` with a 4xx/5xx status.

@@ -124,6 +124,7 @@ async fn end_session(st: &ProxyState, id: &str, finish: &Finish) -> Response {
         model_calls,
         sampled_tokens: s.sampled_tokens(),
         abandoned: verdict_abandoned,
+        unrouted: s.unrouted(),
     })
     .into_response()
 }
@@ -169,6 +170,7 @@ pub(super) async fn abandon_attempt(State(st): State<Arc<ProxyState>>, body: Byt
         model_calls: 0,
         sampled_tokens: 0,
         abandoned: true,
+        unrouted: Vec::new(),
     })
     .into_response()
 }

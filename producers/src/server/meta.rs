@@ -94,13 +94,21 @@ pub(super) async fn count_tokens(
 
 /// Anything else. Clients probe their base URL for reachability before they
 /// call it (Claude Code: `HEAD /api/hello`): a HEAD anywhere is answered 200,
-/// the rest 404 with the path named (and logged, to spot what a harness expects).
-pub(super) async fn unrouted(req: Request) -> Response {
+/// the rest 404 with the path named, logged, and kept on the session whose
+/// key it carries (its finish names them: what a harness expected).
+pub(super) async fn unrouted(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     if req.method() == axum::http::Method::HEAD {
         tracing::debug!(path = %req.uri().path(), "HEAD probe");
         return StatusCode::OK.into_response();
     }
     tracing::warn!(method = %req.method(), path = %req.uri().path(), "no such route");
+    let query_key = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")));
+    if let Some(session) = api_key(req.headers(), query_key).and_then(|k| st.sessions.by_key(k)) {
+        session.note_unrouted(&format!("{} {}", req.method(), req.uri().path()));
+    }
     admin_error(
         StatusCode::NOT_FOUND,
         format!("no route {} {}", req.method(), req.uri().path()),

@@ -1,4 +1,5 @@
 use super::*;
+use forgelog_schemas::{CallStatus, Event};
 
 fn new(rollout: &str) -> NewSession {
     NewSession::new(rollout, "t", "h", "g")
