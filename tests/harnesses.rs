@@ -34,6 +34,23 @@ struct Reported {
 fn reported(harness: &str, out: &Path) -> Option<Reported> {
     let stdout = std::fs::read_to_string(out.join("stdout")).unwrap_or_default();
     let count = |v: &Value| v.as_u64().map(|n| n as usize);
+    // A transcript of JSON lines: every line that parses, and how many are `kind`.
+    let events: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let events_where = |kind: &dyn Fn(&Value) -> bool| events.iter().filter(|e| kind(e)).count();
+    // An SDK agent's one JSON line, its last.
+    let agent_line = || -> Value {
+        serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .expect("the agent prints one JSON line")
+    };
+    let main_calls = |calls| {
+        Some(Reported {
+            calls,
+            sub_agents: 0,
+        })
+    };
     match harness {
         // --output-format json: one result object; num_turns counts the main
         // agent's model turns, subagent_stats the sub-agents.
@@ -47,38 +64,21 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
         }
         // --format json events: a step_start per model call of the main session;
         // a `task` tool use per sub-agent.
-        "opencode" => {
-            let events: Vec<Value> = stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            Some(Reported {
-                calls: events.iter().filter(|e| e["type"] == "step_start").count(),
-                sub_agents: events
-                    .iter()
-                    .filter(|e| e["type"] == "tool_use" && e["part"]["tool"] == "task")
-                    .count(),
-            })
-        }
-        // --json events: every answer of this upstream carries text, one agent_message each.
-        "codex" => Some(Reported {
-            calls: stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
-                .count(),
-            sub_agents: 0,
+        "opencode" => Some(Reported {
+            calls: events_where(&|e| e["type"] == "step_start"),
+            sub_agents: events_where(&|e| e["type"] == "tool_use" && e["part"]["tool"] == "task"),
         }),
+        // --json events: every answer of this upstream carries text, one agent_message each.
+        "codex" => main_calls(events_where(&|e| {
+            e["type"] == "item.completed" && e["item"]["type"] == "agent_message"
+        })),
         // The trajectory file counts API calls (format-error retries included).
         "mini-swe-agent" => {
             let t: Value = serde_json::from_str(
                 &std::fs::read_to_string(out.join("trajectory.json")).unwrap(),
             )
             .unwrap();
-            Some(Reported {
-                calls: count(&t["info"]["model_stats"]["api_calls"])?,
-                sub_agents: 0,
-            })
+            main_calls(count(&t["info"]["model_stats"]["api_calls"])?)
         }
         "qwen-code" => {
             // One JSON array of messages, the last the result with per-source stats.
@@ -108,28 +108,17 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
         "gemini-cli" => {
             let v: Value = serde_json::from_str(&stdout).expect("gemini -o json prints JSON");
             let models = v["stats"]["models"].as_object()?;
-            Some(Reported {
-                calls: models
+            main_calls(
+                models
                     .values()
                     .filter_map(|m| count(&m["roles"]["main"]["totalRequests"]))
                     .sum(),
-                sub_agents: 0,
-            })
+            )
         }
-        "pi" => Some(Reported {
-            // One turn per model call (`--mode json` events).
-            calls: stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|e| e["type"] == "turn_start")
-                .count(),
-            sub_agents: 0,
-        }),
-        "aider" => Some(Reported {
-            // A "Tokens: N sent, M received." line per model call.
-            calls: stdout.lines().filter(|l| l.starts_with("Tokens: ")).count(),
-            sub_agents: 0,
-        }),
+        // One turn per model call (`--mode json` events).
+        "pi" => main_calls(events_where(&|e| e["type"] == "turn_start")),
+        // A "Tokens: N sent, M received." line per model call.
+        "aider" => main_calls(stdout.lines().filter(|l| l.starts_with("Tokens: ")).count()),
         // Its saved session (copied out by the launch script): one assistant
         // message per model call in `history`, tool results on the message.
         "continue-cli" => {
@@ -141,72 +130,36 @@ fn reported(harness: &str, out: &Path) -> Option<Reported> {
                 .expect("a saved session");
             let v: Value =
                 serde_json::from_str(&std::fs::read_to_string(session).unwrap()).unwrap();
-            Some(Reported {
-                calls: v["history"]
+            main_calls(
+                v["history"]
                     .as_array()?
                     .iter()
                     .filter(|h| h["message"]["role"] == "assistant")
                     .count(),
-                sub_agents: 0,
-            })
+            )
         }
         // Its one JSON line: the SDK's result, the main agent's turns.
         "claude-agent-sdk" => {
-            let line = stdout.lines().last().unwrap_or_default();
-            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
+            let v = agent_line();
             assert_eq!(v["is_error"], false, "{v}");
-            Some(Reported {
-                calls: count(&v["num_turns"])?,
-                sub_agents: 0,
-            })
+            main_calls(count(&v["num_turns"])?)
         }
         // --json events: an iteration per model call of its agent.
-        "cline" => Some(Reported {
-            calls: stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|e| e["type"] == "agent_event" && e["event"]["type"] == "iteration_start")
-                .count(),
-            sub_agents: 0,
-        }),
+        "cline" => main_calls(events_where(&|e| {
+            e["type"] == "agent_event" && e["event"]["type"] == "iteration_start"
+        })),
         // Every message as a JSON line: one assistant message per model call.
-        "grok-cli" => Some(Reported {
-            calls: stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|m| m["role"] == "assistant")
-                .count(),
-            sub_agents: 0,
-        }),
+        "grok-cli" => main_calls(events_where(&|m| m["role"] == "assistant")),
         // Its one JSON line: the model requests the agent made.
-        "pydantic-ai" => {
-            let line = stdout.lines().last().unwrap_or_default();
-            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
-            Some(Reported {
-                calls: count(&v["model_requests"])?,
-                sub_agents: 0,
-            })
-        }
+        "pydantic-ai" => main_calls(count(&agent_line()["model_requests"])?),
         // Every message as a JSON line: one assistant message per model call
         // of the conversation (its title call is not one).
-        "gptme" => Some(Reported {
-            calls: stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|m| m["type"] == "message" && m["role"] == "assistant")
-                .count(),
-            sub_agents: 0,
-        }),
+        "gptme" => main_calls(events_where(&|m| {
+            m["type"] == "message" && m["role"] == "assistant"
+        })),
         // Its one JSON line: the model calls the SDK's runner made (ADK's:
         // its before-model callback's count).
-        "openai-agents" | "google-adk" => {
-            let line = stdout.lines().last().unwrap_or_default();
-            let v: Value = serde_json::from_str(line).expect("the agent prints one JSON line");
-            Some(Reported {
-                calls: count(&v["model_calls"])?,
-                sub_agents: 0,
-            })
-        }
+        "openai-agents" | "google-adk" => main_calls(count(&agent_line()["model_calls"])?),
         _ => None,
     }
 }

@@ -21,6 +21,16 @@ pub(super) fn api_key<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Opt
         .map(str::trim)
 }
 
+/// The session key request `req` carries: in its headers, or Gemini's `?key=`
+/// in its query (before the body is read, so any handler or layer may ask).
+pub(super) fn request_key(req: &Request) -> Option<&str> {
+    let query_key = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")));
+    api_key(req.headers(), query_key)
+}
+
 /// Lets through only requests with the admin token (all, when the proxy has
 /// none), before their body is read.
 pub(super) async fn admin_only(

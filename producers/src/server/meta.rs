@@ -1,7 +1,7 @@
 //! What is not a model call: the model list, Anthropic's token counter, the
 //! metrics, and the answer to anything else.
 
-use super::auth::api_key;
+use super::auth::{api_key, request_key};
 use super::body::read_body;
 use super::{admin_error, error_response, ProxyState};
 use crate::upstream::{rl_sampling, upstream_request, Upstream};
@@ -102,11 +102,7 @@ pub(super) async fn unrouted(State(st): State<Arc<ProxyState>>, req: Request) ->
         return StatusCode::OK.into_response();
     }
     tracing::warn!(method = %req.method(), path = %req.uri().path(), "no such route");
-    let query_key = req
-        .uri()
-        .query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")));
-    if let Some(session) = api_key(req.headers(), query_key).and_then(|k| st.sessions.by_key(k)) {
+    if let Some(session) = request_key(&req).and_then(|k| st.sessions.by_key(k)) {
         session.note_unrouted(&format!("{} {}", req.method(), req.uri().path()));
     }
     admin_error(

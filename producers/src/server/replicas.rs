@@ -121,11 +121,7 @@ pub(super) async fn to_owner(
             }
         }
     } else {
-        let gemini_key = req
-            .uri()
-            .query()
-            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")));
-        match auth::api_key(req.headers(), gemini_key) {
+        match auth::request_key(&req) {
             Some(key) => (replicas.owner_of_key(&key_sha256(key)), req),
             None => return next.run(req).await,
         }
