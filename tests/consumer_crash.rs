@@ -116,6 +116,23 @@ fn outputs(config: &StreamConfig) -> Vec<Message> {
     all
 }
 
+/// Messages whose topic, key and value an earlier message has: where the
+/// copy is, where the first one is, and the copy's key.
+fn repeated(all: &[Message]) -> Vec<String> {
+    let mut first = std::collections::HashMap::new();
+    all.iter()
+        .filter_map(|(topic, partition, offset, key, value)| {
+            let at = first
+                .entry((topic, key, value))
+                .or_insert((*partition, *offset));
+            (*at != (*partition, *offset)).then(|| {
+                let key = String::from_utf8_lossy(key);
+                format!("{topic}[{partition}]@{offset} (first at {at:?}) key {key}")
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn killed_consumers_produce_exactly_what_a_clean_run_does() {
     let clean_a = broker_with_run();
@@ -263,7 +280,12 @@ fn consumers_ride_out_a_broker_restart() {
     let _ = child.kill();
     let _ = child.wait();
     let got = outputs(&config);
-    assert_eq!(got.len(), reference.len(), "outputs lost or duplicated");
+    assert_eq!(
+        got.len(),
+        reference.len(),
+        "outputs lost or duplicated; sent twice: {:?}",
+        repeated(&got)
+    );
     let in_order = |all: &[Message]| -> Vec<Message> {
         all.iter()
             .filter(|m| m.0 == Topic::Trajectories.name())
@@ -395,7 +417,12 @@ fn three_instances_killed_at_random_produce_what_one_clean_instance_does() {
         kills.push((which, killed));
     }
     let got = outputs(&config);
-    assert_eq!(got.len(), reference.len(), "outputs lost or duplicated");
+    assert_eq!(
+        got.len(),
+        reference.len(),
+        "outputs lost or duplicated; sent twice: {:?}",
+        repeated(&got)
+    );
     assert!(got == reference, "outputs differ from one clean instance's");
     assert!(
         spread > 0,

@@ -175,6 +175,8 @@ fn ends(reader: &impl LogReader, topic: &str) -> Result<BTreeMap<i32, i64>, Cons
 
 /// Outputs acknowledged, then the positions and output ends, atomically: with
 /// the core's state (a snapshot) or without it. Returns the bytes written.
+/// With `keep_output_base` the output ends stay those restored (outputs the
+/// run before sent are still to be re-derived past them).
 pub(super) fn write<P: Processor>(
     rt: &tokio::runtime::Handle,
     producer: &impl EventSink,
@@ -182,12 +184,15 @@ pub(super) fn write<P: Processor>(
     state: &mut Checkpoint<P>,
     dir: &Path,
     snapshot: bool,
+    keep_output_base: bool,
 ) -> Result<u64, ShellError> {
     let t = std::time::Instant::now();
     rt.block_on(producer.flush(Duration::from_secs(600)))?;
     let flushed = t.elapsed();
-    state.outputs = ends(reader, P::OUTPUT.name())?;
-    state.dead_letters = ends(reader, Topic::DeadLetters.name())?;
+    if !keep_output_base {
+        state.outputs = ends(reader, P::OUTPUT.name())?;
+        state.dead_letters = ends(reader, Topic::DeadLetters.name())?;
+    }
     state.seq += 1;
     let (path, bytes) = if snapshot {
         (dir.join("state.json"), serde_json::to_vec(state))

@@ -23,7 +23,10 @@
 //! up to the progress record (what that derives was sent already), reads the
 //! outputs written since (their deterministic event ids) and goes on from
 //! there: re-derived outputs already in the log are skipped, the rest are
-//! sent, in the same order a clean run sends them.
+//! sent, in the same order a clean run sends them. Until its positions pass
+//! where the inputs ended when it resumed (the run before read no further),
+//! its checkpoints keep the output ends it restored: stopped or killed in
+//! between, the next run still finds the outputs not yet re-derived.
 
 mod checkpoint;
 mod sweep;

@@ -32,6 +32,12 @@ pub(super) struct Shell<'a, P, L, S> {
     /// Event ids written to the outputs since the checkpoint (how many
     /// times): re-derived, they are not sent again.
     written: HashMap<String, u32>,
+    /// While outputs since the checkpoint were found: where the inputs
+    /// ended at the resume. The run before could not have read past there,
+    /// so once every position reaches it, all it sent is re-derived.
+    /// Until then a checkpoint keeps the outputs' base it was restored with:
+    /// the outputs' ends now lie past some still to be re-derived.
+    replay_until: BTreeMap<(&'static str, i32), i64>,
     /// Partitions held at a claim they cannot read, and why.
     held: BTreeMap<(&'static str, i32), String>,
     out: Vec<Event>,
@@ -57,6 +63,17 @@ impl<'a, P: Processor, L: LogReader, S: EventSink> Shell<'a, P, L, S> {
         let (state, cadence) = checkpoint::restore(log, fresh, options)?;
         let spool_flushed = started.elapsed();
         let written = written_since(log, &state, P::OUTPUT.name())?;
+        let mut replay_until = BTreeMap::new();
+        if !written.is_empty() {
+            for topic in P::INPUTS {
+                let topic = topic.name();
+                for partition in log.partitions(topic)? {
+                    if options.takes(partition) {
+                        replay_until.insert((topic, partition), log.end(topic, partition)?);
+                    }
+                }
+            }
+        }
         tracing::debug!(
             consumer = P::NAME,
             ?spool_flushed,
@@ -72,6 +89,7 @@ impl<'a, P: Processor, L: LogReader, S: EventSink> Shell<'a, P, L, S> {
             state,
             cadence,
             written,
+            replay_until,
             held: BTreeMap::new(),
             out: Vec::new(),
             stats: RunStats::default(),
@@ -200,6 +218,15 @@ impl<'a, P: Processor, L: LogReader, S: EventSink> Shell<'a, P, L, S> {
 
     /// A checkpoint (with the core's state when `snapshot`).
     pub(super) fn checkpoint(&mut self, snapshot: bool) -> Result<(), ShellError> {
+        let state = &self.state;
+        if self
+            .replay_until
+            .iter()
+            .all(|(&(topic, partition), &end)| state.position(topic, partition) >= end)
+        {
+            self.replay_until.clear();
+            self.written.clear();
+        }
         let dir = &self.options.state_dir;
         self.stats.state_bytes += checkpoint::write(
             &self.rt,
@@ -208,6 +235,7 @@ impl<'a, P: Processor, L: LogReader, S: EventSink> Shell<'a, P, L, S> {
             &mut self.state,
             dir,
             snapshot,
+            !self.replay_until.is_empty(),
         )?;
         self.cadence.done(snapshot);
         Ok(())

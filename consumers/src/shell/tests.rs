@@ -2,11 +2,12 @@
 use super::*;
 use crate::rebuild::rebuild;
 use crate::{RewardConfig, RewardJoin, TrajectoryBuilder};
-use forgelog_schemas::{testing::recorded_run, Topic};
+use forgelog_schemas::{testing::recorded_run, Received, Topic};
 use forgelog_stream::MemoryLog;
+use forgelog_stream::{ConsumeError, LogReader};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const GROUPS: usize = 6;
 
@@ -497,4 +498,108 @@ fn outputs_over_the_ceiling_the_brokers_topics_say_are_claimed() {
     let expected = rebuild(&by_topic, RewardConfig::default()).trajectories;
     assert!(!expected.is_empty());
     assert_eq!(ids(&events), ids(&expected));
+}
+
+/// A log that sets `stop` as a read reaches `at` in a partition: the shell
+/// reading it is stopped there (handed back, or killed after a checkpoint).
+struct StopAt<'a> {
+    log: &'a MemoryLog,
+    at: BTreeMap<(String, i32), i64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl LogReader for StopAt<'_> {
+    fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
+        self.log.partitions(topic)
+    }
+
+    fn end(&self, topic: &str, partition: i32) -> Result<i64, ConsumeError> {
+        self.log.end(topic, partition)
+    }
+
+    fn for_each_in(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(Received) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ConsumeError> {
+        let at = self.at.get(&(topic.to_string(), partition)).copied();
+        self.log.for_each_in(topic, partition, from, to, |rec| {
+            if at.is_some_and(|at| rec.offset >= at) {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            f(rec)
+        })
+    }
+}
+
+/// A crash after outputs were sent leaves them in the log past the
+/// checkpoint; the next shell re-derives them and sends none again. Stopped
+/// before it has re-derived them all, that shell's checkpoint must not say
+/// its outputs end where the log's end now (past the ones still to be
+/// re-derived): the shell after it would send those again. (Three instances
+/// of a scaled-out consumer killed at random, under load, wrote 5 outputs
+/// twice this way, each copy right after its original.)
+#[test]
+fn a_shell_stopped_while_re_deriving_what_a_crash_sent_leaves_none_to_be_sent_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let inputs = recorded_run("redo", GROUPS, 4, 3, 16);
+    let log = MemoryLog::default();
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().join("trajectories");
+    let options = ShellOptions {
+        checkpoint_every: 2,
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(&dir)
+    };
+    let third = inputs.len() / 3;
+    for e in &inputs[..third] {
+        log.append(e).unwrap();
+    }
+    run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
+    let stale: Vec<(PathBuf, Vec<u8>)> = ["state.json", "progress.json"]
+        .iter()
+        .filter_map(|f| Some((dir.join(f), std::fs::read(dir.join(f)).ok()?)))
+        .collect();
+    for e in &inputs[third..2 * third] {
+        log.append(e).unwrap();
+    }
+    // The last partition a sweep reads, where it ended then.
+    let last = TrajectoryBuilder::INPUTS.last().unwrap().name();
+    let p = *log.partitions(last).unwrap().last().unwrap();
+    let two_thirds = BTreeMap::from([((last.to_string(), p), log.end(last, p).unwrap())]);
+    for e in &inputs[2 * third..] {
+        log.append(e).unwrap();
+    }
+    // Every output sent, then the crash: the checkpoint is the stale one.
+    run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
+    assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
+    for (path, bytes) in &stale {
+        std::fs::write(path, bytes).unwrap();
+    }
+    // Re-derived all but the last partition's last third, then stopped.
+    let stopping = StopAt {
+        log: &log,
+        at: two_thirds,
+        stop: Arc::default(),
+    };
+    let stopped = ShellOptions {
+        stop: stopping.stop.clone(),
+        exit_when_idle: false,
+        ..options.clone()
+    };
+    let partly = run_on(&stopping, &log, TrajectoryBuilder::default(), &stopped).unwrap();
+    assert!(partly.skipped > 0, "{partly:?}");
+    let rest = run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
+    assert_eq!(
+        (partly.emitted, rest.emitted),
+        (0, 0),
+        "sent again: {partly:?} {rest:?}"
+    );
+    assert!(rest.skipped > 0, "{rest:?}");
+    assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
 }

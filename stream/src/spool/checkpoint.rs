@@ -32,6 +32,8 @@ pub struct Checkpoint {
 /// request queued behind others at a slow broker waits about as long as they
 /// took, and a few times that covers the spread measured under load.
 const SLOW_BROKER_FACTOR: u32 = 4;
+/// A delivery slower than this, and twice what was last saved, is saved at once.
+const SLOWDOWN_MS: u64 = 250;
 /// However slow the broker was, a recovery waits no longer than this.
 pub const MAX_RECOVERY_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -49,9 +51,17 @@ impl Checkpoint {
     /// twice what the last save stored, and over a quarter second.
     pub fn record_delivery(&mut self, took: std::time::Duration) -> bool {
         let took = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
-        let slowing = took > 250 && took > 2 * self.saved_slowest_ms;
+        let slowing = took > SLOWDOWN_MS && took > 2 * self.saved_slowest_ms;
         self.slowest_delivery_ms = self.slowest_delivery_ms.max(took);
         slowing
+    }
+
+    /// How long a request may wait for its answer before the wait so far is
+    /// a slowdown worth saving ([`Checkpoint::record_delivery`]): a writer
+    /// killed while its request is overdue leaves that request queued at the
+    /// broker, and the next owner must wait for it longer than the floor.
+    pub fn overdue_after(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(SLOWDOWN_MS.max(2 * self.saved_slowest_ms) + 1)
     }
 
     /// After a save: the remembered slowest delivery halves, so a slow spell
@@ -111,6 +121,20 @@ mod tests {
         assert!(c.record_delivery(Duration::from_millis(4001)));
         c.record_delivery(Duration::from_secs(3600));
         assert_eq!(c.recovery_grace(floor), MAX_RECOVERY_GRACE);
+    }
+
+    #[test]
+    fn a_request_waiting_past_the_last_slowdown_is_overdue() {
+        let mut c = Checkpoint::default();
+        assert_eq!(c.overdue_after(), Duration::from_millis(251));
+        assert!(
+            c.record_delivery(c.overdue_after()),
+            "an overdue request's wait is a slowdown"
+        );
+        c.saved();
+        assert_eq!(c.overdue_after(), Duration::from_millis(503));
+        assert!(!c.record_delivery(Duration::from_millis(502)));
+        assert!(c.record_delivery(c.overdue_after()));
     }
 
     #[test]

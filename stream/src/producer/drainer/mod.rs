@@ -142,6 +142,8 @@ impl Drainer {
             .collect();
         let mut reader = self.spool.reader(self.checkpoint.acked_through);
         let mut inflight = FuturesOrdered::new();
+        // When each record in flight was sent, oldest first (as `inflight`).
+        let mut sent_at = std::collections::VecDeque::new();
         let mut since_checkpoint = 0u64;
         let mut last_done = Instant::now();
         // Every failure leaves the loop with `break 'session`, never `?`: what
@@ -163,6 +165,7 @@ impl Drainer {
                     break;
                 };
                 let sent = Instant::now();
+                sent_at.push_back(sent);
                 inflight.push_back(async move {
                     let delivered = delivery.await;
                     (outgoing, delivered, sent, Instant::now())
@@ -183,9 +186,26 @@ impl Drainer {
                 }
                 continue;
             }
-            let Some((outgoing, delivered, sent, done)) = inflight.next().await else {
+            // A request the broker is slow to answer is noted (and saved)
+            // while it waits, not only once answered: a writer killed now
+            // leaves it queued there at least that long.
+            let overdue = self.checkpoint.overdue_after();
+            let oldest = *sent_at.front().expect("one per record in flight");
+            let next = tokio::select! {
+                next = inflight.next() => next,
+                _ = tokio::time::sleep_until((oldest.max(last_done) + overdue).into()) => {
+                    let waited = Instant::now().duration_since(oldest.max(last_done));
+                    if self.checkpoint.record_delivery(waited) {
+                        or_end!('session, self.save());
+                        since_checkpoint = 0;
+                    }
+                    continue;
+                }
+            };
+            let Some((outgoing, delivered, sent, done)) = next else {
                 continue;
             };
+            sent_at.pop_front();
             let fate = or_end!('session, delivered);
             or_end!('session, self.acknowledge(&producer, outgoing, fate).await);
             since_checkpoint += 1;
