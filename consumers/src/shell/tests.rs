@@ -3,20 +3,26 @@ use super::*;
 use crate::rebuild::rebuild;
 use crate::{RewardConfig, RewardJoin, TrajectoryBuilder};
 use forgelog_schemas::{testing::recorded_run, Received, Topic};
-use forgelog_stream::MemoryLog;
-use forgelog_stream::{ConsumeError, LogReader};
+use forgelog_stream::{ConsumeError, LogReader, MemoryLog};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 const GROUPS: usize = 6;
 
+/// A shell that stops once it has read everything, at once.
+fn batch(state_dir: impl Into<PathBuf>) -> ShellOptions {
+    ShellOptions {
+        exit_when_idle: true,
+        idle_wait: Duration::ZERO,
+        ..ShellOptions::new(state_dir)
+    }
+}
+
 fn consume(log: &MemoryLog, state: &Path) -> (RunStats, RunStats) {
     let options = |name: &str| ShellOptions {
         checkpoint_every: 7,
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
-        ..ShellOptions::new(state.join(name))
+        ..batch(state.join(name))
     };
     let trees = run_on(
         log,
@@ -151,10 +157,8 @@ fn a_shell_for_one_run_derives_that_run_and_leaves_the_others() {
     let state = tempfile::tempdir().unwrap();
     let derive = |run: &str| {
         let options = |name: &str| ShellOptions {
-            exit_when_idle: true,
-            idle_wait: Duration::ZERO,
             run: Some(run.to_string()),
-            ..ShellOptions::new(state.path().join(run).join(name))
+            ..batch(state.path().join(run).join(name))
         };
         let trees = run_on(
             &log,
@@ -226,10 +230,8 @@ fn one_task_per_partition_emits_what_one_task_does_or_refuses_an_old_log() {
     let state = tempfile::tempdir().unwrap();
     let options = |dir: &str, partition: Option<i32>| ShellOptions {
         checkpoint_every: 5,
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
         partition,
-        ..ShellOptions::new(state.path().join(dir))
+        ..batch(state.path().join(dir))
     };
     run_on(
         &whole,
@@ -295,9 +297,7 @@ fn after_a_crash_the_state_is_carried_from_its_snapshot_by_the_input_since() {
     let run = || {
         let options = ShellOptions {
             checkpoint_every: 2,
-            exit_when_idle: true,
-            idle_wait: Duration::ZERO,
-            ..ShellOptions::new(&dir)
+            ..batch(&dir)
         };
         run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap()
     };
@@ -412,11 +412,7 @@ fn an_unreadable_claim_holds_its_partition_and_is_derived_once_it_reads() {
             })
             .collect()
     };
-    let options = ShellOptions {
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
-        ..ShellOptions::new(dir.path().join("trajectories"))
-    };
+    let options = batch(dir.path().join("trajectories"));
     let err = run_on(&log, &log, TrajectoryBuilder::default(), &options)
         .unwrap_err()
         .to_string();
@@ -466,11 +462,7 @@ fn outputs_over_the_ceiling_the_brokers_topics_say_are_claimed() {
     rt.block_on(create_topics(&config, &layout)).unwrap();
     let inputs = recorded_run("ceiling", 1, 2, 2, 4000);
     rt.block_on(forgelog_stream::testing::produce(&config, &inputs));
-    let options = ShellOptions {
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
-        ..ShellOptions::new(dir.path().join("trajectories"))
-    };
+    let options = batch(dir.path().join("trajectories"));
     run(&config, TrajectoryBuilder::default(), &options).unwrap();
 
     let got = forgelog_stream::ReplayReader::new(&config)
@@ -500,11 +492,14 @@ fn outputs_over_the_ceiling_the_brokers_topics_say_are_claimed() {
     assert_eq!(ids(&events), ids(&expected));
 }
 
-/// A log that sets `stop` as a read reaches `at` in a partition: the shell
-/// reading it is stopped there (handed back, or killed after a checkpoint).
+/// A log that sets `stop` as a read reaches `offset` of one partition: the
+/// shell reading it is stopped there (handed back, or killed after a
+/// checkpoint).
 struct StopAt<'a> {
     log: &'a MemoryLog,
-    at: BTreeMap<(String, i32), i64>,
+    topic: &'static str,
+    partition: i32,
+    offset: i64,
     stop: Arc<AtomicBool>,
 }
 
@@ -525,9 +520,9 @@ impl LogReader for StopAt<'_> {
         to: i64,
         mut f: impl FnMut(Received) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, ConsumeError> {
-        let at = self.at.get(&(topic.to_string(), partition)).copied();
+        let here = (topic, partition) == (self.topic, self.partition);
         self.log.for_each_in(topic, partition, from, to, |rec| {
-            if at.is_some_and(|at| rec.offset >= at) {
+            if here && rec.offset >= self.offset {
                 self.stop.store(true, Ordering::Relaxed);
             }
             f(rec)
@@ -552,18 +547,16 @@ fn a_shell_stopped_while_re_deriving_what_a_crash_sent_leaves_none_to_be_sent_tw
     let dir = state.path().join("trajectories");
     let options = ShellOptions {
         checkpoint_every: 2,
-        exit_when_idle: true,
-        idle_wait: Duration::ZERO,
-        ..ShellOptions::new(&dir)
+        ..batch(&dir)
     };
     let third = inputs.len() / 3;
     for e in &inputs[..third] {
         log.append(e).unwrap();
     }
     run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
-    let stale: Vec<(PathBuf, Vec<u8>)> = ["state.json", "progress.json"]
+    let stale: Vec<(PathBuf, Option<Vec<u8>>)> = ["state.json", "progress.json"]
         .iter()
-        .filter_map(|f| Some((dir.join(f), std::fs::read(dir.join(f)).ok()?)))
+        .map(|f| (dir.join(f), std::fs::read(dir.join(f)).ok()))
         .collect();
     for e in &inputs[third..2 * third] {
         log.append(e).unwrap();
@@ -571,7 +564,7 @@ fn a_shell_stopped_while_re_deriving_what_a_crash_sent_leaves_none_to_be_sent_tw
     // The last partition a sweep reads, where it ended then.
     let last = TrajectoryBuilder::INPUTS.last().unwrap().name();
     let p = *log.partitions(last).unwrap().last().unwrap();
-    let two_thirds = BTreeMap::from([((last.to_string(), p), log.end(last, p).unwrap())]);
+    let two_thirds = log.end(last, p).unwrap();
     for e in &inputs[2 * third..] {
         log.append(e).unwrap();
     }
@@ -579,12 +572,19 @@ fn a_shell_stopped_while_re_deriving_what_a_crash_sent_leaves_none_to_be_sent_tw
     run_on(&log, &log, TrajectoryBuilder::default(), &options).unwrap();
     assert_eq!(log.events(Topic::Trajectories.name()).len(), GROUPS * 4);
     for (path, bytes) in &stale {
-        std::fs::write(path, bytes).unwrap();
+        match bytes {
+            Some(bytes) => std::fs::write(path, bytes).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
     // Re-derived all but the last partition's last third, then stopped.
     let stopping = StopAt {
         log: &log,
-        at: two_thirds,
+        topic: last,
+        partition: p,
+        offset: two_thirds,
         stop: Arc::default(),
     };
     let stopped = ShellOptions {

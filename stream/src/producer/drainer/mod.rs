@@ -190,11 +190,11 @@ impl Drainer {
             // while it waits, not only once answered: a writer killed now
             // leaves it queued there at least that long.
             let overdue = self.checkpoint.overdue_after();
-            let oldest = *sent_at.front().expect("one per record in flight");
+            let waiting_since = last_done.max(*sent_at.front().expect("one per record in flight"));
             let next = tokio::select! {
                 next = inflight.next() => next,
-                _ = tokio::time::sleep_until((oldest.max(last_done) + overdue).into()) => {
-                    let waited = Instant::now().duration_since(oldest.max(last_done));
+                _ = tokio::time::sleep_until((waiting_since + overdue).into()) => {
+                    let waited = waiting_since.elapsed();
                     if self.checkpoint.record_delivery(waited) {
                         or_end!('session, self.save());
                         since_checkpoint = 0;
