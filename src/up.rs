@@ -168,6 +168,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
             synced: args.sync.synced(),
             tokenizer: args.tokenizer.clone(),
             policy_adapters: args.sync.policy_adapters(),
+            extra_body: args.sync.extra_body.fields(),
             proxy_listen: args.proxy_listen,
             spool: args.home.join("proxy-spool"),
             home: args.home.clone(),

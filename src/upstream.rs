@@ -15,6 +15,8 @@ pub struct UpstreamArgs {
     /// With --train and --engine vllm|sglang: whether it loads full weights or a LoRA adapter per version
     #[arg(long, value_enum, default_value_t = Mode::Weights)]
     pub sync_mode: Mode,
+    #[command(flatten)]
+    pub extra_body: forgelog_producers::ExtraBodyArg,
 }
 
 /// The engine behind `--upstream`.

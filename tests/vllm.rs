@@ -3,10 +3,13 @@
 //! forgelog, behind a proxy rendering prompts with the same folder's
 //! tokenizer and template (token in); the proxy's start check compares its
 //! rendering with vLLM's `/tokenize`. `forgelog run --train --engine vllm`
-//! puts mini-swe-agent in sandboxes on two shipped tasks: every call is
-//! recorded with the ids and logprobs vLLM sampled and a prompt the proxy
-//! made, and the second group is sampled by the version trained on the
-//! first, which vLLM serves (kept in sync from the log). Then a multi-turn
+//! puts mini-swe-agent in sandboxes on two shipped tasks, vLLM's sampling
+//! held to a bash tool call by a grammar (`--extra-body`: SmolLM2 writes
+//! none of its own), so each rollout goes on for several turns: every call
+//! is recorded with the ids and logprobs vLLM sampled and a prompt the
+//! proxy made, every follow-up spliced onto the ids vLLM sampled before it,
+//! one path per rollout, and the second group is sampled by the version
+//! trained on the first, which vLLM serves (kept in sync from the log). Then a multi-turn
 //! session through `forgelog proxy`: every follow-up call is spliced onto the
 //! ids vLLM sampled before it (CLEAN), one path.
 //!
@@ -23,7 +26,7 @@ mod support;
 use forgelog_api::{Finish, NewSession, SessionClient};
 use forgelog_consumers::core::clean::clean_rates;
 use forgelog_consumers::{Processor, TrajectoryBuilder};
-use forgelog_schemas::{CallStatus, Event};
+use forgelog_schemas::{CallStatus, Event, FindingKind};
 use forgelog_stream::testing::{free_local_addr, unique_run_id};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -33,8 +36,19 @@ use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, stderr_of};
 use support::shipped;
 use support::vllm::{
-    adapted_policy, load_adapter, logprob_gap, untied_smollm2_folder, up_demo_through, Vllm,
+    adapted_policy, bash_tool_call_grammar, load_adapter, logprob_gap, untied_smollm2_folder,
+    up_demo_through, Vllm,
 };
+
+/// The commands the grammar lets SmolLM2 choose from: both tasks' answers
+/// among others, never mini-swe-agent's "submit", so every rollout goes on
+/// until the call budget.
+const COMMANDS: &[&str] = &[
+    "ls /app",
+    "head -3 /app/data.txt",
+    "echo 'Hello, forgelog!' > /app/hello.txt",
+    "wc -l < /app/data.txt > /app/count.txt",
+];
 
 #[test]
 fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
@@ -62,7 +76,8 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         .arg(&model)
         .arg("--tokenizer")
         .arg(&model)
-        .args(["--max-model-calls", "3", "--max-tokens", "24"])
+        .args(["--max-model-calls", "4", "--max-tokens", "96"])
+        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)])
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
         .args(["--learning-rate", "1e-4"])
         .output()
@@ -148,10 +163,34 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             .expect("token in: the proxy made the prompt");
         assert_eq!(made.spliced_from.is_some(), made.why_rendered.is_none());
     }
-    // SmolLM2's answers hold no command, so mini-swe-agent asks again
-    // without them: its calls rarely follow up (the session below does).
+    // Every answer is a bash tool call the proxy parsed from vLLM's text,
+    // one of the commands the grammar allows.
+    for c in &ok {
+        let message: Value = serde_json::from_str(&c.chat_response).unwrap();
+        let command: Value = serde_json::from_str(
+            message["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap_or("null"),
+        )
+        .unwrap();
+        assert!(
+            COMMANDS.contains(&command["command"].as_str().unwrap_or_default()),
+            "call {}: {message}",
+            c.call_index
+        );
+        assert!(c
+            .chat_request
+            .contains("\"extra_body\":{\"structured_outputs\""));
+    }
+    // So mini-swe-agent goes on from each answer: every follow-up holds the
+    // ids vLLM sampled before it (its ids re-tokenized would differ: the
+    // grammar draws tokens the tokenizer would not choose).
     let rate = clean_rates(&events)["mini-swe-agent"];
     eprintln!("CLEAN mini-swe-agent through vLLM: {rate:?}");
+    assert!(
+        rate.follow_ups >= 4,
+        "a follow-up per rollout at least: {rate:?}"
+    );
     assert_eq!(rate.clean, rate.follow_ups, "{rate:?}");
 
     let mut trees = Vec::new();
@@ -164,9 +203,18 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         let Event::TrajectoryBuilt(t) = t else {
             panic!("{t:?}")
         };
-        // An answer without a command is dropped from the history it asks
-        // again with (an edit): a root of its own, never drift.
-        assert!(t.findings.is_empty(), "{:?}", t.findings);
+        // One conversation, one path: no drift, nothing forked; the calls
+        // past the budget were refused.
+        assert!(
+            t.findings
+                .iter()
+                .all(|f| f.kind == FindingKind::FailedCall
+                    && f.detail.starts_with("status BudgetStop")),
+            "{:?}",
+            t.findings
+        );
+        let paths = t.sequences.iter().filter(|s| !s.discarded).count();
+        assert_eq!(paths, 1, "{}: one path", t.rollout_id);
         let on_paths: usize = t
             .sequences
             .iter()

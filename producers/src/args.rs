@@ -76,6 +76,26 @@ pub struct ProxyArgs {
     /// the newest one it lists and is stamped with its version
     #[arg(long)]
     pub policy_adapters: bool,
+    #[command(flatten)]
+    pub extra_body: ExtraBodyArg,
+}
+
+/// `--extra-body`, for every command that starts a proxy.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ExtraBodyArg {
+    /// A JSON object whose fields go on every request to the engine, as the
+    /// OpenAI SDK's extra_body (vLLM: '{"structured_outputs": {"regex": ...}}',
+    /// repetition_penalty, priority); each call records them. The proxy's own
+    /// fields (messages, how it samples, logprobs) are refused. A grammar or
+    /// penalty changes the distribution the recorded logprobs come from
+    #[arg(long = "extra-body", env = "FORGELOG_EXTRA_BODY")]
+    pub extra_body: Option<crate::upstream::ExtraBody>,
+}
+
+impl ExtraBodyArg {
+    pub fn fields(&self) -> crate::upstream::ExtraBody {
+        self.extra_body.clone().unwrap_or_default()
+    }
 }
 
 impl ServeArgs {
@@ -125,6 +145,7 @@ impl ProxyArgs {
             replicas: self.replicas()?,
             token_in: None,
             policy_adapters: self.policy_adapters,
+            extra_body: self.extra_body.fields(),
         })
     }
 }

@@ -13,7 +13,7 @@ pub mod server;
 pub mod sessions;
 pub mod upstream;
 
-pub use args::{ProxyArgs, ReplayServeArgs, ServeArgs};
+pub use args::{ExtraBodyArg, ProxyArgs, ReplayServeArgs, ServeArgs};
 
 use forgelog_stream::{EventProducer, SpoolOptions, StreamConfig};
 use metrics_exporter_prometheus::PrometheusHandle;

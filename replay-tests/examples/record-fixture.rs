@@ -56,6 +56,7 @@ async fn main() {
             replicas: None,
             token_in: None,
             policy_adapters: false,
+            extra_body: Default::default(),
         },
         &config,
         spool.path().to_path_buf(),

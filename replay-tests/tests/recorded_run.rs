@@ -165,6 +165,7 @@ async fn replay_serve_gives_the_sdks_what_they_got_from_smollm2() {
             replicas: None,
             token_in: None,
             policy_adapters: false,
+            extra_body: Default::default(),
         },
         recording,
         "127.0.0.1:0".parse().unwrap(),

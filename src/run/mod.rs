@@ -201,6 +201,7 @@ async fn serve_run(
             synced: args.sync.synced(),
             tokenizer: args.tokenizer.clone(),
             policy_adapters: args.sync.policy_adapters(),
+            extra_body: args.sync.extra_body.fields(),
             proxy_listen: args.proxy_listen,
             spool: dir.spool(),
             home: dir.path.clone(),

@@ -35,6 +35,8 @@ pub struct ServingConfig {
     pub tokenizer: Option<String>,
     /// The proxy names the newest adapter on each call (a LoRA sync).
     pub policy_adapters: bool,
+    /// Fields the proxy adds to every request to the engine (`--extra-body`).
+    pub extra_body: forgelog_producers::upstream::ExtraBody,
     pub proxy_listen: SocketAddr,
     /// The proxy's spool.
     pub spool: PathBuf,
@@ -83,6 +85,7 @@ impl Serving {
             admin_token: Some(admin_token.clone()),
             token_in: token_in(tokenizer.as_deref())?,
             policy_adapters: s.policy_adapters,
+            extra_body: s.extra_body,
             ..ProxyConfig::new(&upstream)
         };
         let proxy = RunningProxy::start(proxy_config, config, s.spool, s.proxy_listen)

@@ -128,6 +128,7 @@ async fn serving_starts_an_engine_behind_a_proxy_and_stops_both() {
             synced: None,
             tokenizer: None,
             policy_adapters: false,
+            extra_body: Default::default(),
             proxy_listen: any,
             spool: home.path().join("spool"),
             home: home.path().to_path_buf(),

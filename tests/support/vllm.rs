@@ -264,6 +264,25 @@ pub fn untied_smollm2_folder(dir: &Path) -> std::path::PathBuf {
     model
 }
 
+/// `--extra-body` holding vLLM's sampling to one bash tool call in Hermes
+/// form (what the proxy parses) running one of `commands`.
+pub fn bash_tool_call_grammar(commands: &[&str]) -> String {
+    let escape = |c: &str| {
+        c.chars()
+            .flat_map(|ch| {
+                let special = r".|()[]{}*+?^$\".contains(ch);
+                special.then_some('\\').into_iter().chain([ch])
+            })
+            .collect::<String>()
+    };
+    let choices: Vec<String> = commands.iter().map(|c| escape(c)).collect();
+    let regex = format!(
+        "<tool_call>\n\\{{\"name\": \"bash\", \"arguments\": \\{{\"command\": \"({})\"\\}}\\}}\n</tool_call>",
+        choices.join("|")
+    );
+    json!({"structured_outputs": {"regex": regex}}).to_string()
+}
+
 /// `forgelog up --demo --train --steps STEPS` through `vllm` serving
 /// `model`, on `brokers`, as run `run` with its state under `home`; with
 /// `adapter`, a rank-8 LoRA synced as one adapter per version (learning

@@ -33,12 +33,14 @@ fn tools_and_system(call: &CallFinished) -> (bool, Option<String>) {
     (tools, system)
 }
 
-/// The call indexes of a session's side calls (aux): no tools offered where
-/// the session's other calls offer some, and a system message none of those
-/// opens with.
+/// The call indexes of a session's side calls (aux): answered, no tools
+/// offered where the session's other calls offer some, and a system message
+/// none of those opens with. A call refused before it was asked (past the
+/// session's call budget, say) records no request: never a side call.
 pub fn aux_calls(calls: &[CallFinished]) -> BTreeSet<i64> {
     let shapes: Vec<(i64, bool, Option<String>)> = calls
         .iter()
+        .filter(|c| c.status == CallStatus::Ok)
         .map(|c| {
             let (tools, system) = tools_and_system(c);
             (c.call_index, tools, system)
@@ -182,6 +184,12 @@ mod tests {
             asking(3, "You are opencode.", false),
         ];
         assert_eq!(aux_calls(&calls), BTreeSet::from([0]));
+        // Calls refused past the budget record no request: not side calls.
+        let mut refused = asking(4, "", false);
+        refused.status = CallStatus::BudgetStop;
+        refused.chat_request.clear();
+        let with_refused = [calls.as_slice(), &[refused]].concat();
+        assert_eq!(aux_calls(&with_refused), BTreeSet::from([0]));
         // Without tools anywhere, nothing stands out: all main.
         let plain = [asking(0, "A", false), asking(1, "B", false)];
         assert!(aux_calls(&plain).is_empty());

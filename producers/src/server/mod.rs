@@ -90,6 +90,8 @@ pub struct ProxyConfig {
     /// newest one it lists and is stamped with that version (the base model,
     /// before any, is version 0).
     pub policy_adapters: bool,
+    /// Fields added to every request to the engine (`--extra-body`), recorded with each call.
+    pub extra_body: crate::upstream::ExtraBody,
 }
 
 impl ProxyConfig {
@@ -120,6 +122,7 @@ impl ProxyConfig {
             replicas: None,
             token_in: None,
             policy_adapters: false,
+            extra_body: Default::default(),
         }
     }
 }

@@ -5,10 +5,12 @@
 mod answer;
 #[cfg(test)]
 mod arbitrary;
+mod extra_body;
 mod request;
 mod token_in;
 
 pub use answer::{read_response, ChoiceTokens, Sampled, TokenLogprob, UpstreamAnswer};
+pub use extra_body::{ExtraBody, ExtraBodyError};
 pub use request::UpstreamRequest;
 pub use token_in::{check_rendering, completion_request, TokenIn};
 

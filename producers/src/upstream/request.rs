@@ -17,6 +17,8 @@ pub struct UpstreamRequest {
     /// Where the values of `body`'s `messages` and `tools` are in `text`.
     messages: Option<Range<usize>>,
     tools: Option<Range<usize>>,
+    /// The operator's `--extra-body` fields it carries, as their text.
+    extra: Option<std::sync::Arc<str>>,
 }
 
 impl UpstreamRequest {
@@ -51,6 +53,23 @@ impl UpstreamRequest {
             text: text.into(),
             messages,
             tools,
+            extra: None,
+        }
+    }
+
+    /// The request with the operator's fields added (none: as it is); its
+    /// chat form records them.
+    pub fn with_extra(self, extra: &super::ExtraBody) -> UpstreamRequest {
+        if extra.is_empty() {
+            return self;
+        }
+        let mut body = self.body;
+        if let Value::Object(fields) = &mut body {
+            fields.extend(extra.fields().clone());
+        }
+        UpstreamRequest {
+            extra: Some(extra.text().into()),
+            ..UpstreamRequest::new(body)
         }
     }
 
@@ -61,7 +80,8 @@ impl UpstreamRequest {
 
     /// The call's chat form as text: `{"messages":…,"tools":…}`, each `null`
     /// where the body has none, exactly as [`crate::replay::chat_form_text`]
-    /// writes it from the value.
+    /// writes it from the value; then `"extra_body":…` where the operator
+    /// added fields (replay compares the conversation, not them).
     pub fn chat_form_text(&self) -> String {
         let value = |at: &Option<Range<usize>>| at.clone().map_or(&b"null"[..], |r| &self.text[r]);
         let (messages, tools) = (value(&self.messages), value(&self.tools));
@@ -70,6 +90,10 @@ impl UpstreamRequest {
         form.extend_from_slice(messages);
         form.extend_from_slice(b",\"tools\":");
         form.extend_from_slice(tools);
+        if let Some(extra) = &self.extra {
+            form.extend_from_slice(b",\"extra_body\":");
+            form.extend_from_slice(extra.as_bytes());
+        }
         form.push(b'}');
         String::from_utf8(form).expect("JSON text cut at the ends of values")
     }
@@ -98,6 +122,28 @@ mod tests {
             prop_assert_eq!(&request.text()[..], &serde_json::to_vec(&body).unwrap()[..]);
             prop_assert_eq!(request.chat_form_text(), crate::replay::chat_form_text(&body));
         }
+    }
+
+    #[test]
+    fn the_operators_fields_are_sent_and_recorded_beside_the_conversation() {
+        let body =
+            serde_json::json!({"messages": [{"role": "user", "content": "x"}], "model": "m"});
+        let extra: crate::upstream::ExtraBody =
+            r#"{"structured_outputs": {"regex": "a|b"}}"#.parse().unwrap();
+        let request = UpstreamRequest::new(body.clone()).with_extra(&extra);
+        assert_eq!(request.body["structured_outputs"]["regex"], "a|b");
+        let sent: Value = serde_json::from_slice(&request.text()).unwrap();
+        assert_eq!(sent, request.body);
+        let form: Value = serde_json::from_str(&request.chat_form_text()).unwrap();
+        assert_eq!(form["messages"], body["messages"]);
+        assert_eq!(form["extra_body"]["structured_outputs"]["regex"], "a|b");
+        // What replay compares is the conversation alone.
+        assert_eq!(
+            crate::replay::divergence(&form, &crate::replay::chat_form(&body)),
+            None
+        );
+        let plain = UpstreamRequest::new(body.clone()).with_extra(&Default::default());
+        assert_eq!(plain.chat_form_text(), crate::replay::chat_form_text(&body));
     }
 
     #[test]

@@ -44,7 +44,8 @@ const SAMPLING_FIELDS: &[&str] = &[
 ];
 
 /// `POST /v1/completions` with `prompt` as token ids, sampled as the chat
-/// request says, asking for the sampled ids and their logprobs. Serialized
+/// request says (with the operator's `--extra-body` fields), asking for the
+/// sampled ids and their logprobs. Serialized
 /// as it stands: a long prompt's ids are written straight from the slice.
 #[derive(Debug, Serialize)]
 pub struct CompletionRequest<'a> {
@@ -64,12 +65,14 @@ pub fn completion_request<'a>(
     prompt: &'a [u32],
     chat: &Value,
     context: Option<i64>,
+    extra: &super::ExtraBody,
 ) -> CompletionRequest<'a> {
     let mut sampling: Map<String, Value> = SAMPLING_FIELDS
         .iter()
         .filter_map(|&k| Some((k.to_string(), chat.get(k)?.clone())))
         .filter(|(_, v)| !v.is_null())
         .collect();
+    sampling.extend(extra.fields().clone());
     if let (false, Some(context)) = (sampling.contains_key("max_tokens"), context) {
         let room = context - prompt.len() as i64;
         if room > 0 {
@@ -311,7 +314,9 @@ mod tests {
         let chat = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
             "tools": [], "temperature": 0.5, "max_tokens": 9, "stop": ["\n"], "logprobs": true,
             "top_logprobs": 0, "stream": false});
-        let body = serde_json::to_value(completion_request(&[5, 6], &chat, Some(100))).unwrap();
+        let none = crate::upstream::ExtraBody::default();
+        let body =
+            serde_json::to_value(completion_request(&[5, 6], &chat, Some(100), &none)).unwrap();
         assert_eq!(
             body,
             json!({"model": "m", "prompt": [5, 6], "temperature": 0.5, "max_tokens": 9,
@@ -319,9 +324,16 @@ mod tests {
         );
         // No max_tokens: the rest of the context, not the engine's default.
         let open = json!({"model": "m", "max_tokens": null});
-        let sent =
-            |context| serde_json::to_value(completion_request(&[5, 6], &open, context)).unwrap();
+        let sent = |context| {
+            serde_json::to_value(completion_request(&[5, 6], &open, context, &none)).unwrap()
+        };
         assert_eq!(sent(Some(100))["max_tokens"], 98);
         assert!(sent(None).get("max_tokens").is_none());
+        // The operator's fields go along; the conversation still does not.
+        let extra = r#"{"structured_outputs": {"regex": "a"}}"#.parse().unwrap();
+        let body = serde_json::to_value(completion_request(&[5], &chat, None, &extra)).unwrap();
+        assert_eq!(body["structured_outputs"], json!({"regex": "a"}));
+        assert_eq!(body["temperature"], 0.5);
+        assert!(body.get("messages").is_none());
     }
 }

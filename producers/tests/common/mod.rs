@@ -41,6 +41,7 @@ pub fn config(upstream: String, run_id: &str) -> ProxyConfig {
         replicas: None,
         token_in: None,
         policy_adapters: false,
+        extra_body: Default::default(),
     }
 }
 

@@ -46,7 +46,7 @@ impl Call {
             }
         };
         let model = adapter.as_ref().map_or(&probe.model, |(name, _)| name);
-        let upstream = upstream_request(req, &sent, model);
+        let upstream = upstream_request(req, &sent, model).with_extra(&self.st.config.extra_body);
         let asked = Instant::now();
         let token_in = match (&self.st.config.token_in, &self.st.upstream) {
             (Some(t), Upstream::Live(client)) => Some((t, client)),
@@ -64,7 +64,12 @@ impl Call {
         let (answer, prompt) = match token_in {
             Some((token_in, client)) => match self.prompt(token_in, &upstream.body) {
                 Ok(prompt) => {
-                    let body = completion_request(&prompt.ids, &upstream.body, probe.context);
+                    let body = completion_request(
+                        &prompt.ids,
+                        &upstream.body,
+                        probe.context,
+                        &self.st.config.extra_body,
+                    );
                     (client.complete_tokens(&body).await, Some(prompt))
                 }
                 Err(err) => {
