@@ -50,6 +50,12 @@ const COMMANDS: &[&str] = &[
     "wc -l < /app/data.txt > /app/count.txt",
 ];
 
+/// The kit's harnesses besides mini-swe-agent that run through a real vLLM
+/// serving SmolLM2: a shell tool `bash(command)` and a prompt within its
+/// context (Claude Code's, Codex's and OpenCode's system prompts and tools
+/// alone are longer than SmolLM2's 8,192 tokens).
+const KIT_THROUGH_VLLM: &[&str] = &["pi", "openai-agents", "pydantic-ai", "google-adk"];
+
 #[test]
 fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
     let f = fixture();
@@ -143,93 +149,57 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         json!("2"),
         "vLLM serves the last version"
     );
-    for c in &ok {
-        // vLLM's own sampled ids and logprobs, the prompt the proxy made.
-        assert!(
-            c.trainable,
-            "call {}: {:?}",
-            c.call_index, c.untrainable_reason
-        );
-        assert_eq!(c.completion_token_ids.len(), c.completion_logprobs.len());
-        assert!(!c.completion_token_ids.is_empty());
-        assert!(c
-            .completion_logprobs
-            .iter()
-            .all(|l| l.is_finite() && *l <= 0.0));
-        assert_eq!(c.model, "smollm2");
-        let made = c
-            .prompt_made
-            .as_ref()
-            .expect("token in: the proxy made the prompt");
-        assert_eq!(made.spliced_from.is_some(), made.why_rendered.is_none());
-    }
-    // Every answer is a bash tool call the proxy parsed from vLLM's text,
-    // one of the commands the grammar allows.
-    for c in &ok {
-        let message: Value = serde_json::from_str(&c.chat_response).unwrap();
-        let command: Value = serde_json::from_str(
-            message["tool_calls"][0]["function"]["arguments"]
-                .as_str()
-                .unwrap_or("null"),
-        )
-        .unwrap();
-        assert!(
-            COMMANDS.contains(&command["command"].as_str().unwrap_or_default()),
-            "call {}: {message}",
-            c.call_index
-        );
-        assert!(c
-            .chat_request
-            .contains("\"extra_body\":{\"structured_outputs\""));
-    }
-    // So mini-swe-agent goes on from each answer: every follow-up holds the
-    // ids vLLM sampled before it (its ids re-tokenized would differ: the
-    // grammar draws tokens the tokenizer would not choose).
-    let rate = clean_rates(&events)["mini-swe-agent"];
-    eprintln!("CLEAN mini-swe-agent through vLLM: {rate:?}");
+    // Every call vLLM's, every answer a bash tool call, every follow-up
+    // spliced: one path per rollout.
+    let rates = assert_bash_sessions_through_vllm(&events, &ok, 4);
     assert!(
-        rate.follow_ups >= 4,
-        "a follow-up per rollout at least: {rate:?}"
+        rates["mini-swe-agent"].follow_ups >= 4,
+        "a follow-up per rollout at least: {rates:?}"
     );
-    assert_eq!(rate.clean, rate.follow_ups, "{rate:?}");
 
-    let mut trees = Vec::new();
-    let mut builder = TrajectoryBuilder::default();
-    for e in events.iter().cloned() {
-        builder.process(e, &mut trees);
+    // The other harnesses of the kit whose prompts fit SmolLM2's context and
+    // whose shell tool is `bash(command)`, through the same vLLM: no
+    // training, a rollout per task, three calls each.
+    let run = unique_run_id("run-vllm-kit");
+    f.runs.add(&run);
+    let started = Instant::now();
+    let mut kit = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    kit.arg("run").arg(shipped());
+    for h in KIT_THROUGH_VLLM {
+        kit.args(["--harness", h]);
     }
-    assert_eq!(trees.len(), 4);
-    for t in &trees {
-        let Event::TrajectoryBuilt(t) = t else {
-            panic!("{t:?}")
-        };
-        // One conversation, one path: no drift, nothing forked; the calls
-        // past the budget were refused.
+    let out = kit
+        .args(["--run", &run])
+        .args(["--task", "hello-file", "--task", "count-lines"])
+        .args(["--group-size", "1", "--concurrency", "2"])
+        .args(["--upstream", &vllm.url, "--engine", "vllm"])
+        .args(["--brokers", &f.stream.brokers])
+        .arg("--model")
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&model)
+        .args(["--max-model-calls", "3", "--max-tokens", "96"])
+        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)])
+        .output()
+        .unwrap();
+    eprintln!(
+        "forgelog run (the kit): {} in {:.0} s\n{}",
+        out.status,
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let events = f.events(&run);
+    let calls = finished_calls(&events);
+    let ok: Vec<_> = calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Ok)
+        .collect();
+    let rates = assert_bash_sessions_through_vllm(&events, &ok, 2 * KIT_THROUGH_VLLM.len());
+    for h in KIT_THROUGH_VLLM {
         assert!(
-            t.findings
-                .iter()
-                .all(|f| f.kind == FindingKind::FailedCall
-                    && f.detail.starts_with("status BudgetStop")),
-            "{:?}",
-            t.findings
-        );
-        let paths = t.sequences.iter().filter(|s| !s.discarded).count();
-        assert_eq!(paths, 1, "{}: one path", t.rollout_id);
-        let on_paths: usize = t
-            .sequences
-            .iter()
-            .filter(|s| !s.discarded)
-            .map(|s| s.loss_mask.iter().map(|&m| m as usize).sum::<usize>())
-            .sum();
-        let sampled: usize = ok
-            .iter()
-            .filter(|c| c.rollout_id == t.rollout_id)
-            .map(|c| c.completion_token_ids.len())
-            .sum();
-        assert_eq!(
-            on_paths, sampled,
-            "{}: every sampled token on a path",
-            t.rollout_id
+            rates[*h].follow_ups >= 2,
+            "{h}: a follow-up per rollout at least: {rates:?}"
         );
     }
 
@@ -755,4 +725,109 @@ fn published(
             _ => None,
         })
         .collect()
+}
+
+/// The checks of a run whose calls vLLM answered under the bash grammar:
+/// every call trainable with vLLM's ids and logprobs and a prompt the proxy
+/// made; every answer a bash tool call running one of [`COMMANDS`] (the
+/// grammar recorded with it); every follow-up clean and no side calls; one
+/// path per rollout (of `rollouts`) holding all it sampled, its tool calls
+/// counted. The CLEAN rate per harness.
+fn assert_bash_sessions_through_vllm(
+    events: &[Event],
+    ok: &[&forgelog_schemas::CallFinished],
+    rollouts: usize,
+) -> std::collections::BTreeMap<String, forgelog_consumers::core::clean::CleanRate> {
+    for c in ok {
+        // vLLM's own sampled ids and logprobs, the prompt the proxy made.
+        assert!(
+            c.trainable,
+            "call {}: {:?}",
+            c.call_index, c.untrainable_reason
+        );
+        assert_eq!(c.completion_token_ids.len(), c.completion_logprobs.len());
+        assert!(!c.completion_token_ids.is_empty());
+        assert!(c
+            .completion_logprobs
+            .iter()
+            .all(|l| l.is_finite() && *l <= 0.0));
+        assert_eq!(c.model, "smollm2");
+        let made = c
+            .prompt_made
+            .as_ref()
+            .expect("token in: the proxy made the prompt");
+        assert_eq!(made.spliced_from.is_some(), made.why_rendered.is_none());
+    }
+    // Every answer is a bash tool call the proxy parsed from vLLM's text,
+    // one of the commands the grammar allows.
+    for c in ok {
+        let message: Value = serde_json::from_str(&c.chat_response).unwrap();
+        let command: Value = serde_json::from_str(
+            message["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap_or("null"),
+        )
+        .unwrap();
+        assert!(
+            COMMANDS.contains(&command["command"].as_str().unwrap_or_default()),
+            "call {}: {message}",
+            c.call_index
+        );
+        assert!(c
+            .chat_request
+            .contains("\"extra_body\":{\"structured_outputs\""));
+    }
+    // So the harness goes on from each answer: every follow-up holds the
+    // ids vLLM sampled before it (its ids re-tokenized would differ: the
+    // grammar draws tokens the tokenizer would not choose).
+    let rates = clean_rates(events);
+    for (harness, rate) in &rates {
+        eprintln!("CLEAN {harness} through vLLM: {rate:?}");
+        assert_eq!(rate.clean, rate.follow_ups, "{harness}: {rate:?}");
+        assert_eq!(rate.aux, 0, "{harness}: {rate:?}");
+    }
+
+    let mut trees = Vec::new();
+    let mut builder = TrajectoryBuilder::default();
+    for e in events.iter().cloned() {
+        builder.process(e, &mut trees);
+    }
+    assert_eq!(trees.len(), rollouts);
+    for t in &trees {
+        let Event::TrajectoryBuilt(t) = t else {
+            panic!("{t:?}")
+        };
+        // One conversation, one path: no drift, nothing forked; the calls
+        // past the budget were refused.
+        assert!(
+            t.findings
+                .iter()
+                .all(|f| f.kind == FindingKind::FailedCall
+                    && f.detail.starts_with("status BudgetStop")),
+            "{:?}",
+            t.findings
+        );
+        let paths = t.sequences.iter().filter(|s| !s.discarded).count();
+        assert_eq!(paths, 1, "{}: one path", t.rollout_id);
+        let on_paths: usize = t
+            .sequences
+            .iter()
+            .filter(|s| !s.discarded)
+            .map(|s| s.loss_mask.iter().map(|&m| m as usize).sum::<usize>())
+            .sum();
+        let own: Vec<_> = ok.iter().filter(|c| c.rollout_id == t.rollout_id).collect();
+        let sampled: usize = own.iter().map(|c| c.completion_token_ids.len()).sum();
+        assert_eq!(
+            t.tool_calls,
+            own.len() as i64,
+            "{}: a tool call per answer",
+            t.rollout_id
+        );
+        assert_eq!(
+            on_paths, sampled,
+            "{}: every sampled token on a path",
+            t.rollout_id
+        );
+    }
+    rates
 }

@@ -287,10 +287,13 @@ pub fn read_response(
         resp.usage.output = sampled.completion_token_ids.len() as u64;
     }
     sampled.unparsed_tool_calls = hermes::parse_parts(&mut resp.parts, call_id_prefix);
+    // Calls parsed here end the turn as an engine's own tool parser says
+    // (vLLM's chat route: `tool_calls`), for the harness and the record alike.
     if resp.parts.iter().any(|p| matches!(p, Part::ToolCall(_)))
         && resp.finish == FinishReason::Stop
     {
         resp.finish = FinishReason::ToolCalls;
+        sampled.finish_reason = Some("tool_calls".into());
     }
     Ok((resp, sampled))
 }
@@ -298,6 +301,30 @@ pub fn read_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Hermes tool call in the text (token in, or an engine without a
+    /// tool parser) ends the turn with `tool_calls`, as the harness is told
+    /// and the call is recorded.
+    #[test]
+    fn a_tool_call_parsed_from_the_text_ends_the_turn_with_tool_calls() {
+        let text =
+            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+        let body = serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text}, "token_ids": [7, 8],
+            "logprobs": {"content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -0.25}]}}],
+            "prompt_token_ids": [1, 2]});
+        let mut answer = UpstreamAnswer::from_json(body.to_string().as_bytes()).unwrap();
+        let (resp, sampled) = read_response(&mut answer, "c_").unwrap();
+        assert_eq!(resp.finish, FinishReason::ToolCalls);
+        assert_eq!(sampled.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(sampled.unparsed_tool_calls, 0);
+        // Plain text keeps the engine's reason.
+        let plain = body.to_string().replace("<tool_call>", "no call");
+        let mut answer = UpstreamAnswer::from_json(plain.as_bytes()).unwrap();
+        let (resp, sampled) = read_response(&mut answer, "c_").unwrap();
+        assert_eq!(resp.finish, FinishReason::Stop);
+        assert_eq!(sampled.finish_reason.as_deref(), Some("stop"));
+    }
 
     /// An answer read from its text, checked against serde's reading of it all.
     fn read(text: &str) -> serde_json::Result<UpstreamAnswer> {
