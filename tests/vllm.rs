@@ -51,9 +51,8 @@ const COMMANDS: &[&str] = &[
 ];
 
 /// The kit's harnesses besides mini-swe-agent that run through a real vLLM
-/// serving SmolLM2: a shell tool `bash(command)` and a prompt within its
-/// context (Claude Code's, Codex's and OpenCode's system prompts and tools
-/// alone are longer than SmolLM2's 8,192 tokens).
+/// serving SmolLM2 (4,096 tokens here): a shell tool `bash(command)` and a
+/// short prompt.
 const KIT_THROUGH_VLLM: &[&str] = &["pi", "openai-agents", "pydantic-ai", "google-adk"];
 
 #[test]
