@@ -130,7 +130,8 @@ pub struct CallFinished {
     #[serde(with = "crate::packed")]
     pub response_body: Vec<u8>,
     /// The request in OpenAI Chat form, whatever the dialect: `{"messages": [...], "tools": [...]}`
-    /// (empty when unknown). What SFT export writes.
+    /// (empty when unknown), then `"extra_body": {...}` where the proxy's
+    /// operator added fields to the engine's requests. What SFT export writes.
     #[serde(default)]
     pub chat_request: String,
     /// The same for `chat_request` (in bytes, on character boundaries).

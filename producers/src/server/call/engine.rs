@@ -46,7 +46,8 @@ impl Call {
             }
         };
         let model = adapter.as_ref().map_or(&probe.model, |(name, _)| name);
-        let upstream = upstream_request(req, &sent, model).with_extra(&self.st.config.extra_body);
+        let extra = &self.st.config.extra_body;
+        let upstream = upstream_request(req, &sent, model).with_extra(extra);
         let asked = Instant::now();
         let token_in = match (&self.st.config.token_in, &self.st.upstream) {
             (Some(t), Upstream::Live(client)) => Some((t, client)),
@@ -64,12 +65,8 @@ impl Call {
         let (answer, prompt) = match token_in {
             Some((token_in, client)) => match self.prompt(token_in, &upstream.body) {
                 Ok(prompt) => {
-                    let body = completion_request(
-                        &prompt.ids,
-                        &upstream.body,
-                        probe.context,
-                        &self.st.config.extra_body,
-                    );
+                    let body =
+                        completion_request(&prompt.ids, &upstream.body, probe.context, extra);
                     (client.complete_tokens(&body).await, Some(prompt))
                 }
                 Err(err) => {
