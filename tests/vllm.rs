@@ -68,38 +68,12 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     // policy (the second group starts once vLLM serves the first's version).
     let run = unique_run_id("run-vllm");
     f.runs.add(&run);
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .arg("run")
-        .arg(shipped())
-        .args(["--harness", "mini-swe-agent", "--run", &run])
-        .args(["--task", "hello-file", "--task", "count-lines"])
-        .args(["--group-size", "2", "--concurrency", "2"])
-        .args(["--upstream", &vllm.url, "--engine", "vllm"])
-        .args(["--brokers", &f.stream.brokers])
-        .arg("--model")
-        .arg(&model)
-        .arg("--tokenizer")
-        .arg(&model)
-        .args(["--max-model-calls", "4", "--max-tokens", "96"])
-        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)])
+    let mut train = grammar_run(&vllm, &model, &f.stream.brokers, &run, &["mini-swe-agent"]);
+    train
+        .args(["--group-size", "2", "--max-model-calls", "4"])
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-        .args(["--learning-rate", "1e-4"])
-        .output()
-        .unwrap();
-    eprintln!(
-        "forgelog run: {} in {:.0} s\n{}\n{}",
-        out.status,
-        started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout),
-        stderr_of(&out)
-    );
-    assert!(
-        out.status.success(),
-        "{}\nvLLM's log ends:\n{}",
-        stderr_of(&out),
-        vllm.log_tail()
-    );
+        .args(["--learning-rate", "1e-4"]);
+    run_to_end(train, "forgelog run", &vllm);
 
     let events = f.events(&run);
     let versions: Vec<i64> = published(&f.stream, &run)
@@ -161,33 +135,9 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     // training, a rollout per task, three calls each.
     let run = unique_run_id("run-vllm-kit");
     f.runs.add(&run);
-    let started = Instant::now();
-    let mut kit = Command::new(env!("CARGO_BIN_EXE_forgelog"));
-    kit.arg("run").arg(shipped());
-    for h in KIT_THROUGH_VLLM {
-        kit.args(["--harness", h]);
-    }
-    let out = kit
-        .args(["--run", &run])
-        .args(["--task", "hello-file", "--task", "count-lines"])
-        .args(["--group-size", "1", "--concurrency", "2"])
-        .args(["--upstream", &vllm.url, "--engine", "vllm"])
-        .args(["--brokers", &f.stream.brokers])
-        .arg("--model")
-        .arg(&model)
-        .arg("--tokenizer")
-        .arg(&model)
-        .args(["--max-model-calls", "3", "--max-tokens", "96"])
-        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)])
-        .output()
-        .unwrap();
-    eprintln!(
-        "forgelog run (the kit): {} in {:.0} s\n{}",
-        out.status,
-        started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout),
-    );
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    let mut kit = grammar_run(&vllm, &model, &f.stream.brokers, &run, KIT_THROUGH_VLLM);
+    kit.args(["--group-size", "1", "--max-model-calls", "3"]);
+    run_to_end(kit, "forgelog run (the kit)", &vllm);
     let events = f.events(&run);
     let calls = finished_calls(&events);
     let ok: Vec<_> = calls
@@ -724,6 +674,47 @@ fn published(
             _ => None,
         })
         .collect()
+}
+
+/// `forgelog run` of `harnesses` in sandboxes on `hello-file` and
+/// `count-lines`, two at a time, through `vllm` serving `model`, token in,
+/// each call held to the bash grammar (96 tokens at most).
+fn grammar_run(vllm: &Vllm, model: &Path, brokers: &str, run: &str, harnesses: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+    cmd.arg("run").arg(shipped()).args(["--run", run]);
+    for h in harnesses {
+        cmd.args(["--harness", h]);
+    }
+    cmd.args(["--task", "hello-file", "--task", "count-lines"])
+        .args(["--concurrency", "2", "--brokers", brokers])
+        .args(["--upstream", &vllm.url, "--engine", "vllm"])
+        .arg("--model")
+        .arg(model)
+        .arg("--tokenizer")
+        .arg(model)
+        .args(["--max-tokens", "96"])
+        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)]);
+    cmd
+}
+
+/// Runs `cmd` to its end, printing what it printed and how long it took;
+/// it must succeed (else vLLM's log is shown too).
+fn run_to_end(mut cmd: Command, what: &str, vllm: &Vllm) {
+    let started = Instant::now();
+    let out = cmd.output().unwrap();
+    eprintln!(
+        "{what}: {} in {:.0} s\n{}\n{}",
+        out.status,
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    assert!(
+        out.status.success(),
+        "{}\nvLLM's log ends:\n{}",
+        stderr_of(&out),
+        vllm.log_tail()
+    );
 }
 
 /// The checks of a run whose calls vLLM answered under the bash grammar:
