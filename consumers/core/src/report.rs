@@ -61,6 +61,10 @@ pub struct Report {
     /// Per harness: follow-up calls, and those whose prompt held the earlier
     /// call's sampled ids exactly ([`crate::clean`]).
     pub clean: BTreeMap<String, CleanRate>,
+    /// The groups built for training, and those among them whose members
+    /// all scored alike: no advantage, nothing for the learner to learn.
+    pub groups: usize,
+    pub groups_without_variance: usize,
 }
 
 #[derive(Default)]
@@ -92,6 +96,7 @@ impl Report {
     pub fn of(events: &[Event]) -> Report {
         let mut rollouts: BTreeMap<&str, Rollout> = BTreeMap::new();
         let mut published = BTreeMap::new();
+        let mut groups: BTreeMap<&str, bool> = BTreeMap::new();
         for e in events {
             match e {
                 Event::RolloutStarted(s) => {
@@ -117,6 +122,9 @@ impl Report {
                     let r = rollouts.entry(&v.rollout_id).or_default();
                     r.reward = Some(v.reward.filter(|_| v.ok));
                     r.abandoned = v.abandoned;
+                }
+                Event::TrainingBatch(b) => {
+                    groups.insert(&b.group_id, b.no_reward_variance);
                 }
                 Event::PolicyPublished(p) => {
                     published.insert(
@@ -168,6 +176,8 @@ impl Report {
             rows: rows.into_values().collect(),
             published: published.into_values().collect(),
             clean: clean_rates(events),
+            groups: groups.len(),
+            groups_without_variance: groups.values().filter(|&&flat| flat).count(),
         }
     }
 
@@ -249,21 +259,38 @@ impl fmt::Display for Report {
                 "STAND-INS: {stand_ins} calls' events were refused by the log; each is held by its tokens, as context (`forgelog spool status` lists the originals)"
             )?;
         }
+        if self.groups > 0 {
+            writeln!(
+                f,
+                "GROUPS: {} built for training, {} without reward variance (every member scored alike: nothing to learn)",
+                self.groups, self.groups_without_variance
+            )?;
+        }
         if self.published.is_empty() {
             return writeln!(f, "\nno policy published in this run");
         }
+        // A step whose groups all lacked variance trained no token: its
+        // version holds the weights of the one before.
         writeln!(
             f,
-            "\n{:>7} {:>5} {:>9} {:>9} {:>20} {:>6} {:>9}",
-            "version", "step", "loss", "grad", "IS ratio mean/min/max", "clip", "staleness"
+            "\n{:>7} {:>5} {:>7} {:>9} {:>9} {:>20} {:>6} {:>9}",
+            "version",
+            "step",
+            "tokens",
+            "loss",
+            "grad",
+            "IS ratio mean/min/max",
+            "clip",
+            "staleness"
         )?;
         for p in &self.published {
             let m = |k: &str| p.metrics.get(k).copied();
             writeln!(
                 f,
-                "{:>7} {:>5} {:>9} {:>9} {:>20} {:>6} {:>9}",
+                "{:>7} {:>5} {:>7} {:>9} {:>9} {:>20} {:>6} {:>9}",
                 p.version,
                 p.step,
+                m("tokens").map_or("-".into(), |t| format!("{t:.0}")),
                 num(m("loss")),
                 num(m("grad_norm")),
                 format!(
@@ -378,5 +405,48 @@ mod tests {
         );
         assert!(text.contains("tok/s"), "{text}");
         assert_eq!(Report::of(&events), report, "a pure function of its events");
+    }
+
+    #[test]
+    fn groups_without_reward_variance_are_counted_and_steps_show_what_they_trained() {
+        use forgelog_schemas::testing::training_batch;
+        let mut events = recorded_run("run", 1, 2, 1, 4);
+        events.push(training_batch("run", "g0", 3, 0));
+        let mut flat = training_batch("run", "g1", 3, 0);
+        if let Event::TrainingBatch(b) = &mut flat {
+            b.no_reward_variance = true;
+        }
+        // Sent twice (a retried delivery): one group.
+        events.extend([flat.clone(), flat]);
+        for (version, tokens) in [(1, 6.0), (2, 0.0)] {
+            events.push(
+                PolicyPublished {
+                    run_id: "run".into(),
+                    event_id: format!("p{version}"),
+                    version,
+                    step: version,
+                    checkpoint_uri: String::new(),
+                    metrics: BTreeMap::from([("tokens".into(), tokens)]),
+                }
+                .into(),
+            );
+        }
+        let report = Report::of(&events);
+        assert_eq!((report.groups, report.groups_without_variance), (2, 1));
+        let text = report.to_string();
+        assert!(
+            text.contains("GROUPS: 2 built for training, 1 without reward variance"),
+            "{text}"
+        );
+        let step = |v: &str| {
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(v))
+                .map(|l| l.split_whitespace().nth(2).unwrap_or_default().to_string())
+        };
+        assert_eq!(step("1").as_deref(), Some("6"), "{text}");
+        assert_eq!(step("2").as_deref(), Some("0"), "{text}");
+        // A run without training says nothing of groups.
+        let untrained = Report::of(&recorded_run("run", 1, 2, 1, 4)).to_string();
+        assert!(!untrained.contains("GROUPS"), "{untrained}");
     }
 }
