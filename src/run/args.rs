@@ -45,10 +45,14 @@ pub struct RunArgs {
     /// The run id; an existing run resumes (default: run-<unix time>)
     #[arg(long, env = "FORGELOG_RUN")]
     pub run: Option<String>,
-    /// Model calls per rollout, past which the proxy stops the harness
-    #[arg(long)]
-    pub max_model_calls: Option<u32>,
-    /// Completion tokens per model call
+    /// Model calls per rollout, past which the proxy stops the harness (0:
+    /// no limit): a harness looping on a model that never finishes costs
+    /// this many calls, not the task's whole timeout of them
+    #[arg(long, default_value_t = 100)]
+    pub max_model_calls: u32,
+    /// Completion tokens per model call (default: a quarter of the context
+    /// the engine reports, as vLLM's max_model_len; a harness that asks for
+    /// none, as mini-swe-agent, would let a small model fill the rest)
     #[arg(long)]
     pub max_tokens: Option<i64>,
     /// Where rollouts run: podman sandboxes here, or one Job per attempt on Kubernetes

@@ -124,10 +124,26 @@ async fn orchestrate(
     let sessions = SessionClient::new(&url, Some(token));
     let options = RunOptions {
         concurrency: args.concurrency,
-        max_model_calls: args.max_model_calls,
-        max_tokens: args.max_tokens,
+        max_model_calls: (args.max_model_calls > 0).then_some(args.max_model_calls),
+        max_tokens: args.max_tokens.or_else(|| {
+            let context = serving.as_ref()?.proxy.state.probe().context?;
+            Some((context / 4).max(1))
+        }),
         retry: true,
     };
+    eprintln!(
+        "limits: {} model calls per rollout, {} tokens per call{}",
+        options
+            .max_model_calls
+            .map_or("no limit on".into(), |n| n.to_string()),
+        options
+            .max_tokens
+            .map_or("as the harness asks".into(), |n| format!("at most {n}")),
+        match (args.max_tokens, options.max_tokens) {
+            (None, Some(_)) => " (a quarter of the engine's context)",
+            _ => "",
+        }
+    );
     // Whatever ends the rollouts, the learner and the consumers are stopped
     // below: their blocking tasks would otherwise keep the process alive.
     // A failed sync ends them too: nothing more is sampled by a version the
