@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 use support::shipped;
 
 struct Cluster {
@@ -56,8 +57,8 @@ fn cluster() -> Cluster {
 impl Cluster {
     fn run(&self, tasks: &Path, run: &str, harnesses: &str, extra: &[&str]) -> Output {
         self.runs.add(run);
-        let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-            .arg("run")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+        cmd.arg("run")
             .arg(tasks)
             .args(["--backend", "kube", "--kube-api", &self.cluster.url])
             .args(["--proxy-listen", &self.proxy.to_string()])
@@ -70,11 +71,18 @@ impl Cluster {
                 &self.stream.brokers,
             ])
             .args(["--max-model-calls", "8"])
-            .args(extra)
-            .output()
-            .unwrap();
+            .args(extra);
+        // Within the binary's budget, so a run that hangs says where (it
+        // once ran past the 180 s budget under the full suite's load, and
+        // the runner's kill kept nothing of what it said).
+        let (out, timed_out) = support::output_within(&mut cmd, Duration::from_secs(100));
         eprintln!(
-            "forgelog run {run}: {}\n{}{}",
+            "forgelog run {run}{}: {}\n{}{}",
+            if timed_out {
+                " (interrupted after 100 s)"
+            } else {
+                ""
+            },
             out.status,
             String::from_utf8_lossy(&out.stdout),
             {
