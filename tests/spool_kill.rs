@@ -119,6 +119,44 @@ fn newest_version(config: &StreamConfig, run: &str) -> i64 {
         .map_or(0, |p| p.version)
 }
 
+/// What a failed chaos run leaves to read: what the log holds for `run` and
+/// the end of each process's log.
+fn what_happened(config: &StreamConfig, run: &str, logs: &std::path::Path) -> String {
+    let mut out = String::new();
+    if let Ok(reader) = ReplayReader::new(config) {
+        for topic in [Topic::Rollouts, Topic::Batches, Topic::Policy] {
+            let events = reader.read(topic.name(), StartAt::Beginning, Some(run));
+            let summary: Vec<String> = events
+                .iter()
+                .flatten()
+                .filter_map(|r| r.event.as_ref().ok())
+                .map(|e| match e {
+                    Event::PolicyPublished(p) => format!("v{} {:?}", p.version, p.metrics),
+                    e => format!("{:?} {}", e.kind(), e.key()),
+                })
+                .collect();
+            out += &format!("\n{}: {summary:?}", topic.name());
+        }
+    }
+    let mut files: Vec<_> = std::fs::read_dir(logs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect();
+    files.sort_by_key(|f| f.file_name());
+    for file in files {
+        let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(25)..].join("\n");
+        out += &format!(
+            "\n--- {:?} ({} lines):\n{tail}",
+            file.file_name(),
+            lines.len()
+        );
+    }
+    out
+}
+
 /// A process of the chaos test, killed with SIGKILL when dropped.
 struct Proc(Child);
 
@@ -162,12 +200,20 @@ fn the_loop_survives_kill_9_of_each_of_its_processes_at_random_points() {
     forgelog_model::testing::write_tiny_llama(&model, 11).unwrap();
     let (listen, engine_listen) = (free_local_addr(), free_local_addr());
     let bin = env!("CARGO_BIN_EXE_forgelog");
+    // Each process's log, kept across its restarts, for a failure to show.
+    let logs = dir("logs");
+    std::fs::create_dir_all(&logs).unwrap();
     let spawn = |args: &[&str], wait_for: Option<std::net::SocketAddr>| {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{}.log", args[0])))
+            .unwrap();
         let child = Command::new(bin)
             .args(args)
             .args(["--brokers", &config.brokers])
-            .env("RUST_LOG", "error")
-            .stderr(std::process::Stdio::null())
+            .env("RUST_LOG", "info")
+            .stderr(log)
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -379,10 +425,17 @@ fn the_loop_survives_kill_9_of_each_of_its_processes_at_random_points() {
                 if newest_version(&config, &run) >= version {
                     break;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "version {version} was never published"
-                );
+                if Instant::now() >= deadline {
+                    let exited: Vec<_> = starts
+                        .iter()
+                        .zip(procs.iter_mut())
+                        .filter_map(|((name, _), p)| Some((name, p.0.try_wait().ok()??)))
+                        .collect();
+                    panic!(
+                        "version {version} was never published; exited on their own: {exited:?}; {}",
+                        what_happened(&config, &run, &logs)
+                    );
+                }
                 // A chance of a kill every few seconds of waiting, not more:
                 // a process killed faster than it starts makes no progress.
                 if waited % 15 == 14 {

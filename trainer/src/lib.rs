@@ -237,9 +237,21 @@ fn device_and_dtype(args: &TrainArgs) -> Result<(Device, DType), TrainError> {
 /// `forgelog train`: [`train`] on the Kafka log, publishing through a spool.
 pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
     let stream = StreamConfig::new(&args.brokers);
-    forgelog_stream::admin::create_topics(&stream, &Default::default())
-        .await
-        .map_err(|e| TrainError::Invalid(format!("topics: {e}")))?;
+    // A broker away at start (restarting, not up yet) is waited for, as the
+    // engine and the consumers wait for it: a trainer restarted while it was
+    // away used to exit, and the run never trained again.
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match forgelog_stream::admin::create_topics(&stream, &Default::default()).await {
+            Ok(_) => break,
+            Err(forgelog_stream::admin::AdminError::Unreachable(e)) => {
+                tracing::warn!(error = %e, ?backoff, "trainer: waiting for the broker");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(TrainError::Invalid(format!("topics: {e}"))),
+        }
+    }
     let spool = args
         .spool
         .clone()

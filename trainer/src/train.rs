@@ -139,8 +139,16 @@ async fn resume(
     // first: read before it arrives, the last version would be the one
     // before, and that step would be trained and published a second time.
     sink.flush(Duration::from_secs(600)).await?;
-    let resume =
-        tokio::task::block_in_place(|| forgelog_stream::newest_policy(log, Some(&args.run)))?;
+    let resume = loop {
+        match tokio::task::block_in_place(|| forgelog_stream::newest_policy(log, Some(&args.run))) {
+            // Gone since the topics were made: waited for, as in `train`'s sweeps.
+            Err(forgelog_stream::ConsumeError::Unreachable(e)) => {
+                tracing::warn!(error = %e, "trainer: waiting for the broker to resume");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            read => break read?,
+        }
+    };
     let (weights, moments, state) = match &resume {
         Some(p) if lora.is_some() => {
             // The frozen weights are the initial policy's; the adapter is the version's.
