@@ -9,7 +9,10 @@
 //! is recorded with the ids and logprobs vLLM sampled and a prompt the
 //! proxy made, every follow-up spliced onto the ids vLLM sampled before it,
 //! one path per rollout, and the second group is sampled by the version
-//! trained on the first, which vLLM serves (kept in sync from the log). Then a multi-turn
+//! trained on the first, which vLLM serves (kept in sync from the log). The
+//! kit's other harnesses whose prompts fit (Claude Code, Codex, pi,
+//! openai-agents, pydantic-ai, google-adk) the same way, each held to a call
+//! of its own shell tool, without training. Then a multi-turn
 //! session through `forgelog proxy`: every follow-up call is spliced onto the
 //! ids vLLM sampled before it (CLEAN), one path.
 //!
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, stderr_of};
 use support::shipped;
 use support::vllm::{
-    adapted_policy, bash_tool_call_grammar, load_adapter, logprob_gap, untied_smollm2_folder,
+    adapted_policy, load_adapter, logprob_gap, tool_call_grammar, untied_smollm2_folder,
     up_demo_through, Vllm,
 };
 
@@ -52,10 +55,21 @@ const COMMANDS: &[&str] = &[
     "pwd",
 ];
 
+/// A harness's shell tool as the grammar writes its call: its name and the
+/// argument that holds the command.
+type ShellTool = (&'static str, &'static str);
+
+/// `bash(command)`: mini-swe-agent's (as the proxy offers it) and most of the kit's.
+const BASH: ShellTool = ("bash", "command");
+
 /// The kit's harnesses besides mini-swe-agent that run through a real vLLM
-/// serving SmolLM2 (4,096 tokens here): a shell tool `bash(command)` and a
-/// short prompt.
-const KIT_THROUGH_VLLM: &[&str] = &["pi", "openai-agents", "pydantic-ai", "google-adk"];
+/// serving SmolLM2 (8,192 tokens here; Claude Code's first prompt is 4,324
+/// tokens, Codex's 4,559), a run per shell tool (the grammar names it).
+const KIT_THROUGH_VLLM: &[(ShellTool, &[&str])] = &[
+    (BASH, &["pi", "openai-agents", "pydantic-ai", "google-adk"]),
+    (("Bash", "command"), &["claude-code"]),
+    (("exec_command", "cmd"), &["codex"]),
+];
 
 #[test]
 fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_token_in() {
@@ -70,7 +84,14 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     // policy (the second group starts once vLLM serves the first's version).
     let run = unique_run_id("run-vllm");
     f.runs.add(&run);
-    let mut train = grammar_run(&vllm, &model, &f.stream.brokers, &run, &["mini-swe-agent"]);
+    let mut train = grammar_run(
+        &vllm,
+        &model,
+        &f.stream.brokers,
+        &run,
+        &["mini-swe-agent"],
+        BASH,
+    );
     train
         .args(["--group-size", "2", "--max-model-calls", "4"])
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
@@ -124,34 +145,35 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         json!("2"),
         "vLLM serves the last version"
     );
-    // Every call vLLM's, every answer a bash tool call, every follow-up
+    // Every call vLLM's, every answer a shell tool call, every follow-up
     // spliced: one path per rollout.
-    let rates = assert_bash_sessions_through_vllm(&events, &ok, 4);
+    let rates = assert_shell_sessions_through_vllm(&events, &ok, 4);
     assert!(
         rates["mini-swe-agent"].follow_ups >= 4,
         "a follow-up per rollout at least: {rates:?}"
     );
 
-    // The other harnesses of the kit whose prompts fit SmolLM2's context and
-    // whose shell tool is `bash(command)`, through the same vLLM: no
-    // training, a rollout per task, three calls each.
-    let run = unique_run_id("run-vllm-kit");
-    f.runs.add(&run);
-    let mut kit = grammar_run(&vllm, &model, &f.stream.brokers, &run, KIT_THROUGH_VLLM);
-    kit.args(["--group-size", "1", "--max-model-calls", "3"]);
-    run_to_end(kit, "forgelog run (the kit)", &vllm);
-    let events = f.events(&run);
-    let calls = finished_calls(&events);
-    let ok: Vec<_> = calls
-        .iter()
-        .filter(|c| c.status == CallStatus::Ok)
-        .collect();
-    let rates = assert_bash_sessions_through_vllm(&events, &ok, 2 * KIT_THROUGH_VLLM.len());
-    for h in KIT_THROUGH_VLLM {
-        assert!(
-            rates[*h].follow_ups >= 2,
-            "{h}: a follow-up per rollout at least: {rates:?}"
-        );
+    // The other harnesses of the kit whose prompts fit SmolLM2's context,
+    // through the same vLLM: no training, a rollout per task, three calls each.
+    for (tool, harnesses) in KIT_THROUGH_VLLM {
+        let run = unique_run_id("run-vllm-kit");
+        f.runs.add(&run);
+        let mut kit = grammar_run(&vllm, &model, &f.stream.brokers, &run, harnesses, *tool);
+        kit.args(["--group-size", "1", "--max-model-calls", "3"]);
+        run_to_end(kit, &format!("forgelog run {harnesses:?}"), &vllm);
+        let events = f.events(&run);
+        let calls = finished_calls(&events);
+        let ok: Vec<_> = calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Ok)
+            .collect();
+        let rates = assert_shell_sessions_through_vllm(&events, &ok, 2 * harnesses.len());
+        for h in *harnesses {
+            assert!(
+                rates[*h].follow_ups >= 2,
+                "{h}: a follow-up per rollout at least: {rates:?}"
+            );
+        }
     }
 
     // A session that goes on from each answer, as a chat client does.
@@ -680,8 +702,15 @@ fn published(
 
 /// `forgelog run` of `harnesses` in sandboxes on `hello-file` and
 /// `count-lines`, two at a time, through `vllm` serving `model`, token in,
-/// each call held to the bash grammar (96 tokens at most).
-fn grammar_run(vllm: &Vllm, model: &Path, brokers: &str, run: &str, harnesses: &[&str]) -> Command {
+/// each call held to a call of the shell tool `tool` (96 tokens at most).
+fn grammar_run(
+    vllm: &Vllm,
+    model: &Path,
+    brokers: &str,
+    run: &str,
+    harnesses: &[&str],
+    (tool, arg): ShellTool,
+) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
     cmd.arg("run").arg(shipped()).args(["--run", run]);
     for h in harnesses {
@@ -695,7 +724,7 @@ fn grammar_run(vllm: &Vllm, model: &Path, brokers: &str, run: &str, harnesses: &
         .arg("--tokenizer")
         .arg(model)
         .args(["--max-tokens", "96"])
-        .args(["--extra-body", &bash_tool_call_grammar(COMMANDS)]);
+        .args(["--extra-body", &tool_call_grammar(tool, arg, COMMANDS)]);
     cmd
 }
 
@@ -719,13 +748,13 @@ fn run_to_end(mut cmd: Command, what: &str, vllm: &Vllm) {
     );
 }
 
-/// The checks of a run whose calls vLLM answered under the bash grammar:
+/// The checks of a run whose calls vLLM answered under a shell tool's grammar:
 /// every call trainable with vLLM's ids and logprobs and a prompt the proxy
-/// made; every answer a bash tool call running one of [`COMMANDS`] (the
+/// made; every answer a shell tool call running one of [`COMMANDS`] (the
 /// grammar recorded with it); every follow-up clean and no side calls; one
 /// path per rollout (of `rollouts`) holding all it sampled, its tool calls
 /// counted. The CLEAN rate per harness.
-fn assert_bash_sessions_through_vllm(
+fn assert_shell_sessions_through_vllm(
     events: &[Event],
     ok: &[&forgelog_schemas::CallFinished],
     rollouts: usize,
@@ -750,18 +779,19 @@ fn assert_bash_sessions_through_vllm(
             .expect("token in: the proxy made the prompt");
         assert_eq!(made.spliced_from.is_some(), made.why_rendered.is_none());
     }
-    // Every answer is a bash tool call the proxy parsed from vLLM's text,
+    // Every answer is a shell tool call the proxy parsed from vLLM's text,
     // one of the commands the grammar allows.
     for c in ok {
         let message: Value = serde_json::from_str(&c.chat_response).unwrap();
-        let command: Value = serde_json::from_str(
+        let arguments: Value = serde_json::from_str(
             message["tool_calls"][0]["function"]["arguments"]
                 .as_str()
                 .unwrap_or("null"),
         )
         .unwrap();
+        let command = arguments["command"].as_str().or(arguments["cmd"].as_str());
         assert!(
-            COMMANDS.contains(&command["command"].as_str().unwrap_or_default()),
+            COMMANDS.contains(&command.unwrap_or_default()),
             "call {}: {message}",
             c.call_index
         );

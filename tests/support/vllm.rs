@@ -42,7 +42,7 @@ impl Vllm {
         let child = Command::new(&vllm)
             .arg("serve")
             .arg(dir)
-            .args(["--dtype", "float32", "--max-model-len", "4096"])
+            .args(["--dtype", "float32", "--max-model-len", "8192"])
             .args(["--logprobs-mode", "processed_logprobs"])
             .args(["--served-model-name", "smollm2"])
             .args(["--host", &addr.ip().to_string()])
@@ -264,9 +264,12 @@ pub fn untied_smollm2_folder(dir: &Path) -> std::path::PathBuf {
     model
 }
 
-/// `--extra-body` holding vLLM's sampling to one bash tool call in Hermes
-/// form (what the proxy parses) running one of `commands`.
-pub fn bash_tool_call_grammar(commands: &[&str]) -> String {
+/// vLLM's `structured_outputs` holding each answer to one Hermes
+/// `<tool_call>` of a harness's shell tool `tool` (its command in the
+/// argument `arg`: `bash(command)`, Claude Code's `Bash(command)`, Codex's
+/// `exec_command(cmd)`) running one of `commands`: SmolLM2-135M writes no
+/// tool call of its own. For `--extra-body`.
+pub fn tool_call_grammar(tool: &str, arg: &str, commands: &[&str]) -> String {
     let escape = |c: &str| {
         c.chars()
             .flat_map(|ch| {
@@ -277,7 +280,9 @@ pub fn bash_tool_call_grammar(commands: &[&str]) -> String {
     };
     let choices: Vec<String> = commands.iter().map(|c| escape(c)).collect();
     let regex = format!(
-        "<tool_call>\n\\{{\"name\": \"bash\", \"arguments\": \\{{\"command\": \"({})\"\\}}\\}}\n</tool_call>",
+        "<tool_call>\n\\{{\"name\": \"{}\", \"arguments\": \\{{\"{}\": \"({})\"\\}}\\}}\n</tool_call>",
+        escape(tool),
+        escape(arg),
         choices.join("|")
     );
     json!({"structured_outputs": {"regex": regex}}).to_string()
