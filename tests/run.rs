@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::sandboxes::{finished_calls, fixture, run_dir, slots_of, stderr_of};
+use support::sandboxes::{finished_calls, fixture, run_dir, side_calls, slots_of, stderr_of};
 use support::{containers_of, faulty_variants, shipped, variant};
 
 const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
@@ -101,19 +101,7 @@ fn assert_one_clean_path_per_rollout(events: &[Event], trees: &[Event]) {
     // Side calls (OpenCode's and gptme's title calls: no tools, their own
     // system prompt, beside calls with tools); every other call is the main
     // conversation's.
-    let mut sessions: BTreeMap<String, Vec<forgelog_schemas::CallFinished>> = BTreeMap::new();
-    for c in finished_calls(events) {
-        sessions.entry(c.session_id.clone()).or_default().push(c);
-    }
-    let aux: BTreeSet<(String, i64)> = sessions
-        .values()
-        .flat_map(|calls| {
-            let rollout = calls[0].rollout_id.clone();
-            forgelog_consumers::core::clean::aux_calls(calls)
-                .into_iter()
-                .map(move |i| (rollout.clone(), i))
-        })
-        .collect();
+    let aux = side_calls(events);
     for h in calls.keys() {
         // Only OpenCode and gptme make side calls here: a title call, one
         // per rollout.

@@ -36,7 +36,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::sandboxes::{finished_calls, fixture, stderr_of};
+use support::sandboxes::{finished_calls, fixture, side_calls, stderr_of};
 use support::shipped;
 use support::vllm::{
     adapted_policy, load_adapter, logprob_gap, tool_call_grammar, untied_smollm2_folder,
@@ -64,9 +64,19 @@ const BASH: ShellTool = ("bash", "command");
 
 /// The kit's harnesses besides mini-swe-agent that run through a real vLLM
 /// serving SmolLM2 (8,192 tokens here; Claude Code's first prompt is 4,324
-/// tokens, Codex's 4,559), a run per shell tool (the grammar names it).
+/// tokens, Codex's 4,559, OpenCode's 2,223), a run per shell tool (the
+/// grammar names it).
 const KIT_THROUGH_VLLM: &[(ShellTool, &[&str])] = &[
-    (BASH, &["pi", "openai-agents", "pydantic-ai", "google-adk"]),
+    (
+        BASH,
+        &[
+            "pi",
+            "openai-agents",
+            "pydantic-ai",
+            "google-adk",
+            "opencode",
+        ],
+    ),
     (("Bash", "command"), &["claude-code"]),
     (("exec_command", "cmd"), &["codex"]),
 ];
@@ -748,12 +758,21 @@ fn run_to_end(mut cmd: Command, what: &str, vllm: &Vllm) {
     );
 }
 
+/// How many of `events`' rollouts `harness` ran.
+fn rollouts_of(events: &[Event], harness: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::RolloutStarted(r) if r.harness == harness))
+        .count()
+}
+
 /// The checks of a run whose calls vLLM answered under a shell tool's grammar:
 /// every call trainable with vLLM's ids and logprobs and a prompt the proxy
 /// made; every answer a shell tool call running one of [`COMMANDS`] (the
-/// grammar recorded with it); every follow-up clean and no side calls; one
-/// path per rollout (of `rollouts`) holding all it sampled, its tool calls
-/// counted. The CLEAN rate per harness.
+/// grammar recorded with it); every follow-up clean, the only side calls
+/// OpenCode's title calls; one path per rollout (of `rollouts`) besides
+/// them, all it sampled on its paths, its tool calls counted. The CLEAN rate
+/// per harness.
 fn assert_shell_sessions_through_vllm(
     events: &[Event],
     ok: &[&forgelog_schemas::CallFinished],
@@ -802,11 +821,18 @@ fn assert_shell_sessions_through_vllm(
     // So the harness goes on from each answer: every follow-up holds the
     // ids vLLM sampled before it (its ids re-tokenized would differ: the
     // grammar draws tokens the tokenizer would not choose).
+    // OpenCode's title call (a side call, aux) is the one call off the
+    // conversation: one per OpenCode rollout, none elsewhere.
     let rates = clean_rates(events);
+    let side = side_calls(events);
     for (harness, rate) in &rates {
         eprintln!("CLEAN {harness} through vLLM: {rate:?}");
         assert_eq!(rate.clean, rate.follow_ups, "{harness}: {rate:?}");
-        assert_eq!(rate.aux, 0, "{harness}: {rate:?}");
+        let expected = match harness.as_str() {
+            "opencode" => rollouts_of(events, harness),
+            _ => 0,
+        };
+        assert_eq!(rate.aux, expected, "{harness}: {rate:?}");
     }
 
     let mut trees = Vec::new();
@@ -830,7 +856,13 @@ fn assert_shell_sessions_through_vllm(
             t.findings
         );
         let paths = t.sequences.iter().filter(|s| !s.discarded).count();
-        assert_eq!(paths, 1, "{}: one path", t.rollout_id);
+        let side = side.iter().filter(|(r, _)| *r == t.rollout_id).count();
+        assert_eq!(
+            paths,
+            1 + side,
+            "{}: one path, and each side call's",
+            t.rollout_id
+        );
         let on_paths: usize = t
             .sequences
             .iter()

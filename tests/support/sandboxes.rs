@@ -111,6 +111,25 @@ pub fn finished_calls(events: &[Event]) -> Vec<forgelog_schemas::CallFinished> {
         .collect()
 }
 
+/// A run's side calls (aux: OpenCode's and gptme's title calls), by rollout
+/// and call index, told apart as `clean_rates` does, from the calls made whole.
+pub fn side_calls(events: &[Event]) -> std::collections::BTreeSet<(String, i64)> {
+    let mut sessions = std::collections::BTreeMap::<String, Vec<_>>::new();
+    for c in finished_calls(events) {
+        sessions.entry(c.session_id.clone()).or_default().push(c);
+    }
+    sessions
+        .into_values()
+        .flat_map(|mut calls| {
+            forgelog_schemas::compact::expand_finished(&mut calls);
+            let rollout = calls[0].rollout_id.clone();
+            forgelog_consumers::core::clean::aux_calls(&calls)
+                .into_iter()
+                .map(move |i| (rollout.clone(), i))
+        })
+        .collect()
+}
+
 pub fn stderr_of(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stderr);
     s[s.len().saturating_sub(4000)..].to_string()

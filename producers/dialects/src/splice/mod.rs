@@ -118,9 +118,16 @@ pub fn prompt(
         .into_iter()
         .find(|b| extends(messages, tools, b));
     let Some(base) = base else {
-        return fresh(match history.last() {
+        // Said of the conversation's latest call: of the latest with these
+        // tools, not a side call (a title request) that came in between.
+        let nearest = history
+            .iter()
+            .rev()
+            .find(|b| same_tools(tools, b.tools.as_ref()))
+            .or(history.last());
+        return fresh(match nearest {
             None => "no earlier call to splice onto (the session's first, or its first since the proxy started)".to_string(),
-            Some(latest) => why_not_extending(messages, tools, latest),
+            Some(nearest) => why_not_extending(messages, tools, nearest),
         });
     };
     let n = base.messages.len();
@@ -191,7 +198,7 @@ fn extends(messages: &[Value], tools: Option<&Value>, base: &AnsweredCall) -> bo
         && same_message(&messages[n], &base.answer)
 }
 
-/// Why `messages` do not extend `latest` (the session's latest call).
+/// Why `messages` do not extend `latest` (the conversation's latest call).
 fn why_not_extending(messages: &[Value], tools: Option<&Value>, latest: &AnsweredCall) -> String {
     let call = latest.call;
     let n = latest.messages.len();

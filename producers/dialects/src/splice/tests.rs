@@ -311,6 +311,43 @@ fn the_longest_extended_call_is_the_base_and_tools_must_agree() {
     );
 }
 
+/// A harness that rewrites the answer it got (OpenCode recasing a tool's
+/// name) is rendered afresh, and the reason names the conversation's call,
+/// not a title call that came after it (it once said "the tools differ from
+/// call 1's", the title call's).
+#[test]
+fn why_a_call_is_rendered_afresh_is_said_of_the_conversations_latest_call() {
+    let renderer = ChatMl::new(false);
+    let tools = json!([{"type": "function", "function": {"name": "bash"}}]);
+    let mut s = Session::new(&renderer, vec![user("q")]);
+    let answer = tool_call("c0", "Bash", &json!({"command": "ls"}));
+    let sampled = s.faithful(&answer);
+    s.call(answer, sampled);
+    s.history[0].tools = Some(tools.clone());
+    // The title call, no tools, answered after the conversation's call 0.
+    let mut title = Session::new(&renderer, vec![user("title?")]);
+    let answer = json!({"role": "assistant", "content": "A title"});
+    let sampled = title.faithful(&answer);
+    title.call(answer, sampled);
+    let mut history = s.history.clone();
+    history.extend(title.history.iter().map(|c| AnsweredCall {
+        call: 1,
+        ..c.clone()
+    }));
+    // The harness sends its history back with the tool's name as it knows it.
+    let mut messages = s.messages.clone();
+    messages.truncate(1);
+    messages.push(tool_call("c0", "bash", &json!({"command": "ls"})));
+    messages.push(json!({"role": "tool", "tool_call_id": "c0", "content": "app"}));
+    let p = prompt(&history, &messages, Some(&tools), &renderer).unwrap();
+    assert_eq!(
+        p.made,
+        Made::Rendered {
+            why: "message 1 is not the answer call 0 returned".into()
+        }
+    );
+}
+
 #[test]
 fn messages_compare_as_they_read() {
     assert!(same_message(
