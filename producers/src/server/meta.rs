@@ -58,7 +58,7 @@ pub(super) async fn count_tokens(
         max_tokens: Some(1),
         ..rl_sampling(&SamplingParams::default())
     };
-    let upstream = upstream_request(&req, &sent, &st.probed().await.model);
+    let upstream = upstream_request(&req, &sent, &st.probed().await.model, &Default::default());
     let tokenized = match &st.upstream {
         Upstream::Live(client) => {
             let body = &upstream.body;

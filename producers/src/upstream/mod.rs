@@ -39,8 +39,14 @@ pub fn rl_sampling(requested: &SamplingParams) -> SamplingParams {
     }
 }
 
-/// The upstream request for `req` with `sent` sampling.
-pub fn upstream_request(req: &ChatRequest, sent: &SamplingParams, model: &str) -> UpstreamRequest {
+/// The upstream request for `req` with `sent` sampling and the operator's
+/// `extra` fields.
+pub fn upstream_request(
+    req: &ChatRequest,
+    sent: &SamplingParams,
+    model: &str,
+    extra: &ExtraBody,
+) -> UpstreamRequest {
     let mut up = req.clone();
     up.sampling = sent.clone();
     up.stream = false;
@@ -53,7 +59,7 @@ pub fn upstream_request(req: &ChatRequest, sent: &SamplingParams, model: &str) -
     body["top_logprobs"] = json!(0);
     body["return_token_ids"] = json!(true);
     body["stream"] = json!(false);
-    UpstreamRequest::new(body)
+    UpstreamRequest::with_extra(body, extra)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +298,14 @@ impl UpstreamClient {
             max_tokens: Some(1),
             ..rl_sampling(&req.sampling)
         };
-        let mut answer = self.chat(&upstream_request(&req, &sent, &model)).await?;
+        let mut answer = self
+            .chat(&upstream_request(
+                &req,
+                &sent,
+                &model,
+                &ExtraBody::default(),
+            ))
+            .await?;
         let (untrainable, versioned) = match read_response(&mut answer, "probe_") {
             Ok((_, s)) => (s.untrainable_reason, s.policy_version.is_some()),
             Err(e) => (Some(e.message), false),
@@ -391,7 +404,8 @@ mod tests {
     async fn an_upstream_that_is_no_url_is_named_in_each_failure() {
         let client = UpstreamClient::new("not a url/", Duration::from_secs(1), 1);
         let req = ChatRequest::default();
-        let upstream = upstream_request(&req, &SamplingParams::default(), "m");
+        let upstream =
+            upstream_request(&req, &SamplingParams::default(), "m", &ExtraBody::default());
         for _ in 0..2 {
             let err = client.chat(&upstream).await.unwrap_err();
             assert!(

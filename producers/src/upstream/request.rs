@@ -57,13 +57,12 @@ impl UpstreamRequest {
         }
     }
 
-    /// The request with the operator's fields added (none: as it is); its
-    /// chat form records them.
-    pub fn with_extra(self, extra: &super::ExtraBody) -> UpstreamRequest {
+    /// `body` with the operator's fields added (none: as it is), written
+    /// once; its chat form records them.
+    pub fn with_extra(mut body: Value, extra: &super::ExtraBody) -> UpstreamRequest {
         if extra.is_empty() {
-            return self;
+            return UpstreamRequest::new(body);
         }
-        let mut body = self.body;
         if let Value::Object(fields) = &mut body {
             fields.extend(extra.fields().clone());
         }
@@ -130,7 +129,7 @@ mod tests {
             serde_json::json!({"messages": [{"role": "user", "content": "x"}], "model": "m"});
         let extra: crate::upstream::ExtraBody =
             r#"{"structured_outputs": {"regex": "a|b"}}"#.parse().unwrap();
-        let request = UpstreamRequest::new(body.clone()).with_extra(&extra);
+        let request = UpstreamRequest::with_extra(body.clone(), &extra);
         assert_eq!(request.body["structured_outputs"]["regex"], "a|b");
         let sent: Value = serde_json::from_slice(&request.text()).unwrap();
         assert_eq!(sent, request.body);
@@ -142,7 +141,7 @@ mod tests {
             crate::replay::divergence(&form, &crate::replay::chat_form(&body)),
             None
         );
-        let plain = UpstreamRequest::new(body.clone()).with_extra(&Default::default());
+        let plain = UpstreamRequest::with_extra(body.clone(), &Default::default());
         assert_eq!(plain.chat_form_text(), crate::replay::chat_form_text(&body));
     }
 

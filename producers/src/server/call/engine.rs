@@ -47,7 +47,7 @@ impl Call {
         };
         let model = adapter.as_ref().map_or(&probe.model, |(name, _)| name);
         let extra = &self.st.config.extra_body;
-        let upstream = upstream_request(req, &sent, model).with_extra(extra);
+        let upstream = upstream_request(req, &sent, model, extra);
         let asked = Instant::now();
         let token_in = match (&self.st.config.token_in, &self.st.upstream) {
             (Some(t), Upstream::Live(client)) => Some((t, client)),
