@@ -103,6 +103,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         BASH,
     );
     train
+        .args(["--task", "hello-file", "--task", "count-lines"])
         .args(["--group-size", "2", "--max-model-calls", "4"])
         .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
         .args(["--learning-rate", "1e-4"]);
@@ -164,12 +165,14 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     );
 
     // The other harnesses of the kit whose prompts fit SmolLM2's context,
-    // through the same vLLM: no training, a rollout per task, three calls each.
+    // through the same vLLM: no training, a rollout on `hello-file`, three
+    // calls (a second task would show nothing more, and CI's time is short).
     for (tool, harnesses) in KIT_THROUGH_VLLM {
         let run = unique_run_id("run-vllm-kit");
         f.runs.add(&run);
         let mut kit = grammar_run(&vllm, &model, &f.stream.brokers, &run, harnesses, *tool);
-        kit.args(["--group-size", "1", "--max-model-calls", "3"]);
+        kit.args(["--task", "hello-file", "--group-size", "1"])
+            .args(["--max-model-calls", "3"]);
         run_to_end(kit, &format!("forgelog run {harnesses:?}"), &vllm);
         let events = f.events(&run);
         let calls = finished_calls(&events);
@@ -177,11 +180,13 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             .iter()
             .filter(|c| c.status == CallStatus::Ok)
             .collect();
-        let rates = assert_shell_sessions_through_vllm(&events, &ok, 2 * harnesses.len());
+        let rates = assert_shell_sessions_through_vllm(&events, &ok, harnesses.len());
         for h in *harnesses {
+            // Every call after the first a follow-up (or OpenCode's title call).
+            let rate = &rates[*h];
             assert!(
-                rates[*h].follow_ups >= 2,
-                "{h}: a follow-up per rollout at least: {rates:?}"
+                rate.follow_ups >= 1 && rate.follow_ups + rate.aux >= 2,
+                "{h}: {rates:?}"
             );
         }
     }
@@ -710,8 +715,8 @@ fn published(
         .collect()
 }
 
-/// `forgelog run` of `harnesses` in sandboxes on `hello-file` and
-/// `count-lines`, two at a time, through `vllm` serving `model`, token in,
+/// `forgelog run` of `harnesses` in sandboxes (the caller names the tasks),
+/// two at a time, through `vllm` serving `model`, token in,
 /// each call held to a call of the shell tool `tool` (96 tokens at most).
 fn grammar_run(
     vllm: &Vllm,
@@ -726,8 +731,7 @@ fn grammar_run(
     for h in harnesses {
         cmd.args(["--harness", h]);
     }
-    cmd.args(["--task", "hello-file", "--task", "count-lines"])
-        .args(["--concurrency", "2", "--brokers", brokers])
+    cmd.args(["--concurrency", "2", "--brokers", brokers])
         .args(["--upstream", &vllm.url, "--engine", "vllm"])
         .arg("--model")
         .arg(model)

@@ -9,6 +9,7 @@
 use crate::{ConsumeError, LogReader};
 use apache_avro::types::Value;
 use forgelog_schemas::{Event, Received, Topic};
+use header::header_keys_are_ours;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -17,46 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod header;
+
 /// The bundle format's version, in the file's metadata.
 pub const BUNDLE_VERSION: &str = "1";
-
-/// The keys of a bundle's header metadata, exactly. Avro's reader skips an
-/// `avro.` key it does not know, so without this a bundle whose
-/// `avro.codec` key was altered opened, read as uncompressed (one byte
-/// flipped there, in `every_changed_byte_or_cut_is_refused`, opened in a
-/// full suite: the map's order, and so where that key falls, varies).
-const HEADER_KEYS: [&str; 5] = [
-    "avro.codec",
-    "avro.schema",
-    "forgelog.bundle",
-    "forgelog.manifest",
-    "forgelog.sha256",
-];
-
-/// Whether the header at `path` holds [`HEADER_KEYS`] and no other: why not.
-fn header_keys_are_ours(path: &Path) -> Result<(), String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut header = std::io::BufReader::new(file);
-    let mut magic = [0u8; 4];
-    header.read_exact(&mut magic).map_err(|e| e.to_string())?;
-    if magic != *b"Obj\x01" {
-        return Err("no Avro object container header".into());
-    }
-    let map = apache_avro::Schema::map(apache_avro::Schema::Bytes);
-    let keys: Vec<String> = match apache_avro::from_avro_datum(&map, &mut header, None) {
-        Ok(Value::Map(metadata)) => metadata.into_keys().collect(),
-        Ok(_) => return Err("its header holds no metadata".into()),
-        Err(e) => return Err(format!("its header: {e}")),
-    };
-    let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    keys.sort_unstable();
-    if keys != HEADER_KEYS {
-        return Err(format!(
-            "its header's keys are {keys:?}, not {HEADER_KEYS:?}: altered, or written by another tool"
-        ));
-    }
-    Ok(())
-}
 
 /// Each record: where it sat in the log, its key, its event's bytes (a claim
 /// check resolved) and the SHA-256 of all of those.
