@@ -244,7 +244,11 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
     loop {
         match forgelog_stream::admin::create_topics(&stream, &Default::default()).await {
             Ok(_) => break,
-            Err(forgelog_stream::admin::AdminError::Unreachable(e)) => {
+            // Unreachable, or a request cut off by its going away.
+            Err(
+                e @ (forgelog_stream::admin::AdminError::Unreachable(_)
+                | forgelog_stream::admin::AdminError::Kafka(_)),
+            ) => {
                 tracing::warn!(error = %e, ?backoff, "trainer: waiting for the broker");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));

@@ -141,12 +141,15 @@ async fn resume(
     sink.flush(Duration::from_secs(600)).await?;
     let resume = loop {
         match tokio::task::block_in_place(|| forgelog_stream::newest_policy(log, Some(&args.run))) {
-            // Gone since the topics were made: waited for, as in `train`'s sweeps.
-            Err(forgelog_stream::ConsumeError::Unreachable(e)) => {
+            // Gone since the topics were made (unreachable, or a read cut
+            // off: `BrokerTransportFailure` as a message error ended a
+            // restarted trainer in the chaos test): waited for, as in
+            // `train`'s sweeps, which take every read error as the log away.
+            Err(e) => {
                 tracing::warn!(error = %e, "trainer: waiting for the broker to resume");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            read => break read?,
+            Ok(newest) => break newest,
         }
     };
     let (weights, moments, state) = match &resume {
