@@ -186,13 +186,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
         }
         println!(
-            "step {step:>2} {a}+{b}: reward {:.3} loss {:+.4} ratio [{:.4}, {:.4}] max|ratio-1| {:.1e} clip {:.3} entropy {:.3} tokens {} staleness {} version {} ({:.1}s) {}",
+            "step {step:>2} {a}+{b}: reward {:.3} loss {:+.4} ratio [{:.4}, {:.4}] max|ratio-1| {:.1e} truncated {:.3} entropy {:.3} tokens {} staleness {} version {} ({:.1}s) {}",
             m.reward_mean,
             m.loss,
             m.ratio_min,
             m.ratio_max,
             m.ratio_max_deviation,
-            m.clip_fraction,
+            m.truncated_fraction,
             m.entropy,
             m.tokens,
             m.staleness_max,

@@ -98,13 +98,8 @@ pub struct TrainArgs {
     /// Gradients are scaled down to at most this global L2 norm before a step.
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
-    /// PPO clipping below: the ratio is held at 1 - clip_low where the advantage is negative.
-    #[arg(long, default_value_t = 0.2)]
-    pub clip_low: f64,
-    /// PPO clipping above: the ratio is held at 1 + clip_high where the advantage is positive.
-    #[arg(long, default_value_t = 0.2)]
-    pub clip_high: f64,
-    /// Truncation of the importance ratio (engine/learner mismatch, staleness).
+    /// Truncation C of each token's importance weight, the policy now over
+    /// the one that sampled (engine/learner mismatch, staleness).
     #[arg(long, default_value_t = 2.0)]
     pub is_cap: f64,
     /// How a step's token losses are averaged.
@@ -198,8 +193,6 @@ impl TrainArgs {
     pub fn learner_config(&self) -> LearnerConfig {
         LearnerConfig {
             loss: LossConfig {
-                clip_low: self.clip_low,
-                clip_high: self.clip_high,
                 is_cap: self.is_cap,
                 normalisation: self.normalisation,
                 kl_coefficient: self.kl,

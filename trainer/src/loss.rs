@@ -1,22 +1,30 @@
-//! The GRPO objective, token level, with PPO clipping against the logprobs
-//! recorded at sampling time (never recomputed), as pure tensor math.
+//! The GRPO objective, token level, with the logprobs recorded at sampling
+//! time (never recomputed) as the behaviour policy of a truncated importance
+//! weight, as pure tensor math.
 //!
-//! For each sampled token `t` of a member with group advantage `A`:
+//! For each sampled token `t` of a member with group advantage `A`, `l` the
+//! learner's logprob and `sg` a value without gradient:
 //!
 //! ```text
-//! ρ_t   = exp(logp_θ(t) − logp_recorded(t))
-//! J_t   = min(ρ_t A, clip(ρ_t, 1 − ε_low, 1 + ε_high) A)
-//! J_t   = max(J_t, C A)                       when A < 0 (truncated IS)
-//! L     = −Σ_t w_t (J_t − β KL_t)             KL_t = e^(r−l) − (r−l) − 1, r = logp_ref, l = logp_θ
+//! w_t   = min(exp(sg(l_t) − logp_recorded(t)), C)    the policy now over the one that sampled
+//! J_t   = w_t A exp(l_t − sg(l_t))                    = w_t A; gradient w_t A ∇l_t
+//! L     = −Σ_t n_t (J_t − β KL_t)                    KL_t = e^(r−l) − (r−l) − 1, r = logp_ref
 //! ```
 //!
-//! `C` (default 2) truncates the importance weight: for `A > 0` clipping
-//! already bounds it at `1 + ε_high`, but for `A < 0` the unclipped branch
-//! `ρ A` grows without bound when the learner's numerics (or staleness) make a
-//! token far likelier than the engine sampled it; past `C` the token carries
-//! no gradient (dual clip). `w_t` is the normalisation: `1 / tokens in the
-//! step` (per token) or `1 / (tokens in its sequence × sequences in the step)`
-//! (per sequence).
+//! The ratio is taken against the learner's own policy at the step (one
+//! update per batch: the proximal policy of decoupled PPO is the learner's
+//! weights as the step starts), and the sampling policy only weights each
+//! token (truncated importance sampling, `C` default 2). PPO's clip against
+//! the recorded logprobs cut the gradient wherever the engine's distribution
+//! differs from the learner's by more than ε whatever the staleness: under a
+//! grammar (vLLM's `structured_outputs`), whose recorded logprobs are over
+//! the tokens it allowed, a third of a mini-swe-agent group's tokens had a
+//! ratio below 0.8, so negative advantages carried no gradient and a step
+//! raised the tokens of failed rollouts too. Here every token keeps a
+//! gradient in its advantage's direction, scaled by how likely the policy
+//! now finds it against how it was sampled. `n_t` is the normalisation:
+//! `1 / tokens in the step` (per token) or `1 / (tokens in its sequence ×
+//! sequences in the step)` (per sequence).
 
 use candle_core::{Result, Tensor};
 
@@ -48,9 +56,7 @@ impl std::str::FromStr for Normalisation {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LossConfig {
-    pub clip_low: f64,
-    pub clip_high: f64,
-    /// Truncation `C` of the importance weight for negative advantages.
+    /// Truncation `C` of the importance weight.
     pub is_cap: f64,
     pub normalisation: Normalisation,
     /// `β` of the KL to the reference policy; `None`: no reference.
@@ -60,8 +66,6 @@ pub struct LossConfig {
 impl Default for LossConfig {
     fn default() -> LossConfig {
         LossConfig {
-            clip_low: 0.2,
-            clip_high: 0.2,
             is_cap: 2.0,
             normalisation: Normalisation::PerToken,
             kl_coefficient: None,
@@ -77,7 +81,7 @@ pub struct TokenInputs<'a> {
     pub recorded: &'a Tensor,
     /// The advantage of each token's member, `(n,)`.
     pub advantages: &'a Tensor,
-    /// Normalisation weights `w_t`, `(n,)`.
+    /// Normalisation weights `n_t`, `(n,)`.
     pub weights: &'a Tensor,
     /// Reference logprobs (no gradient), `(n,)`, when the KL term is on.
     pub reference: Option<&'a Tensor>,
@@ -92,16 +96,11 @@ pub fn grpo_loss(inputs: &TokenInputs, config: &LossConfig) -> Result<Tensor> {
         weights,
         reference,
     } = *inputs;
-    let ratio = (logp - recorded)?.exp()?;
-    let unclipped = (&ratio * advantages)?;
-    let clipped = (ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)? * advantages)?;
-    let surrogate = unclipped.minimum(&clipped)?;
-    // C·A for negative advantages; a floor that never binds for the others.
-    let floor = advantages.lt(0.0)?.where_cond(
-        &(advantages * config.is_cap)?,
-        &advantages.ones_like()?.affine(0.0, -1e30)?,
-    )?;
-    let mut objective = surrogate.maximum(&floor)?;
+    let now = logp.detach();
+    let importance = (&now - recorded)?.exp()?.clamp(0.0, config.is_cap)?;
+    // exp(l − sg(l)) is 1 with the gradient of l.
+    let ratio = (logp - &now)?.exp()?;
+    let mut objective = ((ratio * importance)? * advantages)?;
     if let (Some(beta), Some(reference)) = (config.kl_coefficient, reference) {
         let log_ratio = (reference - logp)?;
         let kl = ((log_ratio.exp()? - &log_ratio)? - 1.0)?;
@@ -113,16 +112,18 @@ pub fn grpo_loss(inputs: &TokenInputs, config: &LossConfig) -> Result<Tensor> {
 /// Per-token diagnostics of the same formula, on plain numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TokenStats {
+    /// `exp(l − logp_recorded)`, before truncation.
     pub ratio: f64,
-    /// The token's gradient is cut by clipping or truncation.
-    pub clipped: bool,
+    /// The token's importance weight is truncated at `C`.
+    pub truncated: bool,
 }
 
-pub fn token_stats(logp: f64, recorded: f64, advantage: f64, config: &LossConfig) -> TokenStats {
+pub fn token_stats(logp: f64, recorded: f64, config: &LossConfig) -> TokenStats {
     let ratio = (logp - recorded).exp();
-    let clipped = (advantage > 0.0 && ratio > 1.0 + config.clip_high)
-        || (advantage < 0.0 && (ratio < 1.0 - config.clip_low || ratio > config.is_cap));
-    TokenStats { ratio, clipped }
+    TokenStats {
+        ratio,
+        truncated: ratio > config.is_cap,
+    }
 }
 
 #[cfg(test)]
@@ -176,22 +177,26 @@ mod tests {
     }
 
     #[test]
-    fn clipping_and_truncation_cut_the_gradient() {
+    fn every_token_keeps_its_advantages_direction_weighted_by_its_truncated_ratio() {
         let c = LossConfig::default();
         let ln = |x: f32| x.ln();
-        // A > 0, ρ = 1.5 > 1.2: clipped. A < 0, ρ = 0.5 < 0.8: clipped.
-        // A < 0, ρ = 3 > C = 2: truncated. A < 0, ρ = 1.5: unclipped, gradient −ρA/n.
-        let (_, g) = loss_and_grad(
-            &[ln(1.5), ln(0.5), ln(3.0), ln(1.5)],
+        // Ratios to the sampling policy 1.5, 0.5 (under PPO's clip these two
+        // carried no gradient), 3 (truncated at C = 2) and 0.01 (a token a
+        // grammar forced that the policy alone rarely writes).
+        let (loss, g) = loss_and_grad(
+            &[ln(1.5), ln(0.5), ln(3.0), ln(0.01)],
             &[0.0; 4],
             &[1.0, -1.0, -1.0, -1.0],
             &c,
         );
-        assert_eq!(&g[..3], &[0.0, 0.0, 0.0]);
-        assert!((g[3] - 1.5 / 4.0).abs() < 1e-6, "{g:?}");
-        assert!(token_stats(ln(1.5) as f64, 0.0, 1.0, &c).clipped);
-        assert!(token_stats(ln(3.0) as f64, 0.0, -1.0, &c).clipped);
-        assert!(!token_stats(ln(1.5) as f64, 0.0, -1.0, &c).clipped);
+        // d(−w A exp(l − sg l)/n)/dl = −w A / n.
+        let want = [-1.5 / 4.0, 0.5 / 4.0, 2.0 / 4.0, 0.01 / 4.0];
+        for (got, want) in g.iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{g:?}");
+        }
+        assert!((loss - (-(1.5 - 0.5 - 2.0 - 0.01) / 4.0)).abs() < 1e-6);
+        assert!(token_stats(ln(3.0) as f64, 0.0, &c).truncated);
+        assert!(!token_stats(ln(1.5) as f64, 0.0, &c).truncated);
     }
 
     #[test]

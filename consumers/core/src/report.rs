@@ -280,7 +280,7 @@ impl fmt::Display for Report {
             "loss",
             "grad",
             "IS ratio mean/min/max",
-            "clip",
+            "trunc",
             "staleness"
         )?;
         for p in &self.published {
@@ -299,7 +299,7 @@ impl fmt::Display for Report {
                     num(m("is_ratio_min")),
                     num(m("is_ratio_max"))
                 ),
-                num(m("clip_fraction")),
+                num(m("truncated_fraction")),
                 num(m("staleness_mean"))
             )?;
         }

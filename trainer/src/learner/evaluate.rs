@@ -12,7 +12,8 @@ pub struct Evaluation {
     /// Aligned with [`Learner::vars`].
     pub grads: Vec<Option<Tensor>>,
     pub ratios: Vec<f64>,
-    pub clipped: usize,
+    /// Tokens whose importance weight was truncated.
+    pub truncated: usize,
     pub entropy_sum: f64,
 }
 
@@ -82,7 +83,7 @@ impl Learner {
             loss: 0.0,
             grads: vec![None; self.vars.len()],
             ratios: Vec::with_capacity(total_tokens),
-            clipped: 0,
+            truncated: 0,
             entropy_sum: 0.0,
         };
         let micro_batches = micro_batches(
@@ -128,10 +129,10 @@ impl Learner {
             }
             eval.loss += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let logp = logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-            for ((lp, rec), adv) in logp.iter().zip(&recorded).zip(&advantages) {
-                let stats = token_stats(*lp, *rec, *adv, &self.config.loss);
+            for (lp, rec) in logp.iter().zip(&recorded) {
+                let stats = token_stats(*lp, *rec, &self.config.loss);
                 eval.ratios.push(stats.ratio);
-                eval.clipped += stats.clipped as usize;
+                eval.truncated += stats.truncated as usize;
             }
             eval.entropy_sum += entropy
                 .to_dtype(DType::F64)?

@@ -245,7 +245,7 @@ impl Learner {
             .iter()
             .map(|r| (r - 1.0).abs())
             .fold(0.0, f64::max);
-        metrics.clip_fraction = eval.clipped as f64 / n as f64;
+        metrics.truncated_fraction = eval.truncated as f64 / n as f64;
         metrics.entropy = eval.entropy_sum / n as f64;
         Ok(metrics)
     }

@@ -11,7 +11,8 @@ pub struct StepMetrics {
     pub ratio_max: f64,
     /// Largest `|ρ − 1|`: 0 up to numerics when on policy.
     pub ratio_max_deviation: f64,
-    pub clip_fraction: f64,
+    /// Tokens whose importance weight was truncated at `C`.
+    pub truncated_fraction: f64,
     /// Mean entropy (nats) of the learner's distribution at the sampled positions.
     pub entropy: f64,
     pub reward_mean: f64,
@@ -25,7 +26,7 @@ pub struct StepMetrics {
 
 impl StepMetrics {
     /// As `PolicyPublished.metrics`. A step that trained no token (its
-    /// groups all scored alike) has no importance ratios, clipping or entropy:
+    /// groups all scored alike) has no importance ratios, truncation or entropy:
     /// those keys are left out, never reported as 0.
     pub fn to_map(&self) -> BTreeMap<String, f64> {
         let mut map = BTreeMap::from([
@@ -43,7 +44,7 @@ impl StepMetrics {
                 ("is_ratio_mean".into(), self.ratio_mean),
                 ("is_ratio_min".into(), self.ratio_min),
                 ("is_ratio_max".into(), self.ratio_max),
-                ("clip_fraction".into(), self.clip_fraction),
+                ("truncated_fraction".into(), self.truncated_fraction),
                 ("entropy".into(), self.entropy),
             ]);
         }

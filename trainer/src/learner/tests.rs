@@ -12,7 +12,7 @@ fn a_step_without_tokens_publishes_no_ratios() {
         "is_ratio_mean",
         "is_ratio_min",
         "is_ratio_max",
-        "clip_fraction",
+        "truncated_fraction",
         "entropy",
     ] {
         assert!(!empty.contains_key(k), "{k}");
