@@ -3,13 +3,16 @@
 //! forgelog, behind a proxy rendering prompts with the same folder's
 //! tokenizer and template (token in); the proxy's start check compares its
 //! rendering with vLLM's `/tokenize`. `forgelog run --train --engine vllm`
-//! puts mini-swe-agent in sandboxes on two shipped tasks, vLLM's sampling
+//! puts mini-swe-agent in sandboxes on a shipped task, vLLM's sampling
 //! held to a bash tool call by a grammar (`--extra-body`: SmolLM2 writes
 //! none of its own), so each rollout goes on for several turns: every call
 //! is recorded with the ids and logprobs vLLM sampled and a prompt the
 //! proxy made, every follow-up spliced onto the ids vLLM sampled before it,
-//! one path per rollout, and the second group is sampled by the version
-//! trained on the first, which vLLM serves (kept in sync from the log). The
+//! one path per rollout; the learner's step on the group goes where its
+//! rewards say: teacher-forced by vLLM before and after (vLLM serves the new
+//! version, kept in sync from the log), the tokens of the rollouts that
+//! solved the task gain logprob and those of the rollouts that did not lose
+//! it. The
 //! kit's other harnesses whose prompts fit (Claude Code, Codex, pi,
 //! openai-agents, pydantic-ai, google-adk) the same way, each held to a call
 //! of its own shell tool, without training. Then a multi-turn
@@ -39,20 +42,26 @@ use std::time::{Duration, Instant};
 use support::sandboxes::{finished_calls, fixture, side_calls, stderr_of};
 use support::shipped;
 use support::vllm::{
-    adapted_policy, load_adapter, logprob_gap, tool_call_grammar, untied_smollm2_folder,
-    up_demo_through, Vllm,
+    adapted_policy, load_adapter, logprob_gap, reload_weights, teacher_forced, tool_call_grammar,
+    untied_smollm2_folder, up_demo_through, Vllm,
 };
 
-/// The commands the grammar lets SmolLM2 choose from: none solves a task
-/// or submits, so every rollout goes on until the call budget and scores 0
-/// (a learner step with no variance trains nothing: the test's time does
-/// not hang on how often SmolLM2 happens to pick an answer; learning through
-/// vLLM is the closed loop's test below).
+/// The commands the grammar lets SmolLM2 choose from in the kit's runs:
+/// none solves a task or submits, so every rollout goes on until the call
+/// budget.
 const COMMANDS: &[&str] = &[
     "ls /app",
     "head -3 /app/data.txt",
     "wc -l /app/data.txt",
     "pwd",
+];
+
+/// The training run's: hello-file's answer besides [`COMMANDS`]' first three.
+const TRAINED_COMMANDS: &[&str] = &[
+    "echo 'Hello, forgelog!' > /app/hello.txt",
+    "ls /app",
+    "head -3 /app/data.txt",
+    "wc -l /app/data.txt",
 ];
 
 /// A harness's shell tool as the grammar writes its call: its name and the
@@ -90,79 +99,106 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     let http = reqwest::Client::new();
     let rt = tokio::runtime::Runtime::new().unwrap();
 
-    // `run --train` on vLLM: a group per task, a learner step per group, on
-    // policy (the second group starts once vLLM serves the first's version).
-    let run = unique_run_id("run-vllm");
-    f.runs.add(&run);
-    let mut train = grammar_run(
-        &vllm,
-        &model,
-        &f.stream.brokers,
-        &run,
-        &["mini-swe-agent"],
-        BASH,
-    );
-    train
-        .args(["--task", "hello-file", "--task", "count-lines"])
-        .args(["--group-size", "2", "--max-model-calls", "4"])
-        .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-        .args(["--learning-rate", "1e-4"]);
-    run_to_end(train, "forgelog run", &vllm);
+    // `run --train` on vLLM: a group of eight rollouts of hello-file, then
+    // a learner step, which vLLM serves as version 1 (kept in sync from the
+    // log) before the run ends. The grammar also offers the task's answer,
+    // which SmolLM2 picked in 16 of 32 rollouts measured, so the group's
+    // rewards differ; a run whose group scored alike (about 1 in 100) is run
+    // again. (That each group is sampled by the version trained on the ones
+    // before it, through vLLM: `up_demo_trains_through_a_real_vllm…`; through
+    // a harness: tests/run.rs.)
+    let mut tries = 0;
+    let (run, batch) = loop {
+        tries += 1;
+        let run = unique_run_id("run-vllm");
+        f.runs.add(&run);
+        let mut train = grammar_run(
+            &vllm,
+            &model,
+            &f.stream.brokers,
+            &run,
+            &["mini-swe-agent"],
+            BASH,
+            TRAINED_COMMANDS,
+        );
+        train
+            .args(["--task", "hello-file", "--group-size", "8"])
+            .args(["--max-model-calls", "2", "--learning-rate", "1e-4"])
+            .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"]);
+        run_to_end(train, "forgelog run --train", &vllm);
+        let batch = batch_of(&f.stream, &run, "hello-file");
+        if !batch.no_reward_variance || tries == 3 {
+            break (run, batch);
+        }
+        eprintln!("{run}: its group scored alike; a new run");
+        rt.block_on(reload_weights(&http, &vllm.url, &model, 0));
+    };
+    assert!(!batch.no_reward_variance, "{tries} runs without variance");
 
     let events = f.events(&run);
-    let versions: Vec<i64> = published(&f.stream, &run)
-        .iter()
-        .map(|p| p.version)
-        .collect();
-    assert_eq!(versions, [1, 2], "a version per group, each published once");
+    let published = published(&f.stream, &run);
+    let versions: Vec<i64> = published.iter().map(|p| p.version).collect();
+    assert_eq!(versions, [1], "a version for the group, published once");
+    assert!(published[0].metrics["tokens"] > 0.0);
     let calls = finished_calls(&events);
     let ok: Vec<_> = calls
         .iter()
         .filter(|c| c.status == CallStatus::Ok)
         .collect();
     assert!(
-        ok.len() >= 8,
-        "four rollouts, at least two calls each: {ok:?}"
+        ok.len() >= 16,
+        "eight rollouts, two calls each: {}",
+        ok.len()
     );
-    // Each group sampled by the version before it, as vLLM named it (plan
-    // order: count-lines is group 0, hello-file group 1).
-    let task_of: std::collections::BTreeMap<&str, &str> = events
+    // Sampled by version 0, as vLLM named it; the run ends once vLLM serves
+    // version 1.
+    let served: BTreeSet<i64> = ok
         .iter()
-        .filter_map(|e| match e {
-            Event::RolloutStarted(r) => Some((r.session_id.as_str(), r.task_id.as_str())),
-            _ => None,
-        })
+        .map(|c| c.policy_version.expect("vLLM's version on every call"))
         .collect();
-    let mut served: std::collections::BTreeMap<&str, BTreeSet<i64>> = Default::default();
-    for c in &ok {
-        let version = c.policy_version.expect("vLLM's version on every call");
-        served
-            .entry(task_of[c.session_id.as_str()])
-            .or_default()
-            .insert(version);
-    }
-    assert_eq!(
-        served,
-        [
-            ("count-lines", BTreeSet::from([0])),
-            ("hello-file", BTreeSet::from([1]))
-        ]
-        .into(),
-        "each group sampled by the version before it"
-    );
-    // The run ends once vLLM serves the last version.
+    assert_eq!(served, BTreeSet::from([0]));
     assert_eq!(
         rt.block_on(weight_info(&http, &vllm.url)),
-        json!("2"),
-        "vLLM serves the last version"
+        json!("1"),
+        "vLLM serves the trained version"
     );
     // Every call vLLM's, every answer a shell tool call, every follow-up
     // spliced: one path per rollout.
-    let rates = assert_shell_sessions_through_vllm(&events, &ok, 4);
+    let rates = assert_shell_sessions_through_vllm(&events, &ok, 8, TRAINED_COMMANDS);
     assert!(
-        rates["mini-swe-agent"].follow_ups >= 4,
-        "a follow-up per rollout at least: {rates:?}"
+        rates["mini-swe-agent"].follow_ups >= 8,
+        "a follow-up per rollout: {rates:?}"
     );
+    // The step went where the rewards said: vLLM teacher-forces the group's
+    // trajectories serving version 1, then the weights that sampled them.
+    let after = rt.block_on(teacher_force_batch(&http, &vllm.url, &batch));
+    rt.block_on(reload_weights(&http, &vllm.url, &model, 0));
+    let before = rt.block_on(teacher_force_batch(&http, &vllm.url, &batch));
+    let moves = LogprobMoves::of(&batch, &before, &after);
+    eprintln!("GRADIENT DIRECTION through vLLM, one step on hello-file's group: {moves}");
+    assert!(moves.positive.mean() > 0.0, "{moves}");
+    assert!(moves.negative.mean() < 0.0, "{moves}");
+    // Only sampled tokens (mask 1) the model had a choice over (logprob
+    // below 0: not forced by the grammar) are the loss's: the learner reads
+    // of each trajectory those positions and their recorded logprobs.
+    let sampled: Vec<(Vec<usize>, Vec<f32>)> = batch
+        .members
+        .iter()
+        .flat_map(|m| &m.sequences)
+        .map(|s| {
+            let at: Vec<usize> = (1..s.token_ids.len())
+                .filter(|&j| s.loss_mask[j] == 1 && s.sampling_logprobs[j] < 0.0)
+                .collect();
+            let recorded = at.iter().map(|&j| s.sampling_logprobs[j]).collect();
+            (at, recorded)
+        })
+        .collect();
+    let learned: Vec<(Vec<usize>, Vec<f32>)> = forgelog_trainer::learner::sampled_sequences(&batch)
+        .into_iter()
+        .map(|s| (s.positions, s.recorded))
+        .collect();
+    assert_eq!(learned.len(), 8, "a trajectory per rollout");
+    assert_eq!(learned, sampled);
 
     // The other harnesses of the kit whose prompts fit SmolLM2's context,
     // through the same vLLM: no training, a rollout on `hello-file`, three
@@ -170,7 +206,15 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     for (tool, harnesses) in KIT_THROUGH_VLLM {
         let run = unique_run_id("run-vllm-kit");
         f.runs.add(&run);
-        let mut kit = grammar_run(&vllm, &model, &f.stream.brokers, &run, harnesses, *tool);
+        let mut kit = grammar_run(
+            &vllm,
+            &model,
+            &f.stream.brokers,
+            &run,
+            harnesses,
+            *tool,
+            COMMANDS,
+        );
         kit.args(["--task", "hello-file", "--group-size", "1"])
             .args(["--max-model-calls", "3"]);
         run_to_end(kit, &format!("forgelog run {harnesses:?}"), &vllm);
@@ -180,7 +224,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             .iter()
             .filter(|c| c.status == CallStatus::Ok)
             .collect();
-        let rates = assert_shell_sessions_through_vllm(&events, &ok, harnesses.len());
+        let rates = assert_shell_sessions_through_vllm(&events, &ok, harnesses.len(), COMMANDS);
         for h in *harnesses {
             // Every call after the first a follow-up (or OpenCode's title call).
             let rate = &rates[*h];
@@ -715,9 +759,112 @@ fn published(
         .collect()
 }
 
+/// The training batch of `run`'s group on `task`.
+fn batch_of(
+    config: &forgelog_stream::StreamConfig,
+    run: &str,
+    task: &str,
+) -> forgelog_schemas::TrainingBatch {
+    events_of(config, forgelog_schemas::Topic::Batches, run)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::TrainingBatch(b) if b.task_id == task => Some(b),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{run}: no batch of {task}"))
+}
+
+/// vLLM's teacher-forced logprobs of each trajectory of `batch`, member by
+/// member, from the weights it serves now.
+async fn teacher_force_batch(
+    http: &reqwest::Client,
+    url: &str,
+    batch: &forgelog_schemas::TrainingBatch,
+) -> Vec<Vec<f64>> {
+    let mut out = Vec::new();
+    for s in batch.members.iter().flat_map(|m| &m.sequences) {
+        out.push(teacher_forced(http, url, &s.token_ids).await);
+    }
+    out
+}
+
+/// How a step moved the logprobs of a group's tokens, by kind.
+#[derive(Default)]
+struct LogprobMoves {
+    /// Sampled tokens (mask 1) with a choice (the loss's) of members with a
+    /// positive advantage.
+    positive: Mean,
+    negative: Mean,
+    /// Sampled tokens the grammar forced (recorded logprob 0): outside the loss.
+    forced: Mean,
+    /// What the harness or tools wrote (mask 0): context, outside the loss.
+    context: Mean,
+}
+
+#[derive(Default)]
+struct Mean {
+    n: usize,
+    sum: f64,
+}
+
+impl Mean {
+    fn add(&mut self, x: f64) {
+        self.n += 1;
+        self.sum += x;
+    }
+
+    fn mean(&self) -> f64 {
+        self.sum / self.n as f64
+    }
+}
+
+impl LogprobMoves {
+    /// `after − before` of each token of `batch`'s trajectories but the first.
+    fn of(
+        batch: &forgelog_schemas::TrainingBatch,
+        before: &[Vec<f64>],
+        after: &[Vec<f64>],
+    ) -> LogprobMoves {
+        let mut moves = LogprobMoves::default();
+        let sequences = batch
+            .members
+            .iter()
+            .flat_map(|m| m.sequences.iter().map(move |s| (m.advantage, s)));
+        for ((advantage, s), (before, after)) in sequences.zip(before.iter().zip(after)) {
+            for j in 1..s.token_ids.len() {
+                let moved = after[j] - before[j];
+                match (s.loss_mask[j], advantage) {
+                    (0, _) => moves.context.add(moved),
+                    _ if s.sampling_logprobs[j] == 0.0 => moves.forced.add(moved),
+                    (_, Some(a)) if a > 0.0 => moves.positive.add(moved),
+                    (_, Some(a)) if a < 0.0 => moves.negative.add(moved),
+                    _ => {}
+                }
+            }
+        }
+        moves
+    }
+}
+
+impl std::fmt::Display for LogprobMoves {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let kinds = [
+            ("positive advantage", &self.positive),
+            ("negative advantage", &self.negative),
+            ("forced", &self.forced),
+            ("mask 0", &self.context),
+        ];
+        for (name, m) in kinds {
+            write!(f, "{name}: {} tokens, mean {:+.4}; ", m.n, m.mean())?;
+        }
+        Ok(())
+    }
+}
+
 /// `forgelog run` of `harnesses` in sandboxes (the caller names the tasks),
-/// two at a time, through `vllm` serving `model`, token in,
-/// each call held to a call of the shell tool `tool` (96 tokens at most).
+/// four at a time, through `vllm` serving `model`, token in,
+/// each call held to a call of the shell tool `tool` running one of
+/// `commands` (96 tokens at most).
 fn grammar_run(
     vllm: &Vllm,
     model: &Path,
@@ -725,20 +872,21 @@ fn grammar_run(
     run: &str,
     harnesses: &[&str],
     (tool, arg): ShellTool,
+    commands: &[&str],
 ) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
     cmd.arg("run").arg(shipped()).args(["--run", run]);
     for h in harnesses {
         cmd.args(["--harness", h]);
     }
-    cmd.args(["--concurrency", "2", "--brokers", brokers])
+    cmd.args(["--concurrency", "4", "--brokers", brokers])
         .args(["--upstream", &vllm.url, "--engine", "vllm"])
         .arg("--model")
         .arg(model)
         .arg("--tokenizer")
         .arg(model)
         .args(["--max-tokens", "96"])
-        .args(["--extra-body", &tool_call_grammar(tool, arg, COMMANDS)]);
+        .args(["--extra-body", &tool_call_grammar(tool, arg, commands)]);
     cmd
 }
 
@@ -772,7 +920,7 @@ fn rollouts_of(events: &[Event], harness: &str) -> usize {
 
 /// The checks of a run whose calls vLLM answered under a shell tool's grammar:
 /// every call trainable with vLLM's ids and logprobs and a prompt the proxy
-/// made; every answer a shell tool call running one of [`COMMANDS`] (the
+/// made; every answer a shell tool call running one of `commands` (the
 /// grammar recorded with it); every follow-up clean, the only side calls
 /// OpenCode's title calls; one path per rollout (of `rollouts`) besides
 /// them, all it sampled on its paths, its tool calls counted. The CLEAN rate
@@ -781,6 +929,7 @@ fn assert_shell_sessions_through_vllm(
     events: &[Event],
     ok: &[&forgelog_schemas::CallFinished],
     rollouts: usize,
+    commands: &[&str],
 ) -> std::collections::BTreeMap<String, forgelog_consumers::core::clean::CleanRate> {
     for c in ok {
         // vLLM's own sampled ids and logprobs, the prompt the proxy made.
@@ -814,7 +963,7 @@ fn assert_shell_sessions_through_vllm(
         .unwrap();
         let command = arguments["command"].as_str().or(arguments["cmd"].as_str());
         assert!(
-            COMMANDS.contains(&command.unwrap_or_default()),
+            commands.contains(&command.unwrap_or_default()),
             "call {}: {message}",
             c.call_index
         );

@@ -320,3 +320,57 @@ pub fn up_demo_through(
     }
     up
 }
+
+/// vLLM's own teacher forcing: the logprob of each of `ids` after the ones
+/// before it (`prompt_logprobs`; the first has none, `NaN` here), from the
+/// weights it serves now.
+pub async fn teacher_forced(http: &reqwest::Client, url: &str, ids: &[u32]) -> Vec<f64> {
+    let r = http
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"model": "smollm2", "prompt": ids, "max_tokens": 1,
+                      "temperature": 1.0, "prompt_logprobs": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let body: Value = r.json().await.unwrap();
+    let rows = body["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(rows.len(), ids.len());
+    rows.iter()
+        .zip(ids)
+        .map(|(row, id)| row[id.to_string()]["logprob"].as_f64().unwrap_or(f64::NAN))
+        .collect()
+}
+
+/// Makes vLLM serve the weights of the model folder `dir` (no optimizer
+/// files in it) as `version`, as `forgelog sync` does: paused, reloaded, its
+/// prefix cache dropped, its version set, resumed.
+pub async fn reload_weights(http: &reqwest::Client, url: &str, dir: &Path, version: u64) {
+    let steps = [
+        ("/pause?mode=wait", json!({})),
+        (
+            "/collective_rpc",
+            json!({"method": "reload_weights",
+                   "kwargs": {"weights_path": dir, "is_checkpoint_format": true}}),
+        ),
+        ("/reset_prefix_cache", json!({})),
+        (
+            "/update_weight_version",
+            json!({"new_version": version.to_string()}),
+        ),
+        ("/resume", json!({})),
+    ];
+    for (path, body) in steps {
+        let r = http
+            .post(format!("{url}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{path}: {}",
+            r.text().await.unwrap()
+        );
+    }
+}
