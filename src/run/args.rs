@@ -17,6 +17,10 @@ pub struct RunArgs {
     /// Rollouts per GRPO group (one task, one harness)
     #[arg(long, default_value_t = 8)]
     pub group_size: usize,
+    /// Each task's groups this many times over, one epoch after another:
+    /// a training run sees every task again with the policy trained so far
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub epochs: u32,
     /// Rollouts running at once
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -89,7 +93,7 @@ pub struct RunArgs {
     /// Re-run the recorded rollouts of this run in the same environment (task
     /// image, harness bundle, paths and home), answered from the recording,
     /// and compare how each ended
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size"])]
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["train", "upstream", "proxy", "harness", "tasks", "group_size", "epochs"])]
     pub replay: Option<String>,
     /// With --replay: read the recorded run from this bundle (`forgelog
     /// export bundle`) instead of the log; tasks and launch scripts that

@@ -49,7 +49,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     };
     let names: Vec<String> = kit.harnesses.keys().cloned().collect();
     let ids: Vec<String> = kit.tasks.keys().cloned().collect();
-    let plan = RunPlan::new(&run_id, &ids, &names, args.group_size);
+    let plan = RunPlan::new(&run_id, &ids, &names, args.group_size).epochs(args.epochs as usize);
     let dir = RunDir::acquire(&home, &run_id)?;
     let podman = Podman::default();
     // Leftovers of dead runs are removed again at the next start if this fails.
@@ -94,10 +94,11 @@ async fn orchestrate(
     let total = plan.rollouts().count();
     let groups = plan.groups.len();
     eprintln!(
-        "run {run_id}: {} tasks × {} harnesses × {} = {total} rollouts, {} at a time, proxy {url}{}",
+        "run {run_id}: {} tasks × {} harnesses × {}{} = {total} rollouts, {} at a time, proxy {url}{}",
         kit.tasks.len(),
         kit.harnesses.len(),
         args.group_size.max(1),
+        match args.epochs { 1 => String::new(), n => format!(" × {n} epochs") },
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );

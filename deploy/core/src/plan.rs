@@ -84,6 +84,28 @@ impl RunPlan {
                 });
             }
         }
+        RunPlan::of_groups(run_id, groups)
+    }
+
+    /// The plan's groups `epochs` times over, in order: epoch `e` after the
+    /// first is groups of their own, `{group}-e{e}` (so the first epoch's ids
+    /// are the plan's, and a run resumed with more epochs goes on from them).
+    pub fn epochs(self, epochs: usize) -> RunPlan {
+        let groups = (0..epochs.max(1))
+            .flat_map(|e| {
+                self.groups.iter().map(move |g| Group {
+                    id: match e {
+                        0 => g.id.clone(),
+                        e => format!("{}-e{e}", g.id),
+                    },
+                    ..g.clone()
+                })
+            })
+            .collect();
+        RunPlan::of_groups(&self.run_id, groups)
+    }
+
+    fn of_groups(run_id: &str, groups: Vec<Group>) -> RunPlan {
         let rollouts = groups
             .iter()
             .flat_map(|g| {
@@ -155,6 +177,25 @@ mod tests {
                 4
             )
         );
+    }
+
+    #[test]
+    fn epochs_repeat_the_groups_in_order_under_ids_of_their_own() {
+        let one = RunPlan::new("r", &names(&["a", "b"]), &names(&["h"]), 2);
+        let three = one.clone().epochs(3);
+        let ids: Vec<&str> = three.groups.iter().map(|g| g.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["r-a-h", "r-b-h", "r-a-h-e1", "r-b-h-e1", "r-a-h-e2", "r-b-h-e2"]
+        );
+        // The first epoch is the plan itself: a run resumed with more
+        // epochs finds its rollouts.
+        assert_eq!(three.rollouts[..4], one.rollouts[..]);
+        assert_eq!(three.rollouts.len(), 12);
+        assert_eq!(three.rollouts[11].id, "r-b-h-e2-1");
+        assert_eq!(three.rollouts[11].task, "b");
+        assert_eq!(one.clone().epochs(1), one);
+        assert_eq!(one.clone().epochs(0), one);
     }
 
     #[test]
