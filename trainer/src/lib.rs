@@ -78,8 +78,13 @@ pub struct TrainArgs {
     /// (a driver that samples in rounds of known size: one step per round)
     #[arg(long)]
     pub groups_per_step: Option<usize>,
-    /// Rows per forward/backward pass (gradients accumulate over them).
-    #[arg(long, default_value_t = 1024)]
+    /// Rows per forward/backward pass, a shared prompt counted once
+    /// (gradients accumulate over them): the activation memory of one pass,
+    /// which grows with each row's context too (on CPU, SmolLM2 held about
+    /// 10 GB for 1,050 rows of a mini-swe-agent trajectory, 13 GB for 1,350
+    /// and 19 GB for 1,900). The default holds an 850-token agent prompt
+    /// and a few of its group's answers, so the prompt is fed once for them.
+    #[arg(long, default_value_t = 1536)]
     pub micro_batch_tokens: usize,
     /// Publish a policy every this many steps.
     #[arg(long, default_value_t = 1)]

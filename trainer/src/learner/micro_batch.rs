@@ -3,11 +3,7 @@
 //! form a [`SharedRun`]: the shared prefix is forwarded once and each member
 //! goes on from it, so the prefix costs one forward and one backward however
 //! many members share it. Runs are packed into micro-batches of a bounded
-//! number of fed tokens, the activation memory of one forward and backward,
-//! not counting the prefix of a micro-batch's first run: one member alone
-//! feeds it anyway, and an agent's prompt (thousands of tokens) counted
-//! against the bound left one member per micro-batch, each feeding the
-//! prompt again.
+//! number of fed tokens, the activation memory of one forward and backward.
 
 use super::SampledSequence;
 
@@ -69,10 +65,9 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// `seqs` (each with at least one sampled position) in micro-batches of at
-/// most `max_tokens` fed tokens besides the shared prefix of their first run,
-/// or of one sequence where that alone is more. With `share` false, no prefix
-/// is shared. Sequences keep their order; a run too big for one micro-batch
-/// is split, each part feeding the prefix again.
+/// most `max_tokens` fed tokens, or of one sequence where that alone is more.
+/// With `share` false, no prefix is shared. Sequences keep their order; a run
+/// too big for one micro-batch is split, each part feeding the prefix again.
 pub fn micro_batches(
     seqs: &[SampledSequence],
     max_tokens: usize,
@@ -84,8 +79,6 @@ pub fn micro_batches(
         seqs.iter().map(SharedRun::alone).collect()
     };
     let mut out: Vec<MicroBatch> = Vec::new();
-    // The tokens the current micro-batch counts against `max_tokens`.
-    let mut counted = 0;
     // The run the current micro-batch's last part belongs to.
     let mut last_run = None;
     for (r, run) in runs.iter().enumerate() {
@@ -97,19 +90,13 @@ pub fn micro_batches(
                 fed(s)
             };
             match out.last_mut() {
-                Some(m) if counted + cost <= max_tokens => {
-                    counted += cost;
-                    match m.runs.last_mut() {
-                        Some(part) if continues => part.members.push(s),
-                        _ => m.runs.push(run.part(s)),
-                    }
-                }
-                _ => {
-                    counted = fed(s) - run.prefix;
-                    out.push(MicroBatch {
-                        runs: vec![run.part(s)],
-                    });
-                }
+                Some(m) if m.fed() + cost <= max_tokens => match m.runs.last_mut() {
+                    Some(part) if continues => part.members.push(s),
+                    _ => m.runs.push(run.part(s)),
+                },
+                _ => out.push(MicroBatch {
+                    runs: vec![run.part(s)],
+                }),
             }
             last_run = Some(r);
         }
@@ -224,9 +211,8 @@ mod tests {
     fn a_run_too_big_for_a_micro_batch_is_split_and_feeds_its_prefix_again() {
         let prompt: Vec<u32> = (0..100).collect();
         let seqs: Vec<_> = (0..5).map(|i| seq(&prompt, &[i; 30], 100)).collect();
-        let micro = micro_batches(&seqs, 100, true);
-        // 99 shared (not counted) + 30 a member: three fit in 100 tokens (90),
-        // then two.
+        let micro = micro_batches(&seqs, 200, true);
+        // 99 shared + 30 a member: three fit in 200 tokens (189), then two.
         let sizes: Vec<(usize, usize)> = micro
             .iter()
             .map(|m| (m.runs[0].members.len(), m.fed()))
@@ -235,33 +221,29 @@ mod tests {
     }
 
     #[test]
-    fn a_prompt_near_the_bound_is_still_fed_once_for_a_groups_members() {
-        // An agent's group: a 900-token prompt, eight answers of 50 tokens,
-        // 1,024 tokens a micro-batch (the learner's default). Counted
-        // against the bound, the prompt left two members per micro-batch,
-        // each pair feeding it again (4 × 999 tokens).
+    fn a_bound_that_holds_an_agents_prompt_and_its_answers_feeds_the_prompt_once() {
+        // An agent's group: a 900-token prompt, eight answers of 50 tokens.
+        // The bound counts the prompt (it is activation memory like any
+        // row): at 1,536 (the learner's default) the group is one
+        // micro-batch; at 1,024 (the old default) two members fit beside
+        // the prompt, which each pair feeds again.
         let prompt: Vec<u32> = (0..900).collect();
         let seqs: Vec<_> = (0..8).map(|i| seq(&prompt, &[i; 50], 900)).collect();
-        let micro = micro_batches(&seqs, 1024, true);
-        let sizes: Vec<(usize, usize)> = micro
-            .iter()
-            .map(|m| (m.runs[0].members.len(), m.fed()))
-            .collect();
-        assert_eq!(sizes, vec![(8, 899 + 8 * 50)]);
-        // Past the bound, the group is split: each part feeds the prompt.
-        let sizes: Vec<usize> = micro_batches(&seqs, 200, true)
-            .iter()
-            .map(|m| m.runs[0].members.len())
-            .collect();
-        assert_eq!(sizes, vec![4, 4]);
+        let sizes = |max| -> Vec<(usize, usize)> {
+            micro_batches(&seqs, max, true)
+                .iter()
+                .map(|m| (m.runs[0].members.len(), m.fed()))
+                .collect()
+        };
+        assert_eq!(sizes(1536), vec![(8, 899 + 8 * 50)]);
+        assert_eq!(sizes(1024), vec![(2, 899 + 2 * 50); 4]);
     }
 
     proptest! {
         /// Whatever the sequences: each comes once, in order; a shared
         /// prefix is one every member has and precedes every row it is
-        /// trained at; a micro-batch holds at most `max` fed tokens besides
-        /// its first sequence's prompt, or one sequence; and sharing never
-        /// feeds more than not sharing.
+        /// trained at; a micro-batch holds at most `max` fed tokens or one
+        /// sequence; and sharing never feeds more than not sharing.
         #[test]
         fn micro_batches_keep_every_sequence_once_and_within_bounds(
             groups in prop::collection::vec((1usize..40, prop::collection::vec((0usize..20, 1usize..20), 1..5)), 1..6),
@@ -283,8 +265,7 @@ mod tests {
                 let given: Vec<*const SampledSequence> = seqs.iter().map(|s| s as *const _).collect();
                 prop_assert_eq!(order, given);
                 for m in &micro {
-                    let first = m.sequences().next().unwrap();
-                    prop_assert!(m.fed() <= max + shareable(first) || m.sequences().count() == 1, "{} fed", m.fed());
+                    prop_assert!(m.fed() <= max || m.sequences().count() == 1, "{} fed", m.fed());
                     for run in &m.runs {
                         for s in &run.members {
                             prop_assert!(run.prefix <= shareable(s));

@@ -44,7 +44,7 @@ impl Default for LearnerConfig {
             adamw: AdamWConfig::default(),
             temperature: 1.0,
             max_staleness: 4,
-            micro_batch_tokens: 1024,
+            micro_batch_tokens: 1536,
             share_prefixes: true,
             lora: None,
         }
