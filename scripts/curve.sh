@@ -22,6 +22,10 @@ scripts/vllm-env.sh
 cargo build --quiet --bin forgelog
 forgelog=$CARGO_TARGET_DIR/debug/forgelog
 work=$(mktemp -d)
+run=curve-$(date +%s)
+# The run's log outlives the script (report reads it again from there).
+log="$FORGELOG_HOME/curve/$run"
+mkdir -p "$log"
 vllm=0 broker=0
 stop() {
   # vLLM runs in its own process group (its engine is a child process).
@@ -31,7 +35,7 @@ stop() {
 }
 trap stop EXIT
 cargo run --quiet -p forgelog-model --example hf-folder -- --untied smollm2 "$work/model"
-"$forgelog" broker --data "$work/broker" --listen 127.0.0.1:19600 >"$work/broker.log" 2>&1 &
+"$forgelog" broker --data "$log" --listen 127.0.0.1:19600 >"$work/broker.log" 2>&1 &
 broker=$!
 setsid scripts/vllm-serve.sh "$work/model" 18100 >"$work/vllm.log" 2>&1 &
 vllm=$!
@@ -44,7 +48,6 @@ regex = '<tool_call>\n\\{"name": "bash", "arguments": \\{"command": "(' + choice
 print(json.dumps({"structured_outputs": {"regex": regex}}))
 PY
 )
-run=curve-$(date +%s)
 start=$SECONDS
 "$forgelog" run deploy/tasks --task hello-file --harness mini-swe-agent --run "$run" \
   --group-size 8 --epochs "$epochs" --concurrency 4 --max-model-calls 2 --max-tokens 96 \
@@ -54,3 +57,4 @@ start=$SECONDS
 echo "curve: $epochs versions at learning rate $lr in $((SECONDS - start)) s" >&2
 mkdir -p docs
 "$forgelog" report --run "$run" --brokers 127.0.0.1:19600 --html docs/curve.html
+echo "curve: the run's log is in $log (forgelog broker --data $log serves it again)" >&2
