@@ -84,7 +84,7 @@ pub struct TrainArgs {
     /// 10 GB for 1,050 rows of a mini-swe-agent trajectory, 13 GB for 1,350
     /// and 19 GB for 1,900). The default holds an 850-token agent prompt
     /// and a few of its group's answers, so the prompt is fed once for them.
-    #[arg(long, default_value_t = 1536)]
+    #[arg(long, default_value_t = learner::MICRO_BATCH_TOKENS)]
     pub micro_batch_tokens: usize,
     /// Publish a policy every this many steps.
     #[arg(long, default_value_t = 1)]

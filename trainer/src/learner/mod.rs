@@ -19,6 +19,10 @@ pub use evaluate::Evaluation;
 pub use sequences::{sampled_at, sampled_sequences, SampledSequence};
 pub use step_metrics::StepMetrics;
 
+/// The default bound of a forward/backward pass, in fed rows (a shared prompt
+/// counted once): an 850-token agent prompt and about three of its answers.
+pub const MICRO_BATCH_TOKENS: usize = 1536;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LearnerConfig {
     pub loss: LossConfig,
@@ -44,7 +48,7 @@ impl Default for LearnerConfig {
             adamw: AdamWConfig::default(),
             temperature: 1.0,
             max_staleness: 4,
-            micro_batch_tokens: 1536,
+            micro_batch_tokens: MICRO_BATCH_TOKENS,
             share_prefixes: true,
             lora: None,
         }
