@@ -91,6 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         stop: Vec::new(),
         ignore_eos: true,
+        grammar: None,
     };
     engine.generate(request(0)).await?; // warm-up
     println!(

@@ -1,11 +1,13 @@
 //! The OpenAI/vLLM wire format: request fields, their validation into a
 //! [`GenerationRequest`], response bodies and errors. No I/O.
 
+use crate::grammar::{StructuredOutput, TokenGrammar, Vocabulary};
 use crate::sampling::SamplerConfig;
 use crate::scheduler::{Generation, GenerationRequest};
 use forgelog_dialects::hermes;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +75,8 @@ pub struct SamplingFields {
     pub stream: Option<bool>,
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
+    /// vLLM's constraint on the completion (`regex` or `choice` here).
+    pub structured_outputs: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,10 +131,12 @@ pub struct Include {
 
 /// Checks the fields against the prompt and the context and builds the
 /// scheduler's request.
+/// `vocabulary` is read only by a request with `structured_outputs`.
 pub fn generation_request(
     fields: &SamplingFields,
     prompt: Vec<u32>,
     context: usize,
+    vocabulary: impl FnOnce() -> Arc<Vocabulary>,
 ) -> Result<(GenerationRequest, Include), ApiError> {
     if fields.stream == Some(true) {
         return Err(ApiError::invalid(
@@ -193,6 +199,14 @@ pub fn generation_request(
         None | Some(LogprobsField::Flag(false)) => false,
         Some(_) => true,
     };
+    let grammar = match &fields.structured_outputs {
+        None => None,
+        Some(constraint) => Some(
+            StructuredOutput::from_fields(constraint)
+                .and_then(|output| TokenGrammar::new(&output, vocabulary()))
+                .map_err(|e| ApiError::invalid(e.to_string()))?,
+        ),
+    };
     let request = GenerationRequest {
         prompt,
         max_tokens,
@@ -204,6 +218,7 @@ pub fn generation_request(
         },
         stop,
         ignore_eos: fields.ignore_eos.unwrap_or(false),
+        grammar,
     };
     let include = Include {
         logprobs,
@@ -333,16 +348,25 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    fn vocabulary() -> Arc<Vocabulary> {
+        Arc::new(Vocabulary::of(&forgelog_model::testing::tiny_tokenizer()))
+    }
+
     #[test]
     fn context_and_field_errors_are_400s() {
-        let err = generation_request(&fields(json!({})), vec![1; 10], 10).unwrap_err();
+        let err = generation_request(&fields(json!({})), vec![1; 10], 10, vocabulary).unwrap_err();
         assert_eq!(
             (err.status, err.code),
             (400, Some("context_length_exceeded"))
         );
         assert!(err.message.contains("context length"));
-        let err =
-            generation_request(&fields(json!({"max_tokens": 5})), vec![1; 8], 10).unwrap_err();
+        let err = generation_request(
+            &fields(json!({"max_tokens": 5})),
+            vec![1; 8],
+            10,
+            vocabulary,
+        )
+        .unwrap_err();
         assert_eq!(err.code, Some("context_length_exceeded"));
         for bad in [
             json!({"stream": true}),
@@ -350,7 +374,8 @@ mod tests {
             json!({"top_p": 0.0}),
             json!({"n": 2}),
         ] {
-            let err = generation_request(&fields(bad.clone()), vec![1], 10).unwrap_err();
+            let err =
+                generation_request(&fields(bad.clone()), vec![1], 10, vocabulary).unwrap_err();
             assert_eq!(err.status, 400, "{bad}");
         }
         assert!(parse::<CompletionRequest>(b"{not json").is_err());
@@ -411,8 +436,13 @@ mod tests {
 
     #[test]
     fn defaults_fill_the_context_and_sample_at_temperature_one() {
-        let (request, include) =
-            generation_request(&fields(json!({"logprobs": true})), vec![1, 2], 10).unwrap();
+        let (request, include) = generation_request(
+            &fields(json!({"logprobs": true})),
+            vec![1, 2],
+            10,
+            vocabulary,
+        )
+        .unwrap();
         assert_eq!(request.max_tokens, 8);
         assert_eq!(request.sampling, SamplerConfig::default());
         assert_eq!(

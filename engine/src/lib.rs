@@ -12,6 +12,7 @@ pub mod access;
 pub mod api;
 mod args;
 mod follow;
+pub mod grammar;
 pub mod prefix_cache;
 mod process;
 mod reload;
@@ -77,6 +78,8 @@ struct Shared {
     /// while adapters arrive; let go once whole weights are loaded (a
     /// full-weight run would otherwise hold the model twice for ever).
     base: std::sync::Mutex<Option<Arc<Weights>>>,
+    /// Each token's bytes, made at the first request with `structured_outputs`.
+    vocabulary: std::sync::OnceLock<Arc<grammar::Vocabulary>>,
 }
 
 /// A running engine: the scheduler and what the HTTP layer needs. Cheap to clone.
@@ -123,6 +126,7 @@ impl Engine {
             reloading: tokio::sync::Mutex::new(()),
             loaded: Default::default(),
             base: std::sync::Mutex::new(Some(Arc::new(base))),
+            vocabulary: Default::default(),
         }))
     }
 
@@ -132,6 +136,14 @@ impl Engine {
 
     pub fn context_length(&self) -> usize {
         self.0.config.max_position_embeddings
+    }
+
+    /// Each token's bytes, for structured outputs.
+    pub fn vocabulary(&self) -> Arc<grammar::Vocabulary> {
+        self.0
+            .vocabulary
+            .get_or_init(|| Arc::new(grammar::Vocabulary::of(&self.0.tokenizer)))
+            .clone()
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -80,8 +80,12 @@ async fn chat_completions(
 ) -> Result<Json<Value>, ApiError> {
     let request: ChatCompletionRequest = api::parse(&body)?;
     let prompt = engine.chat_prompt(&request.messages, request.tools.as_ref())?;
-    let (generation_request, include) =
-        api::generation_request(&request.fields, prompt.clone(), engine.context_length())?;
+    let (generation_request, include) = api::generation_request(
+        &request.fields,
+        prompt.clone(),
+        engine.context_length(),
+        || engine.vocabulary(),
+    )?;
     let generation = engine.generate(generation_request).await?;
     let parse_tools = request
         .tools
@@ -126,8 +130,12 @@ async fn completions(State(engine): State<Engine>, body: Bytes) -> Result<Json<V
         }
         Prompt::Text(text) => engine.encode(&text)?,
     };
-    let (generation_request, include): (_, Include) =
-        api::generation_request(&request.fields, prompt.clone(), engine.context_length())?;
+    let (generation_request, include): (_, Include) = api::generation_request(
+        &request.fields,
+        prompt.clone(),
+        engine.context_length(),
+        || engine.vocabulary(),
+    )?;
     let generation = engine.generate(generation_request).await?;
     Ok(Json(api::completion_response(
         &meta(&engine, "cmpl"),

@@ -253,3 +253,80 @@ async fn completions_take_token_ids_and_bad_requests_get_openai_errors() {
         "{metrics}"
     );
 }
+
+/// vLLM's `structured_outputs`: the completion matches the expression, ends
+/// with a stop token, and each logprob is that of the distribution the
+/// expression left (teacher-forced here with the same mask), so a token the
+/// expression forces has logprob 0. What the engine cannot honour is a 400
+/// that names it, never an unconstrained answer.
+#[tokio::test]
+async fn structured_outputs_hold_the_completion_to_the_expression() {
+    use forgelog_engine::grammar::{StructuredOutput, TokenGrammar};
+    let (server, policy) = smollm2();
+    let regex = r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "(ls /app|cat /app/[a-z]{1,8}\.txt|echo [A-Za-z ]{1,20})"\}\}\n</tool_call>"#;
+    let whole = regex::Regex::new(&format!("^(?:{regex})$")).unwrap();
+    let body = question(json!({
+        "temperature": 1.0, "seed": 7, "max_tokens": 96,
+        "structured_outputs": {"regex": regex},
+    }));
+    let (status, response) = post(&server.base, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    let choice = &response["choices"][0];
+    let completion = ids(&choice["token_ids"]);
+    assert_eq!(choice["finish_reason"], "stop", "{response}");
+    assert_eq!(completion.last(), Some(&2), "ends with <|im_end|>");
+    let text = server
+        .engine
+        .tokenizer()
+        .decode(&completion[..completion.len() - 1], false)
+        .unwrap();
+    assert!(whole.is_match(&text), "{text:?}");
+
+    // The same mask over a teacher-forced pass gives the reported logprobs.
+    let prompt = ids(&response["prompt_token_ids"]);
+    let input: Vec<u32> = prompt.iter().chain(&completion).copied().collect();
+    let logits = policy.model.forward(&input, &mut KvCache::new()).unwrap();
+    let output = StructuredOutput::Regex(regex.into());
+    let mut grammar = TokenGrammar::new(&output, server.engine.vocabulary()).unwrap();
+    let mut want = Vec::new();
+    for (i, &token) in completion.iter().enumerate() {
+        let mut row: Vec<f32> = logits.get(prompt.len() + i - 1).unwrap().to_vec1().unwrap();
+        grammar.mask(&mut row, &policy.stop_token_ids);
+        want.push(processed_logprobs(&row, 1.0)[token as usize]);
+        grammar.advance(token);
+    }
+    let got = chat_logprobs(&response);
+    assert_close(&got, &want, 1e-4);
+    assert!(got.contains(&0.0), "forced tokens: {got:?}");
+    assert!(got.iter().any(|&l| l < -1e-3), "free choices: {got:?}");
+
+    let choice_body = question(json!({
+        "temperature": 1.0, "max_tokens": 8,
+        "structured_outputs": {"choice": ["Paris", "Lyon", "Marseille"]},
+    }));
+    let (status, response) = post(&server.base, "/v1/chat/completions", &choice_body).await;
+    assert_eq!(status, 200, "{response}");
+    let answer = response["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    assert!(
+        ["Paris", "Lyon", "Marseille"].contains(&answer),
+        "{answer:?}"
+    );
+
+    for (constraint, named) in [
+        (
+            json!({"json": {"type": "object"}}),
+            "structured_outputs.json",
+        ),
+        (json!({"regex": "(unclosed"}), "structured_outputs.regex"),
+        (json!({"regex": "a", "choice": ["a"]}), "exactly one"),
+        (json!({"regex": r"\w{1000}"}), "structured_outputs.regex"),
+    ] {
+        let body = question(json!({"max_tokens": 4, "structured_outputs": constraint}));
+        let (status, error) = post(&server.base, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{constraint}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{constraint}: {message}");
+    }
+}

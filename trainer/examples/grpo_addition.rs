@@ -248,6 +248,7 @@ async fn futures_join(
                         },
                         stop: vec![],
                         ignore_eos: false,
+                        grammar: None,
                     })
                     .await
             })

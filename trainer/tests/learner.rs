@@ -257,6 +257,7 @@ async fn sample_group(engine: &Engine, prompt: &[u32], n: u64, t: f32) -> Vec<Se
                 },
                 stop: vec![],
                 ignore_eos: true,
+                grammar: None,
             })
             .await
             .unwrap();

@@ -8,6 +8,7 @@
 //! a swap is atomic with respect to steps and in-flight sequences simply
 //! continue on the new weights.
 
+use crate::grammar::TokenGrammar;
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{Rng, SamplerConfig};
 /// Why a generation ended: the engine uses `Stop` and `Length` of the shared one.
@@ -32,6 +33,8 @@ pub struct GenerationRequest {
     pub stop: Vec<String>,
     /// Keep sampling past stop tokens (vLLM's `ignore_eos`), e.g. for benchmarks.
     pub ignore_eos: bool,
+    /// The expression the completion must match (`structured_outputs`).
+    pub grammar: Option<TokenGrammar>,
 }
 
 #[derive(Debug, Clone)]

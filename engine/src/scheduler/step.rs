@@ -82,15 +82,24 @@ impl Loop {
     /// this the host's larger share of a step). `None` where a sequence has
     /// no row.
     fn sample(&mut self, rows: Vec<Option<Tensor>>) -> Vec<Option<Result<Sampled, String>>> {
+        let stop_token_ids = &self.stop_token_ids;
         self.active
             .par_iter_mut()
             .zip(rows)
             .map(|(sequence, row)| {
-                let row = row?.flatten_all().and_then(|l| l.to_vec1::<f32>());
-                Some(
-                    row.map(|row| sample(&row, &sequence.request.sampling, &mut sequence.rng))
-                        .map_err(|e| e.to_string()),
-                )
+                let mut row = match row?.flatten_all().and_then(|l| l.to_vec1::<f32>()) {
+                    Ok(row) => row,
+                    Err(e) => return Some(Err(e.to_string())),
+                };
+                let request = &mut sequence.request;
+                if let Some(grammar) = &mut request.grammar {
+                    grammar.mask(&mut row, stop_token_ids);
+                }
+                let sampled = sample(&row, &request.sampling, &mut sequence.rng);
+                if let Some(grammar) = &mut request.grammar {
+                    grammar.advance(sampled.token);
+                }
+                Some(Ok(sampled))
             })
             .collect()
     }

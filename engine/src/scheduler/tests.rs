@@ -31,6 +31,7 @@ fn a_request_carries_the_version_that_prefilled_it() {
         sampling: SamplerConfig::default(),
         stop: Vec::new(),
         ignore_eos: true,
+        grammar: None,
     };
     let (mut state, next) = serving(4);
     let (early, mut early_answer) = oneshot::channel();
