@@ -171,10 +171,11 @@ async fn orchestrate(
         r = rollouts => r,
         e = forgelog_stack::ended(sync) => Err(anyhow::anyhow!(e)),
     };
+    let mut learned = Ok(());
     if let (Some(learning), true) = (&learning, result.is_ok()) {
         let steps = groups.div_ceil(bound.groups_per_step) as u64;
         let engine = engine_url.as_deref().map(|url| args.sync.reader(url));
-        last_versions(config, &run_id, steps, groups, learning, engine, sync).await;
+        learned = last_versions(config, &run_id, steps, groups, learning, engine, sync).await;
     }
     match serving {
         Some(serving) => serving.stop(learning, Duration::from_secs(30)).await?,
@@ -185,7 +186,7 @@ async fn orchestrate(
         }
     }
     print_outcomes(&run_id, &result?, attempt_logs.as_deref());
-    Ok(())
+    learned
 }
 
 /// What answers the run's calls: the proxy at `--proxy` (and its token), or
@@ -267,7 +268,9 @@ fn learning_of(
 
 /// The last groups' step, once the learner has them (an idle flush takes a
 /// last short step), before the engine stops serving; and an external
-/// engine serving the last version, as it says.
+/// engine serving the last version, as it says. A learner that failed
+/// before its last step fails the run, with why (its rollouts are recorded;
+/// `run --run` resumes the learner from its last version).
 async fn last_versions(
     config: &StreamConfig,
     run_id: &str,
@@ -276,7 +279,7 @@ async fn last_versions(
     learning: &forgelog_stack::Learning,
     engine: Option<forgelog_sync::EngineSync>,
     sync: &mut Option<forgelog_stack::SyncTask>,
-) {
+) -> Result<()> {
     let clock = LogClock {
         config: config.clone(),
         run: run_id.to_string(),
@@ -285,8 +288,13 @@ async fn last_versions(
     let newest =
         forgelog_stack::versions_published(&clock, steps, &learning.learner_end, deadline).await;
     eprintln!("trainer   {newest} versions published for {groups} groups");
+    if newest < steps {
+        if let Some(why) = learning.learner_end.get() {
+            anyhow::bail!("{why}: {newest} of {steps} versions published");
+        }
+    }
     let (Some(engine), Some(times)) = (engine, sync.as_ref().map(|s| s.times.clone())) else {
-        return;
+        return Ok(());
     };
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     tokio::select! {
@@ -299,6 +307,7 @@ async fn last_versions(
         e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
         _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
     }
+    Ok(())
 }
 
 /// What to look at first for a harness none of whose attempts reached the
