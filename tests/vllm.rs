@@ -39,10 +39,14 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::gradient::{
+    assert_learner_reads_the_choices, batch_of, calls_of, published, tool_call_grammar,
+    LogprobMoves, HELLO_FILE_COMMANDS,
+};
 use support::sandboxes::{finished_calls, fixture, side_calls, stderr_of};
 use support::shipped;
 use support::vllm::{
-    adapted_policy, load_adapter, logprob_gap, reload_weights, teacher_forced, tool_call_grammar,
+    adapted_policy, load_adapter, logprob_gap, reload_weights, teacher_forced,
     untied_smollm2_folder, up_demo_through, Vllm,
 };
 
@@ -54,14 +58,6 @@ const COMMANDS: &[&str] = &[
     "head -3 /app/data.txt",
     "wc -l /app/data.txt",
     "pwd",
-];
-
-/// The training run's: hello-file's answer besides [`COMMANDS`]' first three.
-const TRAINED_COMMANDS: &[&str] = &[
-    "echo 'Hello, forgelog!' > /app/hello.txt",
-    "ls /app",
-    "head -3 /app/data.txt",
-    "wc -l /app/data.txt",
 ];
 
 /// A harness's shell tool as the grammar writes its call: its name and the
@@ -119,7 +115,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             &run,
             &["mini-swe-agent"],
             BASH,
-            TRAINED_COMMANDS,
+            HELLO_FILE_COMMANDS,
         );
         train
             .args(["--task", "hello-file", "--group-size", "8"])
@@ -164,7 +160,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     );
     // Every call vLLM's, every answer a shell tool call, every follow-up
     // spliced: one path per rollout.
-    let rates = assert_shell_sessions_through_vllm(&events, &ok, 8, TRAINED_COMMANDS);
+    let rates = assert_shell_sessions_through_vllm(&events, &ok, 8, HELLO_FILE_COMMANDS);
     assert!(
         rates["mini-swe-agent"].follow_ups >= 8,
         "a follow-up per rollout: {rates:?}"
@@ -178,27 +174,9 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     eprintln!("GRADIENT DIRECTION through vLLM, one step on hello-file's group: {moves}");
     assert!(moves.positive.mean() > 0.0, "{moves}");
     assert!(moves.negative.mean() < 0.0, "{moves}");
-    // Only sampled tokens (mask 1) the model had a choice over (logprob
-    // below 0: not forced by the grammar) are the loss's: the learner reads
-    // of each trajectory those positions and their recorded logprobs.
-    let sampled: Vec<(Vec<usize>, Vec<f32>)> = batch
-        .members
-        .iter()
-        .flat_map(|m| &m.sequences)
-        .map(|s| {
-            let at: Vec<usize> = (1..s.token_ids.len())
-                .filter(|&j| s.loss_mask[j] == 1 && s.sampling_logprobs[j] < 0.0)
-                .collect();
-            let recorded = at.iter().map(|&j| s.sampling_logprobs[j]).collect();
-            (at, recorded)
-        })
-        .collect();
-    let learned: Vec<(Vec<usize>, Vec<f32>)> = forgelog_trainer::learner::sampled_sequences(&batch)
-        .into_iter()
-        .map(|s| (s.positions, s.recorded))
-        .collect();
-    assert_eq!(learned.len(), 8, "a trajectory per rollout");
-    assert_eq!(learned, sampled);
+    // Only sampled tokens (mask 1) the model had a choice over are the
+    // loss's, with their recorded logprobs.
+    assert_learner_reads_the_choices(&batch, 8);
 
     // The other harnesses of the kit whose prompts fit SmolLM2's context,
     // through the same vLLM: no training, a rollout on `hello-file`, three
@@ -723,57 +701,6 @@ fn closed_loop(
     (ok, trained)
 }
 
-/// `run`'s events on `topic`, each decodable.
-fn events_of(
-    config: &forgelog_stream::StreamConfig,
-    topic: forgelog_schemas::Topic,
-    run: &str,
-) -> Vec<Event> {
-    forgelog_stream::ReplayReader::new(config)
-        .unwrap()
-        .read(topic.name(), forgelog_stream::StartAt::Beginning, Some(run))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.event.expect("decodable"))
-        .collect()
-}
-
-/// `run`'s calls, whole (as every reader of the log sees them).
-fn calls_of(config: &forgelog_stream::StreamConfig, run: &str) -> Vec<Event> {
-    let mut calls = events_of(config, forgelog_schemas::Topic::Calls, run);
-    forgelog_schemas::compact::expand_events(&mut calls);
-    calls
-}
-
-/// The versions `run` published, in order.
-fn published(
-    config: &forgelog_stream::StreamConfig,
-    run: &str,
-) -> Vec<forgelog_schemas::PolicyPublished> {
-    events_of(config, forgelog_schemas::Topic::Policy, run)
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::PolicyPublished(p) => Some(p),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The training batch of `run`'s group on `task`.
-fn batch_of(
-    config: &forgelog_stream::StreamConfig,
-    run: &str,
-    task: &str,
-) -> forgelog_schemas::TrainingBatch {
-    events_of(config, forgelog_schemas::Topic::Batches, run)
-        .into_iter()
-        .find_map(|e| match e {
-            Event::TrainingBatch(b) if b.task_id == task => Some(b),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("{run}: no batch of {task}"))
-}
-
 /// vLLM's teacher-forced logprobs of each trajectory of `batch`, member by
 /// member, from the weights it serves now.
 async fn teacher_force_batch(
@@ -786,79 +713,6 @@ async fn teacher_force_batch(
         out.push(teacher_forced(http, url, &s.token_ids).await);
     }
     out
-}
-
-/// How a step moved the logprobs of a group's tokens, by kind.
-#[derive(Default)]
-struct LogprobMoves {
-    /// Sampled tokens (mask 1) with a choice (the loss's) of members with a
-    /// positive advantage.
-    positive: Mean,
-    negative: Mean,
-    /// Sampled tokens the grammar forced (recorded logprob 0): outside the loss.
-    forced: Mean,
-    /// What the harness or tools wrote (mask 0): context, outside the loss.
-    context: Mean,
-}
-
-#[derive(Default)]
-struct Mean {
-    n: usize,
-    sum: f64,
-}
-
-impl Mean {
-    fn add(&mut self, x: f64) {
-        self.n += 1;
-        self.sum += x;
-    }
-
-    fn mean(&self) -> f64 {
-        self.sum / self.n as f64
-    }
-}
-
-impl LogprobMoves {
-    /// `after − before` of each token of `batch`'s trajectories but the first.
-    fn of(
-        batch: &forgelog_schemas::TrainingBatch,
-        before: &[Vec<f64>],
-        after: &[Vec<f64>],
-    ) -> LogprobMoves {
-        let mut moves = LogprobMoves::default();
-        let sequences = batch
-            .members
-            .iter()
-            .flat_map(|m| m.sequences.iter().map(move |s| (m.advantage, s)));
-        for ((advantage, s), (before, after)) in sequences.zip(before.iter().zip(after)) {
-            for j in 1..s.token_ids.len() {
-                let moved = after[j] - before[j];
-                match (s.loss_mask[j], advantage) {
-                    (0, _) => moves.context.add(moved),
-                    _ if s.sampling_logprobs[j] == 0.0 => moves.forced.add(moved),
-                    (_, Some(a)) if a > 0.0 => moves.positive.add(moved),
-                    (_, Some(a)) if a < 0.0 => moves.negative.add(moved),
-                    _ => {}
-                }
-            }
-        }
-        moves
-    }
-}
-
-impl std::fmt::Display for LogprobMoves {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let kinds = [
-            ("positive advantage", &self.positive),
-            ("negative advantage", &self.negative),
-            ("forced", &self.forced),
-            ("mask 0", &self.context),
-        ];
-        for (name, m) in kinds {
-            write!(f, "{name}: {} tokens, mean {:+.4}; ", m.n, m.mean())?;
-        }
-        Ok(())
-    }
 }
 
 /// `forgelog run` of `harnesses` in sandboxes (the caller names the tasks),

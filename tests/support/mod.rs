@@ -1,6 +1,7 @@
 //! Shared by the `forgelog` binary's tests.
 #![allow(dead_code)]
 
+pub mod gradient;
 pub mod kit;
 pub mod sandboxes;
 pub mod vllm;

@@ -264,30 +264,6 @@ pub fn untied_smollm2_folder(dir: &Path) -> std::path::PathBuf {
     model
 }
 
-/// vLLM's `structured_outputs` holding each answer to one Hermes
-/// `<tool_call>` of a harness's shell tool `tool` (its command in the
-/// argument `arg`: `bash(command)`, Claude Code's `Bash(command)`, Codex's
-/// `exec_command(cmd)`) running one of `commands`: SmolLM2-135M writes no
-/// tool call of its own. For `--extra-body`.
-pub fn tool_call_grammar(tool: &str, arg: &str, commands: &[&str]) -> String {
-    let escape = |c: &str| {
-        c.chars()
-            .flat_map(|ch| {
-                let special = r".|()[]{}*+?^$\".contains(ch);
-                special.then_some('\\').into_iter().chain([ch])
-            })
-            .collect::<String>()
-    };
-    let choices: Vec<String> = commands.iter().map(|c| escape(c)).collect();
-    let regex = format!(
-        "<tool_call>\n\\{{\"name\": \"{}\", \"arguments\": \\{{\"{}\": \"({})\"\\}}\\}}\n</tool_call>",
-        escape(tool),
-        escape(arg),
-        choices.join("|")
-    );
-    json!({"structured_outputs": {"regex": regex}}).to_string()
-}
-
 /// `forgelog up --demo --train --steps STEPS` through `vllm` serving
 /// `model`, on `brokers`, as run `run` with its state under `home`; with
 /// `adapter`, a rank-8 LoRA synced as one adapter per version (learning
