@@ -319,33 +319,31 @@ pub async fn teacher_forced(http: &reqwest::Client, url: &str, ids: &[u32]) -> V
 }
 
 /// Makes vLLM serve the weights of the model folder `dir` (no optimizer
-/// files in it) as `version`, as `forgelog sync` does: paused, reloaded, its
-/// prefix cache dropped, its version set, resumed.
+/// files in it) as `version`: the steps `forgelog sync` takes (paused,
+/// reloaded, its prefix cache dropped, its version set, resumed).
 pub async fn reload_weights(http: &reqwest::Client, url: &str, dir: &Path, version: u64) {
-    let steps = [
-        ("/pause?mode=wait", json!({})),
-        (
-            "/collective_rpc",
-            json!({"method": "reload_weights",
-                   "kwargs": {"weights_path": dir, "is_checkpoint_format": true}}),
-        ),
-        ("/reset_prefix_cache", json!({})),
-        (
-            "/update_weight_version",
-            json!({"new_version": version.to_string()}),
-        ),
-        ("/resume", json!({})),
-    ];
-    for (path, body) in steps {
-        let r = http
-            .post(format!("{url}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+    use forgelog_sync_core::{plan, EngineKind, Method, SyncMode};
+    let plan = plan(
+        EngineKind::Vllm,
+        SyncMode::Weights,
+        version,
+        dir.to_str().unwrap(),
+    );
+    for step in plan.steps.iter().chain(&plan.resume) {
+        let target = format!("{url}{}", step.path);
+        let request = match step.method {
+            Method::Get => http.get(target),
+            Method::Post => http.post(target),
+        };
+        let request = match &step.body {
+            Some(body) => request.json(body),
+            None => request,
+        };
+        let r = request.send().await.unwrap();
         assert!(
             r.status().is_success(),
-            "{path}: {}",
+            "{}: {}",
+            step.path,
             r.text().await.unwrap()
         );
     }
