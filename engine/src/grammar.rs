@@ -144,7 +144,7 @@ fn is_byte_level(decoder: Option<&DecoderWrapper>) -> bool {
 
 /// GPT-2's `bytes_to_unicode`, reversed: printable bytes stand for
 /// themselves, the others for the characters from U+0100 on, in order.
-fn gpt2_char_bytes() -> std::collections::HashMap<char, u8> {
+fn gpt2_char_bytes() -> HashMap<char, u8> {
     let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut next = 256u32;
     (0..=255u8)
