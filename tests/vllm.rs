@@ -102,7 +102,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
     // rewards differ; a run whose group scored alike (about 1 in 100) is run
     // again. (That each group is sampled by the version trained on the ones
     // before it, through vLLM: `up_demo_trains_through_a_real_vllm…`; through
-    // a harness: tests/run.rs.)
+    // a harness: tests/run/training.rs.)
     let mut tries = 0;
     let (run, batch) = loop {
         tries += 1;
