@@ -284,19 +284,22 @@ async fn last_versions(
         config: config.clone(),
         run: run_id.to_string(),
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let patience = Duration::from_secs(600);
     let newest =
-        forgelog_stack::versions_published(&clock, steps, &learning.learner_end, deadline).await;
+        forgelog_stack::versions_published(&clock, steps, &learning.learner_end, patience).await;
     eprintln!("trainer   {newest} versions published for {groups} groups");
     if newest < steps {
-        if let Some(why) = learning.learner_end.get() {
-            anyhow::bail!("{why}: {newest} of {steps} versions published");
-        }
+        let why = learning
+            .learner_end
+            .get()
+            .unwrap_or_else(|| "the learner published no version for 10 minutes".into());
+        anyhow::bail!(
+            "{why}: {newest} of {steps} versions published (`forgelog run --run {run_id}` goes on from the last)"
+        );
     }
     let (Some(engine), Some(times)) = (engine, sync.as_ref().map(|s| s.times.clone())) else {
         return Ok(());
     };
-    let left = deadline.saturating_duration_since(std::time::Instant::now());
     tokio::select! {
         true = forgelog_stack::until_served(&engine, newest) => {
             eprintln!("engine    serves version {newest}");
@@ -305,7 +308,7 @@ async fn last_versions(
             }
         }
         e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
-        _ = tokio::time::sleep(left) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
+        _ = tokio::time::sleep(patience) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
     }
     Ok(())
 }
