@@ -4,7 +4,7 @@
 # serves each published version. SmolLM2-135M writes no tool call of its own,
 # so vLLM holds each answer to a `bash` tool call running one of four
 # commands, one of them the task's answer (the base policy picks it in about
-# half the rollouts: tests/vllm.rs). One group of 8 rollouts (2 model calls
+# half the rollouts: tests/vllm/main.rs). One group of 8 rollouts (2 model calls
 # each) per version, on policy, EPOCHS versions at learning rate LR (full
 # weights; at 1e-4 one step took the group from 6 of 8 solved to 8 of 8, so
 # the curve is a step); the last line is

@@ -207,7 +207,7 @@ impl EngineSync {
         // Every step is idempotent, so one that never reached the engine is
         // sent again once: vLLM closes a connection after a 500, and the
         // pooled one the next step (the resume after a refused reload) takes
-        // is dead (found by tests/vllm.rs).
+        // is dead (found by tests/vllm/).
         if matches!(&answer, Ok(Err(e)) if e.is_request() || e.is_connect()) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             answer = ask().await;

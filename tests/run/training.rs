@@ -4,8 +4,8 @@
 
 use crate::support;
 use crate::support::gradient::{
-    assert_learner_reads_the_choices, batch_of, published, teacher_forced_by, tool_call_grammar,
-    LogprobMoves, HELLO_FILE_COMMANDS,
+    a_group_with_variance, assert_learner_reads_the_choices, published, teacher_forced_by,
+    tool_call_grammar, trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
 };
 use crate::support::sandboxes::{run_dir, slots_of, stderr_of};
 use crate::support::shipped;
@@ -170,9 +170,10 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
 /// [`HELLO_FILE_COMMANDS`] gives them different rewards), the learner takes
 /// one step, and forgelog's model code teacher-forces the group's
 /// trajectories with the weights that sampled them and with the version the
-/// step published: the sampled tokens the model chose among (logprob below 0)
-/// rose in the rollouts with a positive advantage and fell in those with a
-/// negative one. (Through vLLM, the same: tests/vllm.rs.)
+/// step published: the sampled decisions (logprob below
+/// [`DECISION`](crate::support::gradient::DECISION) when sampled) rose in the
+/// rollouts with a positive advantage and fell in those with a negative one.
+/// (Through vLLM, the same: tests/vllm/main.rs.)
 #[test]
 fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -181,9 +182,7 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
     // Six rollouts, not eight: the step and the two teacher-forced passes
     // cost about 25 s of CPU a trajectory. A group that scored alike (about
     // 1 in 30) teaches nothing: a new run.
-    let mut tries = 0;
-    let (run, batch) = loop {
-        tries += 1;
+    let (run, batch) = a_group_with_variance(&stream, "hello-file", |_| {
         let run = unique_run_id("run-gradient");
         run_dirs.add(&run);
         let started = Instant::now();
@@ -211,15 +210,8 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
             stderr_of(&out)
         );
         assert!(out.status.success(), "{}", stderr_of(&out));
-        let batch = batch_of(&stream, &run, "hello-file");
-        if !batch.no_reward_variance || tries == 3 {
-            break (run, batch);
-        }
-        eprintln!("{run}: its group scored alike; a new run");
-    };
-    let rewards: Vec<Option<f64>> = batch.members.iter().map(|m| m.reward).collect();
-    eprintln!("hello-file: rewards {rewards:?}");
-    assert!(!batch.no_reward_variance, "{tries} runs without variance");
+        run
+    });
     assert_learner_reads_the_choices(&batch, 6);
     assert!(
         batch.members.iter().flat_map(|m| &m.sequences).all(|s| s
@@ -236,11 +228,8 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
     let v1 = Path::new(published[0].checkpoint_uri.strip_prefix("file://").unwrap());
     let device = candle_core::Device::Cpu;
     let forced_by = |policy: &forgelog_model::Policy| -> Vec<Vec<f64>> {
-        batch
-            .members
-            .iter()
-            .flat_map(|m| &m.sequences)
-            .map(|s| teacher_forced_by(policy, &s.token_ids))
+        trajectories(&batch)
+            .map(|ids| teacher_forced_by(policy, ids))
             .collect()
     };
     let models = forgelog_stream::models_dir();

@@ -94,13 +94,57 @@ pub fn batch_of(
         .unwrap_or_else(|| panic!("{run}: no batch of {task}"))
 }
 
+/// A training run on one group whose rewards differ: `train(attempt)` (0,
+/// 1, 2) runs one on `task` and names its run. A group that scored alike
+/// teaches nothing, so it runs again, three times at most.
+pub fn a_group_with_variance(
+    config: &forgelog_stream::StreamConfig,
+    task: &str,
+    mut train: impl FnMut(usize) -> String,
+) -> (String, forgelog_schemas::TrainingBatch) {
+    for attempt in 0..3 {
+        let run = train(attempt);
+        let batch = batch_of(config, &run, task);
+        let rewards: Vec<Option<f64>> = batch.members.iter().map(|m| m.reward).collect();
+        eprintln!("{run}: {task}'s rewards {rewards:?}");
+        if !batch.no_reward_variance {
+            return (run, batch);
+        }
+    }
+    panic!("three runs of {task} whose groups scored alike");
+}
+
+/// The token ids of each trajectory of `batch`, member by member: what an
+/// engine teacher-forces, in the order [`LogprobMoves`] reads its results.
+pub fn trajectories(batch: &forgelog_schemas::TrainingBatch) -> impl Iterator<Item = &[u32]> + '_ {
+    batch
+        .members
+        .iter()
+        .flat_map(|m| &m.sequences)
+        .map(|s| s.token_ids.as_slice())
+}
+
+/// A sampled token was a decision when the model gave it less than this
+/// logprob (p < 0.9) when it sampled it: which command to run, say. The
+/// other choices are near-certain ones, mostly which of two tokenizations
+/// spells the tool call's fixed text, the same text in every rollout of the
+/// group: rewarded in some rollouts and penalized in others, their gradients
+/// cancel to first order, and what the step's size does to them (Adam's
+/// first step moves every weight by the learning rate) is drift, not the
+/// rewards' word. With four rollouts of six rewarded, that drift once
+/// lowered the rewarded rollouts' near-certain tokens by 0.19 on average
+/// while the step raised their decisions.
+pub const DECISION: f32 = -0.105;
+
 /// How a step moved the logprobs of a group's tokens, by kind.
 #[derive(Default)]
 pub struct LogprobMoves {
-    /// Sampled tokens (mask 1) with a choice (the loss's) of members with a
-    /// positive advantage.
+    /// Decisions (see [`DECISION`]) the model sampled (mask 1, the loss's)
+    /// in members with a positive advantage.
     pub positive: Mean,
     pub negative: Mean,
+    /// The other sampled tokens the model had a choice over, either sign.
+    pub near_certain: Mean,
     /// Sampled tokens the grammar forced (recorded logprob 0): outside the loss.
     pub forced: Mean,
     /// What the harness or tools wrote (mask 0): context, outside the loss.
@@ -151,9 +195,11 @@ impl LogprobMoves {
         for ((advantage, s), (before, after)) in sequences.zip(before.iter().zip(after)) {
             for j in 1..s.token_ids.len() {
                 let moved = after[j] - before[j];
+                let sampled = s.sampling_logprobs[j];
                 match (s.loss_mask[j], advantage) {
                     (0, _) => moves.context.add(moved),
-                    _ if s.sampling_logprobs[j] == 0.0 => moves.forced.add(moved),
+                    _ if sampled == 0.0 => moves.forced.add(moved),
+                    _ if sampled >= DECISION => moves.near_certain.add(moved),
                     (_, Some(a)) if a > 0.0 => moves.positive.add(moved),
                     (_, Some(a)) if a < 0.0 => moves.negative.add(moved),
                     _ => {}
@@ -166,8 +212,9 @@ impl LogprobMoves {
 impl std::fmt::Display for LogprobMoves {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         let kinds = [
-            ("positive advantage", &self.positive),
-            ("negative advantage", &self.negative),
+            ("decisions, positive advantage", &self.positive),
+            ("decisions, negative advantage", &self.negative),
+            ("near-certain choices", &self.near_certain),
             ("forced", &self.forced),
             ("mask 0", &self.context),
         ];

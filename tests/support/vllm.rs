@@ -297,6 +297,12 @@ pub fn up_demo_through(
     up
 }
 
+/// The weight version vLLM says it serves.
+pub async fn weight_info(http: &reqwest::Client, url: &str) -> Value {
+    let r = http.get(format!("{url}/weight_info")).send().await.unwrap();
+    r.json::<Value>().await.unwrap()["weight_version"].clone()
+}
+
 /// vLLM's own teacher forcing: the logprob of each of `ids` after the ones
 /// before it (`prompt_logprobs`; the first has none, `NaN` here), from the
 /// weights it serves now.
