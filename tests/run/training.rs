@@ -7,7 +7,7 @@ use crate::support::gradient::{
     a_group_with_variance, assert_learner_reads_the_choices, published, teacher_forced_by,
     tool_call_grammar, trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
 };
-use crate::support::sandboxes::{run_dir, slots_of, stderr_of};
+use crate::support::sandboxes::{output_timed, run_dir, slots_of, stderr_of};
 use crate::support::shipped;
 use forgelog_schemas::{CallStatus, Event, Topic};
 use forgelog_stream::testing::{shared_broker, unique_run_id};
@@ -58,16 +58,10 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     run_dirs.add(&run);
     let model = tempfile::tempdir().unwrap();
     forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
-    let started = Instant::now();
-    let out = train_command(&run, model.path(), &stream, &["count-lines", "hello-file"])
-        .args(["--learning-rate", "1e-3"])
-        .output()
-        .unwrap();
-    eprintln!(
-        "forgelog run --train: {} in {:.1} s\n{}",
-        out.status,
-        started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout)
+    let mut train = train_command(&run, model.path(), &stream, &["count-lines", "hello-file"]);
+    let out = output_timed(
+        train.args(["--learning-rate", "1e-3"]),
+        "forgelog run --train",
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
 
@@ -185,8 +179,8 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
     let (run, batch) = a_group_with_variance(&stream, "hello-file", |_| {
         let run = unique_run_id("run-gradient");
         run_dirs.add(&run);
-        let started = Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        let mut train = Command::new(env!("CARGO_BIN_EXE_forgelog"));
+        train
             .arg("run")
             .arg(shipped())
             .args(["--harness", "mini-swe-agent", "--run", &run])
@@ -199,16 +193,8 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
             ])
             .args(["--brokers", &stream.brokers])
             .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-            .args(["--learning-rate", "1e-4"])
-            .output()
-            .unwrap();
-        eprintln!(
-            "forgelog run --train (SmolLM2): {} in {:.1} s\n{}\n{}",
-            out.status,
-            started.elapsed().as_secs_f64(),
-            String::from_utf8_lossy(&out.stdout),
-            stderr_of(&out)
-        );
+            .args(["--learning-rate", "1e-4"]);
+        let out = output_timed(&mut train, "forgelog run --train (SmolLM2)");
         assert!(out.status.success(), "{}", stderr_of(&out));
         run
     });

@@ -70,15 +70,8 @@ impl Fixture {
     }
 
     pub fn run(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Output {
-        let started = Instant::now();
-        let out = self.command(tasks, run, harnesses, group).output().unwrap();
-        eprintln!(
-            "forgelog run {run}: {} in {:.1} s\n{}",
-            out.status,
-            started.elapsed().as_secs_f64(),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        out
+        let mut cmd = self.command(tasks, run, harnesses, group);
+        output_timed(&mut cmd, &format!("forgelog run {run}"))
     }
 
     /// The run's events: calls (made whole), rollouts, rewards.
@@ -128,6 +121,21 @@ pub fn side_calls(events: &[Event]) -> std::collections::BTreeSet<(String, i64)>
                 .map(move |i| (rollout.clone(), i))
         })
         .collect()
+}
+
+/// `cmd`'s output, once it ended, printed (`what`, its status, how long it
+/// took, its stdout and its stderr's end).
+pub fn output_timed(cmd: &mut Command, what: &str) -> Output {
+    let started = Instant::now();
+    let out = cmd.output().unwrap();
+    eprintln!(
+        "{what}: {} in {:.1} s\n{}\n{}",
+        out.status,
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    out
 }
 
 pub fn stderr_of(out: &Output) -> String {

@@ -33,12 +33,12 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::gradient::{
     a_group_with_variance, assert_learner_reads_the_choices, published, tool_call_grammar,
     trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
 };
-use support::sandboxes::{finished_calls, fixture, side_calls, stderr_of};
+use support::sandboxes::{finished_calls, fixture, output_timed, side_calls, stderr_of};
 use support::shipped;
 use support::vllm::{reload_weights, teacher_forced, untied_smollm2_folder, weight_info, Vllm};
 
@@ -322,15 +322,7 @@ fn grammar_run(
 /// Runs `cmd` to its end, printing what it printed and how long it took;
 /// it must succeed (else vLLM's log is shown too).
 fn run_to_end(mut cmd: Command, what: &str, vllm: &Vllm) {
-    let started = Instant::now();
-    let out = cmd.output().unwrap();
-    eprintln!(
-        "{what}: {} in {:.0} s\n{}\n{}",
-        out.status,
-        started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout),
-        stderr_of(&out)
-    );
+    let out = output_timed(&mut cmd, what);
     assert!(
         out.status.success(),
         "{}\nvLLM's log ends:\n{}",
