@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
+use support::sandboxes::outcome_row;
 use support::shipped;
 
 struct Cluster {
@@ -415,12 +416,7 @@ fn on_a_real_cluster_when_one_is_configured() {
         String::from_utf8_lossy(&out.stderr)
     );
     let table = String::from_utf8_lossy(&out.stdout);
-    let solve: Vec<&str> = table
-        .lines()
-        .find(|l| l.starts_with("solve"))
-        .unwrap()
-        .split_whitespace()
-        .collect();
+    let solve = outcome_row(&table, "solve");
     assert_eq!(solve[1], solve[3], "every rollout scored: {table}");
     assert_eq!(solve[4], "100%", "{table}");
 }

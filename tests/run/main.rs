@@ -16,7 +16,9 @@ use forgelog_stream::testing::unique_run_id;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::sandboxes::{finished_calls, fixture, run_dir, side_calls, slots_of, stderr_of};
+use support::sandboxes::{
+    finished_calls, fixture, outcome_row, run_dir, side_calls, slots_of, stderr_of,
+};
 use support::{containers_of, faulty_variants, shipped, variant};
 
 const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
@@ -528,12 +530,7 @@ fn a_killed_run_resumes_without_losing_or_repeating_a_rollout() {
         "something was in flight at the kill"
     );
     let table = String::from_utf8_lossy(&out.stdout);
-    let solve: Vec<&str> = table
-        .lines()
-        .find(|l| l.starts_with("solve"))
-        .unwrap()
-        .split_whitespace()
-        .collect();
+    let solve = outcome_row(&table, "solve");
     assert_eq!(
         solve[2],
         finished_before.len().to_string(),

@@ -138,6 +138,17 @@ pub fn output_timed(cmd: &mut Command, what: &str) -> Output {
     out
 }
 
+/// The cells of `harness`'s row in the outcome table `forgelog run` prints
+/// (harness, rollouts, scored, ...).
+pub fn outcome_row<'a>(table: &'a str, harness: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(harness))
+        .unwrap_or_else(|| panic!("no row of {harness}: {table}"))
+        .split_whitespace()
+        .collect()
+}
+
 pub fn stderr_of(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stderr);
     s[s.len().saturating_sub(4000)..].to_string()
