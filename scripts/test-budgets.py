@@ -44,13 +44,21 @@ def config(store: str, soak: bool) -> str:
     serial = BUDGETS.get("serial", [])
     if serial:
         lines += ["", "[test-groups]", "serial = { max-threads = 1 }"]
-        for binary in serial:
+        for tests in serial:
             lines += [
                 "",
                 "[[profile.default.overrides]]",
-                f'filter = "binary_id({binary})"',
+                f"filter = {json.dumps(tests)}",
                 'test-group = "serial"',
+                "priority = 100",
             ]
+    for tests in BUDGETS.get("first", []):
+        lines += [
+            "",
+            "[[profile.default.overrides]]",
+            f"filter = {json.dumps(tests)}",
+            "priority = 50",
+        ]
     for binary in sorted(BUDGETS["binary"]):
         lines += [
             "",

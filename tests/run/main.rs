@@ -17,11 +17,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use support::sandboxes::{
-    finished_calls, fixture, outcome_row, run_dir, side_calls, slots_of, stderr_of,
+    finished_calls, fixture, outcome_row, output_timed, run_dir, side_calls, slots_of, stderr_of,
+    Fixture,
 };
 use support::{containers_of, faulty_variants, shipped, variant};
 
 const HARNESSES: &str = "claude-code,codex,opencode,mini-swe-agent";
+
+/// The shipped tasks the harnesses run on here: two say what twelve would
+/// (every shipped solution scores 1 in its sandbox: tests/tasks.rs).
+const TASKS: [&str; 2] = ["hello-file", "count-lines"];
+
+/// `forgelog run` of `harnesses` on [`TASKS`], a rollout each.
+fn on_two_tasks(f: &Fixture, run: &str, harnesses: &str) -> std::process::Output {
+    let mut cmd = f.command(&shipped(), run, harnesses, 1);
+    cmd.args(TASKS.iter().flat_map(|t| ["--task", t]));
+    output_timed(&mut cmd, &format!("forgelog run {run}"))
+}
 
 /// Trees, then GRPO groups, from the run's events, as the consumers build them.
 fn derive(events: &[Event]) -> (Vec<Event>, Vec<TrainingBatch>) {
@@ -202,7 +214,7 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
     let intruder = scripts.path().join("intruder.sh");
     std::fs::write(&intruder, INTRUDER).unwrap();
     let harnesses = format!("{HARNESSES},solve,{}", intruder.display());
-    let out = f.run(&shipped(), &run, &harnesses, 1);
+    let out = on_two_tasks(&f, &run, &harnesses);
     assert!(out.status.success(), "{}", stderr_of(&out));
     let table = String::from_utf8_lossy(&out.stdout);
     for h in HARNESSES.split(',').chain(["solve", "intruder"]) {
@@ -226,9 +238,7 @@ fn shipped_tasks_run_in_sandboxes_with_four_harnesses_and_their_solutions() {
 
     let events = f.events(&run);
     let verdicts = verdicts(&events);
-    let tasks = std::fs::read_dir(shipped()).unwrap().count();
-    assert!(tasks >= 12);
-    assert_eq!(verdicts.len(), tasks * 6, "one verdict per rollout");
+    assert_eq!(verdicts.len(), TASKS.len() * 6, "one verdict per rollout");
     let finished: BTreeMap<String, (Option<i64>, i64)> = events
         .iter()
         .filter_map(|e| match e {
@@ -324,11 +334,7 @@ fn the_newer_kit_harnesses_run_in_sandboxes() {
         .filter(|h| !HARNESSES.split(',').any(|first| first == *h))
         .collect();
     assert!(newer.len() >= 12, "{newer:?}");
-    let out = f
-        .command(&shipped(), &run, &newer.join(","), 1)
-        .args(["--task", "hello-file", "--task", "count-lines"])
-        .output()
-        .unwrap();
+    let out = on_two_tasks(&f, &run, &newer.join(","));
     assert!(out.status.success(), "{}", stderr_of(&out));
     let events = f.events(&run);
     let verdicts = verdicts(&events);
