@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `forgelog up --demo` needs beyond what cargo fetches for the
-# build, and nothing more: the tansu broker (built once per machine into
+# build, and nothing more: OpenSSL's static libraries (libssl-dev) where they
+# are missing, the tansu broker (built once per machine into
 # $FORGELOG_HOME/tools) and the default model (into $FORGELOG_HOME/models).
 # Idempotent. Sandboxed rollouts (`forgelog run`) need scripts/sandbox-setup.sh
 # too; the tests need scripts/test-setup.sh (scripts/test.sh runs it).
@@ -9,6 +10,17 @@ FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 TANSU_VERSION=0.6.0
 
 command -v cargo >/dev/null || { echo "forgelog needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
+
+# The Kafka client's TLS links Debian's OpenSSL statically (.cargo/config.toml).
+if ! [ -f "/usr/lib/$(uname -m)-linux-gnu/libssl.a" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing libssl-dev (apt)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev >/dev/null
+  else
+    echo "setup: the build needs OpenSSL's static libraries: sudo apt-get install libssl-dev" >&2
+    exit 1
+  fi
+fi
 
 if [ -n "${FORGELOG_TANSU:-}" ] && [ -x "$FORGELOG_TANSU" ]; then
   :
