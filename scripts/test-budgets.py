@@ -41,31 +41,18 @@ def config(store: str, soak: bool) -> str:
         "[profile.default.junit]",
         'path = "junit.xml"',
     ]
+    def override(tests: str, *settings: str) -> list[str]:
+        return ["", "[[profile.default.overrides]]", f"filter = {json.dumps(tests)}", *settings]
+
     serial = BUDGETS.get("serial", [])
     if serial:
         lines += ["", "[test-groups]", "serial = { max-threads = 1 }"]
-        for tests in serial:
-            lines += [
-                "",
-                "[[profile.default.overrides]]",
-                f"filter = {json.dumps(tests)}",
-                'test-group = "serial"',
-                "priority = 100",
-            ]
+    for tests in serial:
+        lines += override(tests, 'test-group = "serial"', "priority = 100")
     for tests in BUDGETS.get("first", []):
-        lines += [
-            "",
-            "[[profile.default.overrides]]",
-            f"filter = {json.dumps(tests)}",
-            "priority = 50",
-        ]
+        lines += override(tests, "priority = 50")
     for binary in sorted(BUDGETS["binary"]):
-        lines += [
-            "",
-            "[[profile.default.overrides]]",
-            f'filter = "binary_id({binary})"',
-            f"slow-timeout = {timeout(budget(binary, soak))}",
-        ]
+        lines += override(f"binary_id({binary})", f"slow-timeout = {timeout(budget(binary, soak))}")
     return "\n".join(lines) + "\n"
 
 
