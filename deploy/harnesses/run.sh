@@ -40,9 +40,21 @@ WORK=$(mktemp -d -t "forgelog-$HARNESS.XXXXXX")
 ns="" host_if="" relay=""
 cleanup() {
   if [ -n "$relay" ]; then kill "$relay" 2>/dev/null || true; wait "$relay" 2>/dev/null || true; fi
-  if [ -n "$ns" ]; then ip netns del "$ns" 2>/dev/null || true; fi
+  # What the harness left running dies with its namespace: Cline's CLI leaves
+  # its hub daemon (`cline --cline-hub-daemon`) writing under the sandbox's
+  # home, which made removing it fail, and the run with it.
+  if [ -n "$ns" ]; then
+    for _ in 1 2 3 4 5; do
+      pids=$(ip netns pids "$ns" 2>/dev/null) || break
+      [ -n "$pids" ] || break
+      kill -9 $pids 2>/dev/null || true
+      sleep 0.2
+    done
+    ip netns del "$ns" 2>/dev/null || true
+  fi
   if [ -n "$host_if" ]; then ip link del "$host_if" 2>/dev/null || true; fi
-  rm -rf "$WORK"
+  # Cleaning up never changes the harness's exit status.
+  rm -rf "$WORK" 2>/dev/null || echo "run: could not remove $WORK" >&2
 }
 trap cleanup EXIT
 
