@@ -81,84 +81,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let group = format!("step-{step}");
         let generations = futures_join(&engine, &prompt, temperature, seed, step).await?;
 
-        // What the proxy, orchestrator and verifier would have written.
-        let mut events: Vec<Event> = Vec::new();
-        let mut verdicts = Vec::new();
-        for (i, g) in generations.iter().enumerate() {
-            let rollout = format!("{group}-r{i}");
-            let session = format!("session-{rollout}");
-            events.push(
-                RolloutStarted {
-                    run_id: RUN.into(),
-                    event_id: event_id("RolloutStarted", &[RUN, &rollout]),
-                    rollout_id: rollout.clone(),
-                    session_id: session.clone(),
-                    task_id: question.clone(),
-                    harness: "example".into(),
-                    group_id: group.clone(),
-                    group_size: GROUP as i64,
-                    policy_version: Some(g.policy_version as i64),
-                    started_at_ms: 0,
-                    max_model_calls: None,
-                    max_tokens: None,
-                    api_key_sha256: None,
-                }
-                .into(),
-            );
-            let mut call = forgelog_schemas::testing::call_finished(RUN, &session, 0, 0, 0);
-            call.rollout_id = rollout.clone();
-            call.prompt_token_ids = prompt.clone();
-            call.completion_token_ids = g.tokens.clone();
-            call.completion_logprobs = g.logprobs.clone();
-            call.policy_version = Some(g.policy_version as i64);
-            call.usage.prompt_tokens = prompt.len() as i64;
-            call.usage.completion_tokens = g.tokens.len() as i64;
-            events.push(call.into());
-            events.push(
-                RolloutFinished {
-                    run_id: RUN.into(),
-                    event_id: event_id("RolloutFinished", &[RUN, &rollout]),
-                    rollout_id: rollout.clone(),
-                    session_id: session,
-                    exit_status: Some(0),
-                    model_calls: 1,
-                    started_at_ms: 0,
-                    finished_at_ms: 0,
-                }
-                .into(),
-            );
-            let reward = score(&g.text, a + b);
-            verdicts.push(VerifierResult {
-                run_id: RUN.into(),
-                event_id: event_id("VerifierResult", &[RUN, &rollout]),
-                rollout_id: rollout,
-                ok: true,
-                reward: Some(reward),
-                details: g.text.clone(),
-                abandoned: false,
-            });
-        }
-        let mut built = Vec::new();
-        for e in &events {
-            trajectories.process(e.clone(), &mut built);
-        }
-        let mut batches = Vec::new();
-        for e in events
-            .into_iter()
-            .filter(|e| matches!(e, Event::RolloutStarted(_)))
-        {
-            rewards.process(e, &mut batches);
-        }
-        for e in built {
-            rewards.process(e, &mut batches);
-        }
-        for v in verdicts {
-            rewards.process(v.into(), &mut batches);
-        }
-        let batch = match batches.pop() {
-            Some(Event::TrainingBatch(b)) => b,
-            other => return Err(format!("expected one TrainingBatch, got {other:?}").into()),
-        };
+        let (events, verdicts) = recorded(&group, &question, &prompt, &generations, a + b);
+        let batch = joined(&mut trajectories, &mut rewards, events, verdicts)?;
         let staleness = learner.staleness(&batch);
         let answers: Vec<String> = generations
             .iter()
@@ -210,6 +134,105 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// What the proxy, orchestrator and verifier would have written for a
+/// group's `generations` of `prompt`: the rollouts' events, and a verdict
+/// each scored against `sum`.
+fn recorded(
+    group: &str,
+    question: &str,
+    prompt: &[u32],
+    generations: &[forgelog_engine::scheduler::Generation],
+    sum: u64,
+) -> (Vec<Event>, Vec<VerifierResult>) {
+    let mut events: Vec<Event> = Vec::new();
+    let mut verdicts = Vec::new();
+    for (i, g) in generations.iter().enumerate() {
+        let rollout = format!("{group}-r{i}");
+        let session = format!("session-{rollout}");
+        events.push(
+            RolloutStarted {
+                run_id: RUN.into(),
+                event_id: event_id("RolloutStarted", &[RUN, &rollout]),
+                rollout_id: rollout.clone(),
+                session_id: session.clone(),
+                task_id: question.to_string(),
+                harness: "example".into(),
+                group_id: group.to_string(),
+                group_size: GROUP as i64,
+                policy_version: Some(g.policy_version as i64),
+                started_at_ms: 0,
+                max_model_calls: None,
+                max_tokens: None,
+                api_key_sha256: None,
+            }
+            .into(),
+        );
+        let mut call = forgelog_schemas::testing::call_finished(RUN, &session, 0, 0, 0);
+        call.rollout_id = rollout.clone();
+        call.prompt_token_ids = prompt.to_vec();
+        call.completion_token_ids = g.tokens.clone();
+        call.completion_logprobs = g.logprobs.clone();
+        call.policy_version = Some(g.policy_version as i64);
+        call.usage.prompt_tokens = prompt.len() as i64;
+        call.usage.completion_tokens = g.tokens.len() as i64;
+        events.push(call.into());
+        events.push(
+            RolloutFinished {
+                run_id: RUN.into(),
+                event_id: event_id("RolloutFinished", &[RUN, &rollout]),
+                rollout_id: rollout.clone(),
+                session_id: session,
+                exit_status: Some(0),
+                model_calls: 1,
+                started_at_ms: 0,
+                finished_at_ms: 0,
+            }
+            .into(),
+        );
+        let reward = score(&g.text, sum);
+        verdicts.push(VerifierResult {
+            run_id: RUN.into(),
+            event_id: event_id("VerifierResult", &[RUN, &rollout]),
+            rollout_id: rollout,
+            ok: true,
+            reward: Some(reward),
+            details: g.text.clone(),
+            abandoned: false,
+        });
+    }
+    (events, verdicts)
+}
+
+/// The group's training batch, as the trajectory and reward consumers join it.
+fn joined(
+    trajectories: &mut TrajectoryBuilder,
+    rewards: &mut RewardJoin,
+    events: Vec<Event>,
+    verdicts: Vec<VerifierResult>,
+) -> Result<forgelog_schemas::TrainingBatch, Box<dyn std::error::Error>> {
+    let mut built = Vec::new();
+    for e in &events {
+        trajectories.process(e.clone(), &mut built);
+    }
+    let mut batches = Vec::new();
+    for e in events
+        .into_iter()
+        .filter(|e| matches!(e, Event::RolloutStarted(_)))
+    {
+        rewards.process(e, &mut batches);
+    }
+    for e in built {
+        rewards.process(e, &mut batches);
+    }
+    for v in verdicts {
+        rewards.process(v.into(), &mut batches);
+    }
+    match batches.pop() {
+        Some(Event::TrainingBatch(b)) => Ok(b),
+        other => Err(format!("expected one TrainingBatch, got {other:?}").into()),
+    }
 }
 
 /// 1 for exactly the sum; 0.5 for a number only (the asked-for format), but

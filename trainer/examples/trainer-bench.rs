@@ -107,26 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.elapsed().as_secs_f64()
     );
     let vocab = learner.model().config().vocab_size as u32;
-    let len = args.prompt + args.sampled;
-    let seqs: Vec<SampledSequence> = (0..args.sequences)
-        .map(|s| SampledSequence {
-            // The prompt is the group's; what follows is the member's own.
-            tokens: (0..len)
-                .map(|i| {
-                    let who = if i < args.prompt {
-                        s / args.group.max(1)
-                    } else {
-                        s
-                    };
-                    (i as u32 * 7919 + who as u32 * 104_729) % vocab
-                })
-                .collect(),
-            positions: (args.prompt..len).collect(),
-            // About the model's own logprobs on random tokens: ratios stay finite.
-            recorded: vec![-10.0; args.sampled],
-            advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
-        })
-        .collect();
+    let seqs = batch(&args, vocab);
     let fed: usize = seqs.iter().map(|s| s.tokens.len() - 1).sum();
     let sampled = args.sequences * args.sampled;
     println!(
@@ -160,6 +141,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.no_checkpoint {
         return Ok(());
     }
+    write_checkpoint(&learner)
+}
+
+/// `--sequences` sequences of `--prompt` context and `--sampled` sampled
+/// tokens of `vocab`, the prompt shared in groups of `--group`, advantages
+/// alternating in sign.
+fn batch(args: &Args, vocab: u32) -> Vec<SampledSequence> {
+    let len = args.prompt + args.sampled;
+    (0..args.sequences)
+        .map(|s| SampledSequence {
+            // The prompt is the group's; what follows is the member's own.
+            tokens: (0..len)
+                .map(|i| {
+                    let who = if i < args.prompt {
+                        s / args.group.max(1)
+                    } else {
+                        s
+                    };
+                    (i as u32 * 7919 + who as u32 * 104_729) % vocab
+                })
+                .collect(),
+            positions: (args.prompt..len).collect(),
+            // About the model's own logprobs on random tokens: ratios stay finite.
+            recorded: vec![-10.0; args.sampled],
+            advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
+        })
+        .collect()
+}
+
+/// Writes `learner`'s weights and AdamW moments as a checkpoint, timed.
+fn write_checkpoint(learner: &Learner) -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let store = forgelog_trainer::checkpoint::CheckpointStore::new(
         &format!("file://{}", dir.path().display()),
