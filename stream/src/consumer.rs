@@ -1,11 +1,13 @@
 //! Typed consumers: a group member that commits only when told, and the replay
 //! reader that reads a topic's history without joining any group.
 
+use crate::run_index::{Gap, Indexed};
 use crate::StreamConfig;
 use forgelog_schemas::{Codec, Received, Topic};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -169,18 +171,6 @@ impl ReplayReader {
         self.fetched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Where run `run` starts in each of `partitions` of `topic`, as far as
-    /// the run index knows (nothing when it cannot be asked: the read then
-    /// scans).
-    fn indexed_starts(&self, topic: &str, partitions: &[i32], run: &str) -> BTreeMap<i32, i64> {
-        self.index
-            .starts(topic, partitions, run)
-            .unwrap_or_else(|e| {
-                tracing::debug!(topic, run, "run index not read ({e}): scanning");
-                BTreeMap::new()
-            })
-    }
-
     /// Partition ids of `topic`, sorted.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, ConsumeError> {
         let md = self
@@ -203,8 +193,8 @@ impl ReplayReader {
     /// has now, keeping only events of run `run` when given (undecodable messages
     /// are always passed on), until `f` breaks. A run's read from the
     /// beginning starts each partition where the run index says the run
-    /// starts, and writes the index where it had to scan (see
-    /// [`crate::run_index`]).
+    /// starts, skips the gap it knows past the run's records, and writes
+    /// what it found (see [`crate::run_index`]).
     pub fn for_each(
         &self,
         topic: &str,
@@ -214,55 +204,59 @@ impl ReplayReader {
     ) -> Result<(), ConsumeError> {
         let partitions = self.partitions(topic)?;
         let indexed_run = run.filter(|_| start == StartAt::Beginning);
-        let starts = indexed_run.map_or_else(BTreeMap::new, |run| {
-            self.indexed_starts(topic, &partitions, run)
+        let index = indexed_run.map_or_else(Indexed::default, |run| {
+            self.index.of(topic, &partitions, run)
         });
-        // Partitions scanned from their beginning: where the run starts in each.
-        let mut found = BTreeMap::new();
+        // What this read found: where the run starts in partitions scanned
+        // from their beginning, and the gap past its records in partitions
+        // read to their end.
+        let (mut found, mut gaps) = (BTreeMap::new(), BTreeMap::new());
         for partition in partitions {
             let (lo, hi) = self.watermarks(topic, partition)?;
-            let indexed = match starts.get(&partition) {
-                Some(&at) if at > hi => {
-                    tracing::warn!(
-                        topic,
-                        partition,
-                        run = indexed_run.unwrap_or_default(),
-                        "the run index says the run starts at offset {at}, past the \
-                         partition's end ({hi}): it is not this log's; scanning"
-                    );
-                    None
-                }
-                other => other.copied(),
-            };
+            let (indexed, gap) = index.of(topic, partition, hi, indexed_run.unwrap_or_default());
             let from = match start {
                 StartAt::Beginning => indexed.map_or(lo, |at| at.max(lo)),
                 StartAt::Offset(o) => o.clamp(lo, hi),
-                StartAt::Timestamp(ms) => {
-                    let mut q = TopicPartitionList::new();
-                    q.add_partition_offset(topic, partition, Offset::Offset(ms))?;
-                    let found = self
-                        .meta
-                        .offsets_for_times(q, self.timeout)
-                        .map_err(|e| self.meta_error(e))?;
-                    match found.find_partition(topic, partition).map(|e| e.offset()) {
-                        Some(Offset::Offset(o)) => o,
-                        _ => hi,
-                    }
-                }
+                StartAt::Timestamp(ms) => self.offset_at(topic, partition, ms, hi)?,
             };
-            let mut first = None;
-            let flow = self.for_each_message_in(topic, partition, from, hi, |msg| {
+            let (first, last) = (Cell::new(None), Cell::new(None));
+            let mut visit = |msg: &BorrowedMessage<'_>| {
                 if run.is_some_and(|run| of_another_run(msg, run)) {
                     return ControlFlow::Continue(());
                 }
                 let rec = received(msg);
-                if rec.in_run(run) {
-                    first.get_or_insert(rec.offset);
-                    f(rec)
-                } else {
-                    ControlFlow::Continue(())
+                if !rec.in_run(run) {
+                    return ControlFlow::Continue(());
                 }
-            })?;
+                if first.get().is_none() {
+                    first.set(Some(rec.offset));
+                }
+                last.set(Some(rec.offset));
+                f(rec)
+            };
+            // The run's records lie before the gap or past it.
+            let before = gap.map_or(hi, |g| g.end.max(from));
+            let mut flow = self.for_each_message_in(topic, partition, from, before, &mut visit)?;
+            if let (Some(g), false) = (gap, flow.is_break()) {
+                // A gap follows the run's last record before it: one that
+                // does not is not this log's, and is read through.
+                let after = if g.end > from && last.get() != Some(g.end - 1) {
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        run = indexed_run.unwrap_or_default(),
+                        "the run index's gap [{}, {}) does not follow a record of the run: \
+                         it is not this log's; reading through it",
+                        g.end,
+                        g.checked
+                    );
+                    before
+                } else {
+                    g.checked.max(from)
+                };
+                flow = self.for_each_message_in(topic, partition, after, hi, &mut visit)?;
+            }
+            let (first, last) = (first.get(), last.get());
             if indexed_run.is_some() && indexed.is_none() {
                 // Read from the beginning: the run starts at its first record,
                 // or (none) after everything there is now. A read cut short
@@ -274,14 +268,48 @@ impl ReplayReader {
             if flow.is_break() {
                 break;
             }
+            if indexed_run.is_some() {
+                // Read to the end: nothing of the run past its last record.
+                let end = last.map_or(from, |l| l + 1);
+                let now = Gap { end, checked: hi };
+                if gap != Some(now) {
+                    gaps.insert(partition, now);
+                }
+            }
         }
         self.consumer.unassign()?;
-        if let (Some(run), false) = (indexed_run, found.is_empty()) {
-            if let Err(e) = self.index.mark(topic, run, &found) {
+        if let Some(run) = indexed_run {
+            let written = self
+                .index
+                .mark(topic, run, &found)
+                .and_then(|()| self.index.mark_gaps(topic, run, &gaps));
+            if let Err(e) = written {
                 tracing::debug!(topic, run, "run index not written ({e})");
             }
         }
         Ok(())
+    }
+
+    /// The first offset of `partition` at or after time `ms` (`hi` if none).
+    fn offset_at(
+        &self,
+        topic: &str,
+        partition: i32,
+        ms: i64,
+        hi: i64,
+    ) -> Result<i64, ConsumeError> {
+        let mut q = TopicPartitionList::new();
+        q.add_partition_offset(topic, partition, Offset::Offset(ms))?;
+        let found = self
+            .meta
+            .offsets_for_times(q, self.timeout)
+            .map_err(|e| self.meta_error(e))?;
+        Ok(
+            match found.find_partition(topic, partition).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => hi,
+            },
+        )
     }
 
     /// Low and high watermarks of one partition: the first offset still kept,
