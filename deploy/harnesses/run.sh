@@ -8,7 +8,8 @@
 # Usage: run.sh HARNESS PROXY_URL SESSION_KEY OUT_DIR [TASK]
 #   HARNESS    a harness of kit.txt (claude-code, codex, opencode, ...)
 #   PROXY_URL  the proxy as this host reaches it, e.g. http://127.0.0.1:8100
-#   OUT_DIR    receives stdout, stderr, exit_code and the harness's transcript
+#   OUT_DIR    receives stdout, stderr, exit_code, the sandbox's path
+#              (sandbox: removed when the run ends) and the harness's transcript
 #              (what each leaves there: see the header of agents/HARNESS.sh)
 # Needs root (ip netns). Harnesses come from install.sh ($FORGELOG_HOME/harnesses).
 # Exits with the harness's exit status.
@@ -37,6 +38,7 @@ hostport=${PROXY_URL#*://}; hostport=${hostport%%/*}
 PROXY_HOST=${hostport%:*} PROXY_PORT=${hostport##*:}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d -t "forgelog-$HARNESS.XXXXXX")
+echo "$WORK" >"$OUT/sandbox"
 ns="" host_if="" relay=""
 cleanup() {
   if [ -n "$relay" ]; then kill "$relay" 2>/dev/null || true; wait "$relay" 2>/dev/null || true; fi

@@ -9,7 +9,7 @@ use forgelog_schemas::{Event, Topic};
 use forgelog_stream::testing::{free_local_addr, shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StreamConfig};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -153,24 +153,18 @@ impl KitProxy {
         let new = NewSession::new(h, "hello", h, "g").max_model_calls(budget);
         let session = rt.block_on(self.sessions.create(&new)).unwrap();
         let started = Instant::now();
-        let run = Command::new(kit().join("run.sh"))
+        let status = Command::new(kit().join("run.sh"))
             .args([h, &self.url, &session.api_key])
             .arg(out)
             .arg(task)
             .env("FORGELOG_HARNESS_TIMEOUT", "240")
-            .stderr(Stdio::piped())
-            .output()
+            .status()
             .unwrap();
-        let said = String::from_utf8_lossy(&run.stderr);
-        eprint!("{said}");
-        let status = run.status;
         eprintln!("{h}: {status} in {:.1} s", started.elapsed().as_secs_f64());
         // Nothing the harness started outlives its run (Cline's CLI leaves a
         // hub daemon behind), and its sandbox is gone.
-        let work = said
-            .lines()
-            .find_map(|l| l.split_once(" in ")?.1.split_once("/project").map(|w| w.0))
-            .unwrap_or_else(|| panic!("run.sh named no sandbox:\n{said}"));
+        let work = std::fs::read_to_string(out.join("sandbox")).expect("run.sh names its sandbox");
+        let work = work.trim_end();
         let survivors = processes_mentioning(work);
         assert!(survivors.is_empty(), "{h} left running: {survivors:?}");
         assert!(!Path::new(work).exists(), "{h}'s sandbox {work} is left");
