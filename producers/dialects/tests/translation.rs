@@ -301,6 +301,50 @@ fn anthropic_golden() {
     assert_eq!(events[7].json()["usage"]["output_tokens"], 5);
 }
 
+/// Proto3 JSON's other spelling, the proto field names (Google ADK sends
+/// `parameters_json_schema`): read as the lowerCamelCase request, and the
+/// client's own keys (a call's arguments, a schema's properties) kept.
+#[test]
+fn gemini_reads_proto_field_names() {
+    let camel = json!({
+        "systemInstruction": {"parts": [{"text": "Be terse."}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "Open it."}, {"inlineData": {"mimeType": "image/png", "data": "iVBO"}}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "open_file", "args": {"file_path": "a.txt"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "open_file", "response": {"line_count": 3}}}]}],
+        "tools": [{"functionDeclarations": [{"name": "open_file", "parametersJsonSchema": {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["open_file"]}},
+        "generationConfig": {"maxOutputTokens": 99, "topK": 40, "stopSequences": ["END"]},
+    });
+    let proto = json!({
+        "system_instruction": {"parts": [{"text": "Be terse."}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "Open it."}, {"inline_data": {"mime_type": "image/png", "data": "iVBO"}}]},
+            {"role": "model", "parts": [{"function_call": {"name": "open_file", "args": {"file_path": "a.txt"}}}]},
+            {"role": "user", "parts": [{"function_response": {"name": "open_file", "response": {"line_count": 3}}}]}],
+        "tools": [{"function_declarations": [{"name": "open_file", "parameters_json_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]}],
+        "tool_config": {"function_calling_config": {"mode": "ANY", "allowed_function_names": ["open_file"]}},
+        "generation_config": {"max_output_tokens": 99, "top_k": 40, "stop_sequences": ["END"]},
+    });
+    let hints = RouteHints {
+        model: Some("gemini-x".into()),
+        stream: Some(false),
+    };
+    let read = GeminiDialect::decode_request(&proto, &hints).unwrap();
+    assert_eq!(read, GeminiDialect::decode_request(&camel, &hints).unwrap());
+    assert_eq!(
+        read.tools[0].parameters["required"],
+        json!(["file_path"]),
+        "the tool's schema is read, its keys kept"
+    );
+    assert_eq!(read.sampling.max_tokens, Some(99));
+    let chat = OpenAiChatDialect::encode_request(&read);
+    assert_eq!(
+        chat["messages"][2]["tool_calls"][0]["function"]["arguments"],
+        r#"{"file_path":"a.txt"}"#
+    );
+}
+
 #[test]
 fn gemini_golden() {
     let body = json!({

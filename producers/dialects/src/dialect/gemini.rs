@@ -8,8 +8,78 @@ use super::*;
 use crate::canonical::*;
 use forgelog_schemas::SamplingParams;
 use serde_json::json;
+use std::borrow::Cow;
 
 pub struct GeminiDialect;
+
+/// Values whose keys are the client's own (a call's arguments, a function's
+/// response, schemas, labels): never renamed.
+const FREE_FORM: &[&str] = &[
+    "args",
+    "response",
+    "parameters",
+    "parametersJsonSchema",
+    "responseSchema",
+    "responseJsonSchema",
+    "labels",
+];
+
+/// The request with every field named in lowerCamelCase, as this dialect
+/// reads them. Proto3 JSON lets a client spell a field by its proto name
+/// instead (`parameters_json_schema`: Google ADK does), and Gemini takes
+/// either; free-form values keep their keys. Borrowed when nothing needs it.
+fn lower_camel_fields(v: &Value) -> Cow<'_, Value> {
+    fn snake_anywhere(v: &Value) -> bool {
+        match v {
+            Value::Object(o) => o.iter().any(|(k, v)| {
+                k.contains('_') || (!FREE_FORM.contains(&k.as_str()) && snake_anywhere(v))
+            }),
+            Value::Array(a) => a.iter().any(snake_anywhere),
+            _ => false,
+        }
+    }
+    fn renamed(v: &Value) -> Value {
+        match v {
+            Value::Object(o) => Value::Object(
+                o.iter()
+                    .map(|(k, v)| {
+                        let k = lower_camel(k);
+                        let v = if FREE_FORM.contains(&k.as_str()) {
+                            v.clone()
+                        } else {
+                            renamed(v)
+                        };
+                        (k, v)
+                    })
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(renamed).collect()),
+            other => other.clone(),
+        }
+    }
+    if snake_anywhere(v) {
+        Cow::Owned(renamed(v))
+    } else {
+        Cow::Borrowed(v)
+    }
+}
+
+/// `parameters_json_schema` as `parametersJsonSchema`.
+fn lower_camel(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        match c {
+            '_' if !out.is_empty() => upper = true,
+            c if upper => {
+                out.extend(c.to_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
 
 fn decode_parts(
     parts: &[Value],
@@ -163,12 +233,10 @@ impl DialectAdapter for GeminiDialect {
     const KIND: forgelog_schemas::Dialect = forgelog_schemas::Dialect::Gemini;
 
     fn decode_request(body: &Value, hints: &RouteHints) -> Result<ChatRequest, DialectError> {
-        let o = obj(body, "request body")?;
+        let body = lower_camel_fields(body);
+        let o = obj(&body, "request body")?;
         let mut messages = Vec::new();
-        if let Some(si) = o
-            .get("systemInstruction")
-            .or_else(|| o.get("system_instruction"))
-        {
+        if let Some(si) = o.get("systemInstruction") {
             let si = obj(si, "systemInstruction")?;
             let mut sys = Vec::new();
             decode_parts(
