@@ -8,78 +8,11 @@ use super::*;
 use crate::canonical::*;
 use forgelog_schemas::SamplingParams;
 use serde_json::json;
-use std::borrow::Cow;
+
+mod field_names;
+use field_names::lower_camel_fields;
 
 pub struct GeminiDialect;
-
-/// Values whose keys are the client's own (a call's arguments, a function's
-/// response, schemas, labels): never renamed.
-const FREE_FORM: &[&str] = &[
-    "args",
-    "response",
-    "parameters",
-    "parametersJsonSchema",
-    "responseSchema",
-    "responseJsonSchema",
-    "labels",
-];
-
-/// The request with every field named in lowerCamelCase, as this dialect
-/// reads them. Proto3 JSON lets a client spell a field by its proto name
-/// instead (`parameters_json_schema`: Google ADK does), and Gemini takes
-/// either; free-form values keep their keys. Borrowed when nothing needs it.
-fn lower_camel_fields(v: &Value) -> Cow<'_, Value> {
-    fn snake_anywhere(v: &Value) -> bool {
-        match v {
-            Value::Object(o) => o.iter().any(|(k, v)| {
-                k.contains('_') || (!FREE_FORM.contains(&k.as_str()) && snake_anywhere(v))
-            }),
-            Value::Array(a) => a.iter().any(snake_anywhere),
-            _ => false,
-        }
-    }
-    fn renamed(v: &Value) -> Value {
-        match v {
-            Value::Object(o) => Value::Object(
-                o.iter()
-                    .map(|(k, v)| {
-                        let k = lower_camel(k);
-                        let v = if FREE_FORM.contains(&k.as_str()) {
-                            v.clone()
-                        } else {
-                            renamed(v)
-                        };
-                        (k, v)
-                    })
-                    .collect(),
-            ),
-            Value::Array(a) => Value::Array(a.iter().map(renamed).collect()),
-            other => other.clone(),
-        }
-    }
-    if snake_anywhere(v) {
-        Cow::Owned(renamed(v))
-    } else {
-        Cow::Borrowed(v)
-    }
-}
-
-/// `parameters_json_schema` as `parametersJsonSchema`.
-fn lower_camel(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut upper = false;
-    for c in name.chars() {
-        match c {
-            '_' if !out.is_empty() => upper = true,
-            c if upper => {
-                out.extend(c.to_uppercase());
-                upper = false;
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 fn decode_parts(
     parts: &[Value],
