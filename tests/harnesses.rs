@@ -18,6 +18,7 @@ use forgelog_schemas::{CallFinished, CallStatus, Event, TrajectoryBuilt};
 use serde_json::Value;
 use std::path::Path;
 use support::kit::{harnesses, require_installed, volume_of, KitProxy, TASK, TEXT_ONLY};
+use support::sandboxes::assert_tool_results_hold_their_output;
 
 const BUDGET: usize = 6;
 
@@ -195,6 +196,7 @@ fn the_kits_real_harnesses_run_through_the_proxy_within_a_call_budget() {
     }
     let errors = expand_events(&mut events);
     assert!(errors.is_empty(), "{errors:?}");
+    assert_tool_results_hold_their_output(&events);
     let mut trajectories = TrajectoryBuilder::default();
     let mut built = Vec::new();
     for e in events.iter().cloned() {

@@ -15,7 +15,7 @@ use forgelog_stream::testing::unique_run_id;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
-use support::sandboxes::{finished_calls, fixture, run_dir, stderr_of};
+use support::sandboxes::{assert_tool_results_hold_their_output, fixture, run_dir, stderr_of};
 use support::{containers_of, shipped, variant};
 
 /// Every harness of the kit's table.
@@ -63,30 +63,6 @@ fn model_turns(text: &str) -> Vec<String> {
         .collect();
     turns.sort();
     turns.into_iter().map(|(_, t)| t).collect()
-}
-
-/// Every tool result a harness sent back holds what its command printed
-/// (the fake agent's `echo forgelog step N`): none came back empty, as
-/// Qwen Code's did when its one-shot shell settled before reading the
-/// command's output.
-fn assert_tool_results_hold_their_output(events: &[Event]) {
-    let mut results = 0;
-    for c in finished_calls(events) {
-        let request: Value = serde_json::from_str(&c.chat_request).unwrap_or_default();
-        let Some(messages) = request["messages"].as_array() else {
-            continue;
-        };
-        for m in messages.iter().filter(|m| m["role"] == "tool") {
-            results += 1;
-            assert!(
-                m["content"].to_string().contains("forgelog step"),
-                "{} call {}: a tool result without its output: {m}",
-                c.rollout_id,
-                c.call_index
-            );
-        }
-    }
-    assert!(results > 0, "no tool result recorded");
 }
 
 #[test]

@@ -104,6 +104,32 @@ pub fn finished_calls(events: &[Event]) -> Vec<forgelog_schemas::CallFinished> {
         .collect()
 }
 
+/// Every tool result a harness sent back holds what the fake agent's step
+/// printed (`echo forgelog step N`) or, from a sub-agent it delegated to, that
+/// agent's answer (`Done after N steps.`): none came back empty, as Qwen
+/// Code's did when its one-shot shell settled before reading the command's
+/// output.
+pub fn assert_tool_results_hold_their_output(events: &[Event]) {
+    let mut results = 0;
+    for c in finished_calls(events) {
+        let request: serde_json::Value = serde_json::from_str(&c.chat_request).unwrap_or_default();
+        let Some(messages) = request["messages"].as_array() else {
+            continue;
+        };
+        for m in messages.iter().filter(|m| m["role"] == "tool") {
+            results += 1;
+            let content = m["content"].to_string();
+            assert!(
+                content.contains("forgelog step") || content.contains("Done after"),
+                "{} call {}: a tool result without its output: {m}",
+                c.rollout_id,
+                c.call_index
+            );
+        }
+    }
+    assert!(results > 0, "no tool result recorded");
+}
+
 /// A run's side calls (aux: OpenCode's and gptme's title calls), by rollout
 /// and call index, told apart as `clean_rates` does, from the calls made whole.
 pub fn side_calls(events: &[Event]) -> std::collections::BTreeSet<(String, i64)> {
