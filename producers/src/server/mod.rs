@@ -217,6 +217,10 @@ impl ProxyState {
             tracing::warn!(session = %session.id, call = index, "call interrupted by the shutdown");
             self.record_interrupted(&session, index, INTERRUPTED, ran);
         }
+        // Calls claimed before the take are sending their records now.
+        while !self.calls_in_flight.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         n
     }
 

@@ -104,9 +104,9 @@ impl Call {
     }
 
     fn record(&self, event: CallFinished) {
-        if !self.st.calls_in_flight.end(&self.session.id, self.index) {
+        let Some(_claimed) = self.st.calls_in_flight.claim(&self.session.id, self.index) else {
             return; // recorded as interrupted by the shutdown
-        }
+        };
         let dialect = self.dialect.name();
         metrics::counter!("forgelog_proxy_calls_total", "dialect" => dialect, "status" => event.status.name())
             .increment(1);
