@@ -16,6 +16,7 @@ mod kv_cache;
 pub mod load;
 pub mod lora;
 pub mod qwen3;
+pub mod segment_cache;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod transformer;

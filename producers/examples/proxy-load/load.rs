@@ -24,6 +24,8 @@ pub(crate) struct Load {
     pub(crate) sessions: usize,
     pub(crate) calls: usize,
     pub(crate) prompt_tokens: usize,
+    /// Sessions per GRPO group: a group's rollouts share their task.
+    pub(crate) group_size: usize,
     /// Pause between a session's calls.
     pub(crate) think: Duration,
     /// Upstream delay plus think: sessions start spread over it.
@@ -40,9 +42,11 @@ pub(crate) async fn round(base: &str, load: Load, admin: Option<&str>) -> Round 
         sessions: n,
         calls,
         prompt_tokens,
+        group_size,
         think,
         cycle,
     } = load;
+    let group_size = group_size.max(1);
     // A client per round: its connections close with it (fds are finite).
     let http = &client();
     let start = Instant::now();
@@ -60,7 +64,7 @@ pub(crate) async fn round(base: &str, load: Load, admin: Option<&str>) -> Round 
                 let mut key = String::from("none");
                 let mut session = String::new();
                 if with_sessions {
-                    let new = NewSession::new(format!("load-{round_no}-{i}-{}", std::process::id()), "load", "proxy-load", format!("g{}", i / 8)).group_size(8);
+                    let new = NewSession::new(format!("load-{round_no}-{i}-{}", std::process::id()), "load", "proxy-load", format!("g{}", i / group_size)).group_size(group_size as i64);
                     match sessions.create(&new).await {
                         Ok(created) => (key, session) = (created.api_key, created.session_id),
                         Err(e) => {
@@ -69,7 +73,7 @@ pub(crate) async fn round(base: &str, load: Load, admin: Option<&str>) -> Round 
                         }
                     }
                 }
-                let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": task(i, prompt_tokens)})];
+                let mut messages = vec![json!({"role": "system", "content": "You are a load test."}), json!({"role": "user", "content": task(round_no, i / group_size, prompt_tokens)})];
                 for turn in 0..calls {
                     if turn > 0 && !think.is_zero() {
                         tokio::time::sleep(think).await;
@@ -108,8 +112,10 @@ pub(crate) async fn round(base: &str, load: Load, admin: Option<&str>) -> Round 
     out
 }
 
-/// Session `i`'s task: `tokens` bytes of words, different per session.
-fn task(i: usize, tokens: usize) -> String {
+/// Group `group`'s task in round `round`: `tokens` bytes of words, different
+/// per group and round (no round finds another's prompts remembered).
+fn task(round: usize, group: usize, tokens: usize) -> String {
+    let i = round * 100_003 + group;
     const WORDS: [&str; 8] = [
         "grep",
         "the",

@@ -114,6 +114,10 @@ pub(crate) struct RunArgs {
     /// growing history on every call (the fake upstream's tokens are bytes)
     #[arg(long, default_value_t = 0)]
     pub(crate) prompt_tokens: usize,
+    /// Sessions per GRPO group, which share their task as a group's rollouts
+    /// do (1: every session its own task)
+    #[arg(long, default_value_t = 8)]
+    pub(crate) group_size: usize,
     /// Pause between a session's calls (its harness running tools), per round
     #[arg(long, value_delimiter = ',', default_value = "1000,0")]
     pub(crate) think_ms: Vec<u64>,

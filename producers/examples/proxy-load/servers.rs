@@ -156,13 +156,15 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         sessions: 50,
         calls,
         prompt_tokens: args.prompt_tokens,
+        group_size: args.group_size,
         think: Duration::ZERO,
         cycle: Duration::ZERO,
     };
     let warm = round(base, warm_load, admin).await;
     println!(
-        "{base} -> {upstream}, {calls} calls per session, a {}-token task (warm-up: {} calls)",
+        "{base} -> {upstream}, {calls} calls per session, a {}-token task per group of {} (warm-up: {} calls)",
         args.prompt_tokens,
+        args.group_size,
         warm.latencies_us.len()
     );
     // `up CPU`: the fake upstream's own CPU per call in the direct round, what
@@ -192,6 +194,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             sessions: n,
             calls,
             prompt_tokens: args.prompt_tokens,
+            group_size: args.group_size,
             think,
             cycle: Duration::from_millis(args.delay_ms) + think,
         };

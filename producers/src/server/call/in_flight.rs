@@ -42,8 +42,10 @@ impl CallsInFlight {
     }
 
     pub(super) fn start(&self, session: &Arc<Session>, index: i64, received: Instant) {
-        self.calls()
-            .insert((session.id.clone(), index), (session.clone(), received, false));
+        self.calls().insert(
+            (session.id.clone(), index),
+            (session.clone(), received, false),
+        );
     }
 
     /// Claims the call for its own record; `None` if the shutdown took it.
