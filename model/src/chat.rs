@@ -176,18 +176,12 @@ impl ChatCodec {
     pub const REMEMBERED_BYTES: u64 = 32 << 20;
 
     /// The ids of `text` encoded as one, no piece remembered.
-    pub fn encode_whole(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode_whole(&self, text: &str) -> Result<Vec<u32>, String> {
         // The ids alone: without offsets, about twice as fast.
         self.tokenizer
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| format!("tokenizer: {e}"))
-    }
-
-    /// The pieces of prompts remembered and their bytes; `None` where the
-    /// tokenizer's pieces cannot be encoded apart.
-    pub fn remembered(&self) -> Option<(usize, u64)> {
-        self.pieces.as_ref().map(|p| p.remembered())
     }
 
     /// SHA-256 (hex) of the tokenizer as `tokenizer.json` writes it, and of
