@@ -26,15 +26,15 @@ const MIN_REMEMBERED: usize = 256;
 /// system prompt every session uses).
 pub struct SegmentCache {
     added_tokens: AhoCorasick,
-    remembered: Cache<Box<str>, Arc<[u32]>, PieceWeight>,
+    remembered: Cache<String, Arc<[u32]>, PieceWeight>,
 }
 
 /// A remembered piece costs its text and its ids.
 #[derive(Clone)]
 struct PieceWeight;
 
-impl quick_cache::Weighter<Box<str>, Arc<[u32]>> for PieceWeight {
-    fn weight(&self, text: &Box<str>, ids: &Arc<[u32]>) -> u64 {
+impl quick_cache::Weighter<String, Arc<[u32]>> for PieceWeight {
+    fn weight(&self, text: &String, ids: &Arc<[u32]>) -> u64 {
         (text.len() + 4 * ids.len()) as u64
     }
 }
@@ -93,14 +93,12 @@ impl SegmentCache {
                 if unencoded < piece {
                     ids.extend(encode(&text[unencoded..piece])?);
                 }
-                match self.remembered.get(long) {
-                    Some(known) => ids.extend_from_slice(&known),
-                    None => {
-                        let fresh: Arc<[u32]> = encode(long)?.into();
-                        ids.extend_from_slice(&fresh);
-                        self.remembered.insert(long.into(), fresh);
-                    }
-                }
+                // A GRPO group's rollouts send their shared task at once: one
+                // of them encodes it, the others wait for its ids.
+                let known = self
+                    .remembered
+                    .get_or_insert_with(long, || encode(long).map(Arc::from))?;
+                ids.extend_from_slice(&known);
                 unencoded = start;
             }
             piece = end;

@@ -119,3 +119,41 @@ fn tokenizers_whose_pieces_depend_on_where_they_stand_are_not_cached() {
         .unwrap();
     assert!(SegmentCache::of(&stripping, 1 << 20).is_none());
 }
+
+/// A GRPO group's rollouts start together and send one task: the first to
+/// need its ids encodes it, the others wait for them rather than encoding it
+/// again (the encode here is slow enough that they all arrive meanwhile).
+#[test]
+fn a_piece_wanted_at_once_by_many_is_encoded_once() {
+    let tokenizer = testing::tiny_tokenizer();
+    let cache = SegmentCache::of(&tokenizer, 1 << 20).unwrap();
+    let task = format!(
+        "<|im_start|>user\n{}<|im_end|>",
+        "solve the task ".repeat(40)
+    );
+    let long_encodes = std::sync::atomic::AtomicUsize::new(0);
+    let start = std::sync::Barrier::new(8);
+    let results: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let rollouts: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    cache
+                        .encode(&task, |t| {
+                            if t.len() >= 256 {
+                                long_encodes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                std::thread::sleep(std::time::Duration::from_millis(200));
+                            }
+                            Ok(whole(&tokenizer, t))
+                        })
+                        .unwrap()
+                })
+            })
+            .collect();
+        rollouts.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(long_encodes.into_inner(), 1, "the task encoded once");
+    for ids in results {
+        assert_eq!(ids, whole(&tokenizer, &task));
+    }
+}
