@@ -30,29 +30,49 @@ fn report(out: &Output) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Both task sets: the main one and the learning curve's (scripts/curve.sh),
+/// whose commands file must hold each of its tasks' answers.
 #[test]
 fn every_shipped_solution_scores_one_through_its_own_verifier() {
-    let run = format!("shipped-{}", std::process::id());
-    let out = tasks_check(&shipped(), &run);
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows = report(&out);
-    assert!(rows.len() >= 12, "{said}");
-    for (task, status, reward) in &rows {
-        assert_eq!(
-            (status.as_str(), reward.as_str()),
-            ("scored", "1"),
-            "{task}: {said}"
+    let curve = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/curve-tasks");
+    for (dir, at_least) in [(shipped(), 12), (curve.clone(), 4)] {
+        let run = format!("shipped-{}", std::process::id());
+        let out = tasks_check(&dir, &run);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows = report(&out);
+        assert!(rows.len() >= at_least, "{said}");
+        for (task, status, reward) in &rows {
+            assert_eq!(
+                (status.as_str(), reward.as_str()),
+                ("scored", "1"),
+                "{task}: {said}"
+            );
+        }
+        assert!(
+            said.contains(&format!("tasks: {} passed, 0 failed", rows.len())),
+            "{said}"
         );
     }
-    assert!(
-        said.contains(&format!("tasks: {} passed, 0 failed", rows.len())),
-        "{said}"
-    );
+    // The curve's grammar offers each task's answer: its solution's last line.
+    let commands = std::fs::read_to_string(curve.join("commands.txt")).unwrap();
+    for task in std::fs::read_dir(&curve).unwrap() {
+        let task = task.unwrap().path();
+        if !task.is_dir() {
+            continue;
+        }
+        let solve = std::fs::read_to_string(task.join("solution/solve.sh")).unwrap();
+        let answer = solve.lines().last().unwrap();
+        assert!(
+            commands.lines().any(|c| c == answer),
+            "{}'s answer `{answer}` is not among the curve's commands",
+            task.display()
+        );
+    }
 }
 
 #[test]

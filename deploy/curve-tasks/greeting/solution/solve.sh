@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo 'good morning' > /app/greeting.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sort /app/names.txt > /app/sorted.txt
