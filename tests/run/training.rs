@@ -8,8 +8,8 @@ use crate::support::gradient::{
     tool_call_grammar, trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
 };
 use crate::support::sandboxes::{output_timed, run_dir, slots_of, stderr_of};
-use crate::support::shipped;
-use forgelog_schemas::{CallStatus, Event, Topic};
+use crate::support::{shipped, variant};
+use forgelog_schemas::{CallStatus, Event, Topic, VerifierResult};
 use forgelog_stream::testing::{shared_broker, unique_run_id};
 use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,9 +23,20 @@ use std::time::Instant;
 /// (forgelog's engine takes vLLM's `structured_outputs`), on policy (a step
 /// per group, `--max-staleness 0`).
 fn train_command(run: &str, model: &Path, stream: &StreamConfig, tasks: &[&str]) -> Command {
+    train_command_in(&shipped(), run, model, stream, tasks)
+}
+
+/// [`train_command`] over the tasks of `dir`.
+fn train_command_in(
+    dir: &Path,
+    run: &str,
+    model: &Path,
+    stream: &StreamConfig,
+    tasks: &[&str],
+) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
     cmd.arg("run")
-        .arg(shipped())
+        .arg(dir)
         .args(["--harness", "mini-swe-agent", "--run", run]);
     for task in tasks {
         cmd.args(["--task", task]);
@@ -155,6 +166,101 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
             == std::fs::read(exported.path().join("model.safetensors")).unwrap(),
         "the folder holds version 2's weights"
     );
+}
+
+/// A verifier that crashes or writes NaN inside a training run: its rollouts'
+/// rewards are null (never a 0 the learner would train on), their groups
+/// teach nothing, and admission goes on: every group after them is sampled,
+/// on policy, by a published version.
+#[test]
+fn a_verifier_that_crashes_or_writes_nan_never_becomes_a_reward_nor_stalls_training() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let run = unique_run_id("run-train-faults");
+    let run_dirs = support::RunDirs::default();
+    run_dirs.add(&run);
+    let tasks = tempfile::tempdir().unwrap();
+    let t = tasks.path();
+    variant(t, "a-verifier-crashes", "tests/test.sh", "exit 3\n");
+    variant(
+        t,
+        "b-reward-nan",
+        "tests/test.sh",
+        "echo NaN > /logs/verifier/reward.txt\n",
+    );
+    variant(t, "c-hello", "instruction.md", "Write hello.txt.\n");
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama_with_context(model.path(), 13, 8192).unwrap();
+    let mut train = train_command_in(t, &run, model.path(), &stream, &[]);
+    let out = output_timed(
+        train.args(["--learning-rate", "1e-3"]),
+        "forgelog run --train (faulty verifiers)",
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let reader = ReplayReader::new(&stream).unwrap();
+    let read = |topic: Topic| -> Vec<Event> {
+        reader
+            .read(topic.name(), StartAt::Beginning, Some(&run))
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event.expect("decodable"))
+            .collect()
+    };
+    let verdicts: Vec<VerifierResult> = read(Topic::Rewards)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::VerifierResult(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    for faulty in ["a-verifier-crashes", "b-reward-nan"] {
+        let theirs: Vec<&VerifierResult> = verdicts
+            .iter()
+            .filter(|v| v.rollout_id.contains(faulty))
+            .collect();
+        assert!(theirs.len() >= 2, "{faulty}: {verdicts:?}");
+        for v in theirs {
+            assert_eq!(
+                (v.ok, v.reward),
+                (false, None),
+                "{faulty}: never a 0: {v:?}"
+            );
+        }
+    }
+    // Three groups, a version published after each: the faulty groups held
+    // nothing up, and the last group was sampled by the version before it.
+    let versions: Vec<i64> = read(Topic::Policy)
+        .iter()
+        .filter_map(|e| match e {
+            Event::PolicyPublished(p) => Some(p.version),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        [1, 2, 3],
+        "a version per group, each published once"
+    );
+    let hello_sessions: BTreeSet<String> = read(Topic::Rollouts)
+        .iter()
+        .filter_map(|e| match e {
+            Event::RolloutStarted(r) if r.task_id == "c-hello" => Some(r.session_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let served: BTreeSet<i64> = read(Topic::Calls)
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallFinished(c)
+                if c.status == CallStatus::Ok && hello_sessions.contains(&c.session_id) =>
+            {
+                c.policy_version
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, BTreeSet::from([2]), "the last group, on policy");
 }
 
 /// A learner step goes where the rewards say, through forgelog's engine and
