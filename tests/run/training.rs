@@ -54,6 +54,17 @@ fn train_command_in(
     cmd
 }
 
+/// `run`'s events on `topic`, in log order.
+fn events_of(stream: &StreamConfig, run: &str, topic: Topic) -> Vec<Event> {
+    ReplayReader::new(stream)
+        .unwrap()
+        .read(topic.name(), StartAt::Beginning, Some(run))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.event.expect("decodable"))
+        .collect()
+}
+
 /// `forgelog run --train`: mini-swe-agent in its sandboxes, sampled by the
 /// embedded engine (a tiny llama), the consumers and the learner in the same
 /// process. On policy (`--max-staleness 0`, a step per group), the second
@@ -76,15 +87,7 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let reader = ReplayReader::new(&stream).unwrap();
-    let read = |topic: Topic| -> Vec<Event> {
-        reader
-            .read(topic.name(), StartAt::Beginning, Some(&run))
-            .unwrap()
-            .into_iter()
-            .map(|r| r.event.expect("decodable"))
-            .collect()
-    };
+    let read = |topic: Topic| events_of(&stream, &run, topic);
     let versions: Vec<i64> = read(Topic::Policy)
         .iter()
         .filter_map(|e| match e {
@@ -198,15 +201,7 @@ fn a_verifier_that_crashes_or_writes_nan_never_becomes_a_reward_nor_stalls_train
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let reader = ReplayReader::new(&stream).unwrap();
-    let read = |topic: Topic| -> Vec<Event> {
-        reader
-            .read(topic.name(), StartAt::Beginning, Some(&run))
-            .unwrap()
-            .into_iter()
-            .map(|r| r.event.expect("decodable"))
-            .collect()
-    };
+    let read = |topic: Topic| events_of(&stream, &run, topic);
     let verdicts: Vec<VerifierResult> = read(Topic::Rewards)
         .into_iter()
         .filter_map(|e| match e {
@@ -230,13 +225,7 @@ fn a_verifier_that_crashes_or_writes_nan_never_becomes_a_reward_nor_stalls_train
     }
     // Three groups, a version published after each: the faulty groups held
     // nothing up, and the last group was sampled by the version before it.
-    let versions: Vec<i64> = read(Topic::Policy)
-        .iter()
-        .filter_map(|e| match e {
-            Event::PolicyPublished(p) => Some(p.version),
-            _ => None,
-        })
-        .collect();
+    let versions: Vec<i64> = published(&stream, &run).iter().map(|p| p.version).collect();
     assert_eq!(
         versions,
         [1, 2, 3],
