@@ -5,7 +5,7 @@
 use crate::support;
 use crate::support::gradient::{
     a_group_with_variance, assert_learner_reads_the_choices, published, teacher_forced_by,
-    tool_call_grammar, trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
+    tool_call_grammar, trajectories, LogprobMoves, CHECK_LEARNING_RATE, HELLO_FILE_COMMANDS,
 };
 use crate::support::sandboxes::{output_timed, run_dir, slots_of, stderr_of};
 use crate::support::{shipped, variant};
@@ -288,7 +288,7 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
             ])
             .args(["--brokers", &stream.brokers])
             .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-            .args(["--learning-rate", "1e-4"]);
+            .args(["--learning-rate", CHECK_LEARNING_RATE]);
         let out = output_timed(&mut train, "forgelog run --train (SmolLM2)");
         assert!(out.status.success(), "{}", stderr_of(&out));
         run

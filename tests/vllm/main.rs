@@ -35,7 +35,7 @@ use std::process::Command;
 use std::time::Duration;
 use support::gradient::{
     a_group_with_variance, assert_learner_reads_the_choices, published, tool_call_grammar,
-    trajectories, LogprobMoves, HELLO_FILE_COMMANDS,
+    trajectories, LogprobMoves, CHECK_LEARNING_RATE, HELLO_FILE_COMMANDS,
 };
 use support::sandboxes::{finished_calls, fixture, output_timed, side_calls, stderr_of};
 use support::shipped;
@@ -104,7 +104,8 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
         );
         train
             .args(["--task", "hello-file", "--group-size", "8"])
-            .args(["--max-model-calls", "2", "--learning-rate", "1e-4"])
+            .args(["--max-model-calls", "2"])
+            .args(["--learning-rate", CHECK_LEARNING_RATE])
             .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"]);
         run_to_end(train, "forgelog run --train", &vllm);
         run
