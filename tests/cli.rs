@@ -405,20 +405,30 @@ fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
 fn a_command_with_no_broker_says_so_once_and_exits_2() {
     let dead = free_local_addr().to_string();
     let listen = free_local_addr().to_string();
-    for args in [
+    // Each waits out its broker timeout: the four wait together.
+    let commands = [
         &["report", "--run", "r"][..],
         &["replay", "show", "--run", "r"][..],
         &["topics", "create"][..],
         &["view", "--listen", &listen][..],
-    ] {
-        let started = std::time::Instant::now();
-        let out = forgelog()
-            .args(args)
-            .args(["--brokers", &dead])
-            .env_remove("RUST_LOG")
-            .env("RUST_BACKTRACE", "0")
-            .output()
-            .unwrap();
+    ];
+    let started = std::time::Instant::now();
+    let children: Vec<_> = commands
+        .iter()
+        .map(|args| {
+            forgelog()
+                .args(*args)
+                .args(["--brokers", &dead])
+                .env_remove("RUST_LOG")
+                .env("RUST_BACKTRACE", "0")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (args, child) in commands.iter().zip(children) {
+        let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(
