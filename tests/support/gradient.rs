@@ -142,8 +142,8 @@ pub const DECISION: f32 = -0.105;
 /// and a drift down on every peaked distribution to second order. At 1e-4
 /// the drift was as large as the word: rewarded rollouts' decisions moved
 /// -0.19, -0.057, -0.010 (and +0.083) while failed ones' fell by 1.3 to 1.9,
-/// and the near-certain choices by up to 0.63. At 3e-5: +0.297 and -0.566,
-/// near-certain +0.129.
+/// and the near-certain choices by up to 0.63. At 3e-5, four runs: +0.15 to
+/// +0.30 and -0.41 to -0.57, near-certain -0.08 to +0.16.
 pub const CHECK_LEARNING_RATE: &str = "3e-5";
 
 /// How a step moved the logprobs of a group's tokens, by kind.
