@@ -4,14 +4,15 @@
 
 use crate::support;
 use crate::support::gradient::{
-    a_group_with_variance, assert_learner_reads_the_choices, published, teacher_forced_by,
-    tool_call_grammar, trajectories, LogprobMoves, CHECK_LEARNING_RATE, HELLO_FILE_COMMANDS,
+    a_group_with_variance, assert_learner_reads_the_choices, events_of, published,
+    teacher_forced_by, tool_call_grammar, trajectories, LogprobMoves, CHECK_LEARNING_RATE,
+    HELLO_FILE_COMMANDS,
 };
 use crate::support::sandboxes::{output_timed, run_dir, slots_of, stderr_of};
 use crate::support::{shipped, variant};
 use forgelog_schemas::{CallStatus, Event, Topic, VerifierResult};
 use forgelog_stream::testing::{shared_broker, unique_run_id};
-use forgelog_stream::{ReplayReader, StartAt, StreamConfig};
+use forgelog_stream::StreamConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
@@ -54,17 +55,6 @@ fn train_command_in(
     cmd
 }
 
-/// `run`'s events on `topic`, in log order.
-fn events_of(stream: &StreamConfig, run: &str, topic: Topic) -> Vec<Event> {
-    ReplayReader::new(stream)
-        .unwrap()
-        .read(topic.name(), StartAt::Beginning, Some(run))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.event.expect("decodable"))
-        .collect()
-}
-
 /// `forgelog run --train`: mini-swe-agent in its sandboxes, sampled by the
 /// embedded engine (a tiny llama), the consumers and the learner in the same
 /// process. On policy (`--max-staleness 0`, a step per group), the second
@@ -87,7 +77,7 @@ fn a_training_run_closes_the_loop_through_a_real_harness() {
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let read = |topic: Topic| events_of(&stream, &run, topic);
+    let read = |topic: Topic| events_of(&stream, topic, &run);
     let versions: Vec<i64> = read(Topic::Policy)
         .iter()
         .filter_map(|e| match e {
@@ -201,7 +191,7 @@ fn a_verifier_that_crashes_or_writes_nan_never_becomes_a_reward_nor_stalls_train
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let read = |topic: Topic| events_of(&stream, &run, topic);
+    let read = |topic: Topic| events_of(&stream, topic, &run);
     let verdicts: Vec<VerifierResult> = read(Topic::Rewards)
         .into_iter()
         .filter_map(|e| match e {
