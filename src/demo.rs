@@ -39,7 +39,7 @@ pub async fn run(
         say: &say,
         bar: Mutex::new(None),
     };
-    let engine = args.sync.reader(engine);
+    let engine = args.serving.reader(engine);
     let rounds = demo_rounds(config, &proxy, &engine, plan, train_steps, &terminal).await?;
     finish(config, run_id, args, &say, rounds, sync).await
 }

@@ -21,19 +21,8 @@ pub struct UpArgs {
     /// Use these Kafka brokers instead of starting the local one
     #[arg(long, env = "FORGELOG_BROKERS")]
     pub brokers: Option<String>,
-    /// Use this vLLM-compatible engine instead of starting `forgelog engine`
-    #[arg(long)]
-    pub upstream: Option<String>,
     #[command(flatten)]
-    pub sync: crate::upstream::UpstreamArgs,
-    /// The model the local engine serves
-    #[arg(long, default_value = "smollm2")]
-    pub model: String,
-    /// The model whose tokenizer and chat template the proxy renders prompts
-    /// with (token in: follow-up calls spliced onto the sampled ids; default:
-    /// --model when the local engine serves it; `none`: the engine renders)
-    #[arg(long)]
-    pub tokenizer: Option<String>,
+    pub serving: crate::upstream::ServingArgs,
     /// Where the local engine listens (its OpenAI-compatible API)
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub engine_listen: SocketAddr,
@@ -91,10 +80,10 @@ fn train_args(
         learning_rate: args.learning_rate,
         device: args.device,
         lora_rank: args.lora_rank,
-        lora_publish: args.sync.lora_publish(),
+        lora_publish: args.serving.lora_publish(),
         tokens_per_step: args.tokens_per_step,
         idle_flush: 5.0,
-        ..forgelog_stack::learner_settings(&args.model, config, run, &args.home)?
+        ..forgelog_stack::learner_settings(&args.serving.model, config, run, &args.home)?
     };
     Ok(if args.demo {
         forgelog_stack::demo_learner(train, run, args.steps)
@@ -156,27 +145,20 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     // An external engine is kept serving what the learner publishes; its
     // sync's failure stops the demo (nothing more is sampled by a version it
     // did not load) with the engine, route and answer named.
-    let mut serving = Serving::start(
-        config,
-        ServingConfig {
-            run: run.clone(),
-            upstream: args.upstream.clone(),
-            model: args.model.clone(),
-            device: args.device,
-            engine_listen: args.engine_listen,
-            train: args.train,
-            synced: args.sync.synced(),
-            tokenizer: args.tokenizer.clone(),
-            policy_adapters: args.sync.policy_adapters(),
-            extra_body: args.sync.extra_body.fields(),
-            proxy_listen: args.proxy_listen,
-            spool: args.home.join("proxy-spool"),
-            home: args.home.clone(),
-        },
-    )
-    .await?;
+    let serving_config = ServingConfig {
+        device: args.device,
+        engine_listen: args.engine_listen,
+        proxy_listen: args.proxy_listen,
+        ..args.serving.config(
+            &run,
+            args.train,
+            args.home.join("proxy-spool"),
+            args.home.clone(),
+        )
+    };
+    let mut serving = Serving::start(config, serving_config).await?;
     if let Some(engine) = &serving.engine {
-        eprintln!("engine    {} on {}", args.model, engine.url);
+        eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
     let (upstream, admin_token) = (serving.upstream.clone(), serving.admin_token.clone());
     let base = format!("http://{}", serving.proxy.addr);

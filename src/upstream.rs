@@ -1,12 +1,19 @@
-//! An external engine (`--upstream`) in a training loop, for `up --train`
-//! and `run --train`: what it is, keeping it serving each version the
-//! learner publishes, and reading back the version it serves.
+//! What answers the calls of `up` and `run`: the embedded engine or an
+//! external one (`--upstream`), how the proxy renders prompts, and, in a
+//! training loop, how the external engine is kept serving each version the
+//! learner publishes and how the version it serves is read back.
 
+use forgelog_stack::ServingConfig;
 use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
+use std::path::PathBuf;
 
-/// What `--upstream` is, and how a trained version reaches it.
+/// The engine and the proxy's rendering, as `up` and `run` take them.
 #[derive(Debug, Clone, clap::Args)]
-pub struct UpstreamArgs {
+pub struct ServingArgs {
+    /// Use this vLLM-compatible engine instead of starting the embedded one
+    /// (`forgelog engine`)
+    #[arg(long)]
+    pub upstream: Option<String>,
     /// What --upstream is, with --train: forgelog (an engine that follows the
     /// log itself), vllm or sglang (`forgelog sync` runs in this process and
     /// makes it serve each published version); --model is the folder it serves
@@ -17,6 +24,14 @@ pub struct UpstreamArgs {
     pub sync_mode: Mode,
     #[command(flatten)]
     pub extra_body: forgelog_producers::ExtraBodyArg,
+    /// The model the embedded engine serves and the learner trains
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    /// The model whose tokenizer and chat template the proxy renders prompts
+    /// with (token in: a session's calls spliced into one sequence; default:
+    /// --model when the embedded engine serves it; `none`: the engine renders)
+    #[arg(long)]
+    pub tokenizer: Option<String>,
 }
 
 /// The engine behind `--upstream`.
@@ -39,7 +54,29 @@ impl UpstreamKind {
     }
 }
 
-impl UpstreamArgs {
+impl ServingArgs {
+    /// How run `run`'s calls are served: the embedded engine on the CPU and
+    /// both servers on free local ports unless the caller says otherwise;
+    /// the proxy's spool in `spool`, a sync's staged checkpoints in `home`.
+    pub fn config(&self, run: &str, train: bool, spool: PathBuf, home: PathBuf) -> ServingConfig {
+        let free_local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        ServingConfig {
+            run: run.to_string(),
+            upstream: self.upstream.clone(),
+            model: self.model.clone(),
+            device: forgelog_engine::DeviceKind::Cpu,
+            engine_listen: free_local,
+            train,
+            synced: self.synced(),
+            tokenizer: self.tokenizer.clone(),
+            policy_adapters: self.policy_adapters(),
+            extra_body: self.extra_body.fields(),
+            proxy_listen: free_local,
+            spool,
+            home,
+        }
+    }
+
     /// Whether the proxy names the newest adapter on each call.
     pub fn policy_adapters(&self) -> bool {
         self.engine.synced().is_some() && self.sync_mode == Mode::Adapter

@@ -27,19 +27,10 @@ pub struct RunArgs {
     /// Only these tasks (by directory name; repeatable)
     #[arg(long = "task")]
     pub tasks: Vec<String>,
-    /// A vLLM-compatible engine for the proxy this run starts (default: the
-    /// embedded engine, on the CPU)
-    #[arg(long)]
-    pub upstream: Option<String>,
     #[command(flatten)]
-    pub sync: crate::upstream::UpstreamArgs,
-    /// The model whose tokenizer and chat template the proxy renders prompts
-    /// with (token in: a rollout's calls spliced into one sequence; default:
-    /// --model when the embedded engine serves it; `none`: the engine renders)
-    #[arg(long, conflicts_with = "proxy")]
-    pub tokenizer: Option<String>,
+    pub serving: crate::upstream::ServingArgs,
     /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
-    #[arg(long, conflicts_with = "upstream")]
+    #[arg(long, conflicts_with_all = ["upstream", "tokenizer"])]
     pub proxy: Option<String>,
     /// The admin token of --proxy
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]
@@ -67,9 +58,6 @@ pub struct RunArgs {
     pub proxy_listen: SocketAddr,
     #[command(flatten)]
     pub kube: KubeArgs,
-    /// The model of the embedded engine
-    #[arg(long, default_value = "smollm2")]
-    pub model: String,
     /// Train --model on the run's groups with GRPO: the learner publishes
     /// versions the engine loads (the embedded one, or --upstream with
     /// --engine), and groups start only while the policy that samples them

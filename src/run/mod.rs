@@ -117,34 +117,16 @@ async fn orchestrate(
         args.train.then(|| Admission {
             bound,
             clock: Box::new(ServedClock {
-                engine: args.sync.reader(engine_url.as_deref().unwrap_or_default()),
+                engine: args
+                    .serving
+                    .reader(engine_url.as_deref().unwrap_or_default()),
                 learner: learner_end.clone(),
             }),
         })
     };
     let sessions = SessionClient::new(&url, Some(token));
-    let options = RunOptions {
-        concurrency: args.concurrency,
-        max_model_calls: (args.max_model_calls > 0).then_some(args.max_model_calls),
-        max_tokens: args.max_tokens.or_else(|| {
-            let context = serving.as_ref()?.proxy.state.probe().context?;
-            Some((context / 4).max(1))
-        }),
-        retry: true,
-    };
-    eprintln!(
-        "limits: {} model calls per rollout, {} tokens per call{}",
-        options
-            .max_model_calls
-            .map_or("no limit on".into(), |n| n.to_string()),
-        options
-            .max_tokens
-            .map_or("as the harness asks".into(), |n| format!("at most {n}")),
-        match (args.max_tokens, options.max_tokens) {
-            (None, Some(_)) => " (a quarter of the engine's context)",
-            _ => "",
-        }
-    );
+    let context = serving.as_ref().and_then(|s| s.proxy.state.probe().context);
+    let options = run_options(args, context);
     // Whatever ends the rollouts, the learner and the consumers are stopped
     // below: their blocking tasks would otherwise keep the process alive.
     // A failed sync ends them too: nothing more is sampled by a version the
@@ -174,7 +156,7 @@ async fn orchestrate(
     let mut learned = Ok(());
     if let (Some(learning), true) = (&learning, result.is_ok()) {
         let steps = groups.div_ceil(bound.groups_per_step) as u64;
-        let engine = engine_url.as_deref().map(|url| args.sync.reader(url));
+        let engine = engine_url.as_deref().map(|url| args.serving.reader(url));
         learned = last_versions(config, &run_id, steps, groups, learning, engine, sync).await;
     }
     match serving {
@@ -187,6 +169,31 @@ async fn orchestrate(
     }
     print_outcomes(&run_id, &result?, attempt_logs.as_deref());
     learned
+}
+
+/// The run's limits per rollout and per call, as the terminal is told: a
+/// call's tokens by default a quarter of the engine's `context`.
+fn run_options(args: &RunArgs, context: Option<i64>) -> RunOptions {
+    let options = RunOptions {
+        concurrency: args.concurrency,
+        max_model_calls: (args.max_model_calls > 0).then_some(args.max_model_calls),
+        max_tokens: args.max_tokens.or_else(|| context.map(|c| (c / 4).max(1))),
+        retry: true,
+    };
+    eprintln!(
+        "limits: {} model calls per rollout, {} tokens per call{}",
+        options
+            .max_model_calls
+            .map_or("no limit on".into(), |n| n.to_string()),
+        options
+            .max_tokens
+            .map_or("as the harness asks".into(), |n| format!("at most {n}")),
+        match (args.max_tokens, options.max_tokens) {
+            (None, Some(_)) => " (a quarter of the engine's context)",
+            _ => "",
+        }
+    );
+    options
 }
 
 /// What answers the run's calls: the proxy at `--proxy` (and its token), or
@@ -207,28 +214,17 @@ async fn serve_run(
     // Sandboxes reach the proxy: its session API refuses them (they have no
     // token). The embedded engine's model renders prompts (token in); an
     // external engine is kept serving each version the learner publishes.
-    let serving = Serving::start(
-        config,
-        ServingConfig {
-            run: run_id.to_string(),
-            upstream: args.upstream.clone(),
-            model: args.model.clone(),
-            device: forgelog_engine::DeviceKind::Cpu,
-            engine_listen: "127.0.0.1:0".parse()?,
-            train: args.train,
-            synced: args.sync.synced(),
-            tokenizer: args.tokenizer.clone(),
-            policy_adapters: args.sync.policy_adapters(),
-            extra_body: args.sync.extra_body.fields(),
-            proxy_listen: args.proxy_listen,
-            spool: dir.spool(),
-            home: dir.path.clone(),
-        },
-    )
-    .await
-    .context("starting the engine and the proxy (or pass --upstream)")?;
+    let serving_config = ServingConfig {
+        proxy_listen: args.proxy_listen,
+        ..args
+            .serving
+            .config(run_id, args.train, dir.spool(), dir.path.clone())
+    };
+    let serving = Serving::start(config, serving_config)
+        .await
+        .context("starting the engine and the proxy (or pass --upstream)")?;
     if let Some(engine) = &serving.engine {
-        eprintln!("engine    {} on {}", args.model, engine.url);
+        eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
     // What a killed predecessor left in the spool goes to the log first.
     serving.proxy.flush(Duration::from_secs(60)).await?;
@@ -254,8 +250,8 @@ fn learning_of(
         max_staleness: bound.max_staleness,
         idle_flush: 10.0,
         lora_rank: args.lora_rank,
-        lora_publish: args.sync.lora_publish(),
-        ..forgelog_stack::learner_settings(&args.model, config, run_id, &dir.path)?
+        lora_publish: args.serving.lora_publish(),
+        ..forgelog_stack::learner_settings(&args.serving.model, config, run_id, &dir.path)?
     };
     Ok(Some(crate::up::start_learning(
         config,
