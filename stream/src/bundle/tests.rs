@@ -69,6 +69,22 @@ fn an_altered_avro_key_in_the_header_is_refused() {
     assert!(err.contains("avro.codeb"), "{err}");
 }
 
+/// `--bundle /dev/null` or a file truncated to nothing: said in those words,
+/// not as a short read.
+#[test]
+fn an_empty_file_is_named_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.avro");
+    std::fs::write(&path, b"").unwrap();
+    for empty in [path.as_path(), Path::new("/dev/null")] {
+        let err = Bundle::open(empty).expect_err("refused").to_string();
+        assert!(
+            err.contains("not a forgelog bundle: it is empty (0 bytes)"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn every_changed_byte_or_cut_is_refused() {
     let dir = tempfile::tempdir().unwrap();
