@@ -21,9 +21,22 @@ const HEADER_KEYS: [&str; 5] = [
 pub(super) fn header_keys_are_ours(path: &Path) -> Result<(), String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut header = std::io::BufReader::new(file);
-    let mut magic = [0u8; 4];
-    header.read_exact(&mut magic).map_err(|e| e.to_string())?;
-    if magic != *b"Obj\x01" {
+    // A file shorter than the magic is named by its length, not as a short read.
+    let mut magic = Vec::with_capacity(4);
+    (&mut header)
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(|e| e.to_string())?;
+    match magic.len() {
+        0 => return Err("it is empty (0 bytes)".into()),
+        n @ 1..4 => {
+            return Err(format!(
+                "it is cut short: {n} bytes, less than Avro's 4-byte magic"
+            ))
+        }
+        _ => {}
+    }
+    if magic != b"Obj\x01" {
         return Err("no Avro object container header".into());
     }
     let map = apache_avro::Schema::map(apache_avro::Schema::Bytes);

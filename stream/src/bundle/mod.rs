@@ -304,9 +304,6 @@ impl Bundle {
             path: path.to_path_buf(),
             why,
         };
-        if len == 0 {
-            return Err(not_a_bundle("it is empty (0 bytes)".into()));
-        }
         header_keys_are_ours(path).map_err(not_a_bundle)?;
         let reader = apache_avro::Reader::new(counting).map_err(|e| not_a_bundle(e.to_string()))?;
         let meta = reader.user_metadata();

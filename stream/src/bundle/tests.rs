@@ -69,10 +69,10 @@ fn an_altered_avro_key_in_the_header_is_refused() {
     assert!(err.contains("avro.codeb"), "{err}");
 }
 
-/// `--bundle /dev/null` or a file truncated to nothing: said in those words,
-/// not as a short read.
+/// `--bundle /dev/null`, or a file truncated to nothing or to less than
+/// Avro's magic: said in those words, not as a short read.
 #[test]
-fn an_empty_file_is_named_empty() {
+fn an_empty_or_shorter_than_magic_file_is_named_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.avro");
     std::fs::write(&path, b"").unwrap();
@@ -83,6 +83,9 @@ fn an_empty_file_is_named_empty() {
             "{err}"
         );
     }
+    std::fs::write(&path, b"Obj").unwrap();
+    let err = Bundle::open(&path).expect_err("refused").to_string();
+    assert!(err.contains("it is cut short: 3 bytes"), "{err}");
 }
 
 #[test]
