@@ -27,8 +27,11 @@ if [ -n "${FORGELOG_TANSU:-}" ] && [ -x "$FORGELOG_TANSU" ]; then
 elif command -v tansu >/dev/null || [ -x "$FORGELOG_HOME/tools/bin/tansu" ]; then
   :
 else
-  echo "setup: building the tansu $TANSU_VERSION broker into $FORGELOG_HOME/tools (once per machine, 7-15 min)" >&2
-  cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$FORGELOG_HOME/tools"
+  echo "setup: building the tansu $TANSU_VERSION broker into $FORGELOG_HOME/tools (once per machine, about 10 min on 2 cores)" >&2
+  # At opt-level 1: its build took 605 s against 753 s at cargo's release
+  # default of 3 (2 cores), and forgelog's run-seek bench read and wrote
+  # through both at the same speed (the broker's time is SQLite's, C).
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$FORGELOG_HOME/tools"
 fi
 echo "setup: tansu ready" >&2
 
