@@ -1,7 +1,7 @@
 //! A bundle's header, checked before Avro's reader reads it.
 
 use apache_avro::types::Value;
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 /// The keys of a bundle's header metadata, exactly. Avro's reader skips an
@@ -43,6 +43,14 @@ pub(super) fn header_keys_are_ours(path: &Path) -> Result<(), String> {
     let keys: Vec<String> = match apache_avro::from_avro_datum(&map, &mut header, None) {
         Ok(Value::Map(metadata)) => metadata.into_keys().collect(),
         Ok(_) => return Err("its header holds no metadata".into()),
+        // Avro's reader says "failed to fill whole buffer" of a file that
+        // ends inside the header: said as the cut it is.
+        Err(_) if header.fill_buf().is_ok_and(|rest| rest.is_empty()) => {
+            let len = header.get_ref().metadata().map_or(0, |m| m.len());
+            return Err(format!(
+                "it is cut short: {len} bytes, ending inside its header"
+            ));
+        }
         Err(e) => return Err(format!("its header: {e}")),
     };
     let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();

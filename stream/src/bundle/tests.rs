@@ -69,10 +69,11 @@ fn an_altered_avro_key_in_the_header_is_refused() {
     assert!(err.contains("avro.codeb"), "{err}");
 }
 
-/// `--bundle /dev/null`, or a file truncated to nothing or to less than
-/// Avro's magic: said in those words, not as a short read.
+/// `--bundle /dev/null`, or a file truncated to nothing, to less than
+/// Avro's magic or inside the header: said in those words, not as Avro's
+/// "failed to fill whole buffer".
 #[test]
-fn an_empty_or_shorter_than_magic_file_is_named_so() {
+fn an_empty_or_cut_short_file_is_named_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.avro");
     std::fs::write(&path, b"").unwrap();
@@ -86,6 +87,21 @@ fn an_empty_or_shorter_than_magic_file_is_named_so() {
     std::fs::write(&path, b"Obj").unwrap();
     let err = Bundle::open(&path).expect_err("refused").to_string();
     assert!(err.contains("it is cut short: 3 bytes"), "{err}");
+    // Avro's magic and nothing more, or a real bundle cut inside its header.
+    std::fs::write(&path, b"Obj\x01").unwrap();
+    let err = Bundle::open(&path).expect_err("refused").to_string();
+    assert!(
+        err.contains("it is cut short: 4 bytes, ending inside its header"),
+        "{err}"
+    );
+    write_bundle(&log_of_two_runs(), "run-a", &path, BTreeMap::new()).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..40]).unwrap();
+    let err = Bundle::open(&path).expect_err("refused").to_string();
+    assert!(
+        err.contains("it is cut short: 40 bytes, ending inside its header"),
+        "{err}"
+    );
 }
 
 #[test]
