@@ -1,7 +1,7 @@
 //! A bundle's header, checked before Avro's reader reads it.
 
 use apache_avro::types::Value;
-use std::io::{BufRead, Read};
+use std::io::{BufRead, Read, Seek};
 use std::path::Path;
 
 /// The keys of a bundle's header metadata, exactly. Avro's reader skips an
@@ -46,7 +46,7 @@ pub(super) fn header_keys_are_ours(path: &Path) -> Result<(), String> {
         // Avro's reader says "failed to fill whole buffer" of a file that
         // ends inside the header: said as the cut it is.
         Err(_) if header.fill_buf().is_ok_and(|rest| rest.is_empty()) => {
-            let len = header.get_ref().metadata().map_or(0, |m| m.len());
+            let len = header.stream_position().map_err(|e| e.to_string())?;
             return Err(format!(
                 "it is cut short: {len} bytes, ending inside its header"
             ));
