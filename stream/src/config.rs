@@ -116,20 +116,20 @@ impl StreamConfig {
 
     /// Idempotent, `acks=all`, lz4 (tansu 0.6 cannot fetch snappy), Java-compatible
     /// key partitioning, and retries without end: the spool, not librdkafka, decides
-    /// when to give up. Batches wait up to 100 ms: events are durable in the
-    /// spool already, and each batch costs the client's broker thread a
-    /// request per partition whatever its size. At 200 calls a second that
-    /// thread took 0.07–0.11 ms of the proxy's CPU per call at 50 ms and
-    /// 0.03 at 100 ms (librdkafka's 5 ms cost more still). The price: events
-    /// reach the broker, and `EventProducer::flush` returns, up to 100 ms later.
-    pub(crate) fn producer(&self) -> ClientConfig {
+    /// when to give up. Batches wait up to `linger` for more (the user's
+    /// properties may say otherwise): each batch costs the client's broker
+    /// thread a request per partition whatever its size, and where the broker
+    /// answers slower than they come (tansu, about 20 produce requests a second
+    /// here) the thread spins at the idempotent limit of 5 requests in flight
+    /// per partition until an answer comes.
+    pub(crate) fn producer(&self, linger: std::time::Duration) -> ClientConfig {
         let mut c = self.client("forgelog-producer");
         c.set("enable.idempotence", "true")
             .set("acks", "all")
             .set("compression.type", "lz4")
             .set("partitioner", "murmur2_random")
             .set("message.timeout.ms", "0")
-            .set("linger.ms", "100")
+            .set("linger.ms", linger.as_millis().to_string())
             .set("message.max.bytes", MAX_MESSAGE_BYTES.to_string());
         for (k, v) in &self.extra {
             c.set(k, v);

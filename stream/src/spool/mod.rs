@@ -52,6 +52,11 @@ pub struct SpoolOptions {
     /// fast; a writer that saw it slow leaves a longer wait in its checkpoint
     /// ([`Checkpoint::recovery_grace`]).
     pub recovery_grace: Duration,
+    /// How long the drainer's Kafka client lets a partition's batch wait
+    /// for more records ([`StreamConfig::producer`](crate::StreamConfig)).
+    /// The records are durable in the spool already: the wait only delays
+    /// what readers of the log see, and a flush.
+    pub linger: Duration,
 }
 
 impl Default for SpoolOptions {
@@ -61,6 +66,7 @@ impl Default for SpoolOptions {
             max_bytes: 8 << 30,
             fsync: FsyncPolicy::Never,
             recovery_grace: Duration::from_secs(3),
+            linger: Duration::from_millis(100),
         }
     }
 }

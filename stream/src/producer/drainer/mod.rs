@@ -101,7 +101,7 @@ impl Drainer {
         };
         let checkpoint = Checkpoint::load(spool.dir()).map_err(io)?;
         Ok(Drainer {
-            config: config.producer(),
+            config: config.producer(spool.options().linger),
             stream: config.clone(),
             spool,
             checkpoint,
