@@ -7,6 +7,7 @@ use forgelog_dialects::splice::ChatRenderer;
 use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::sync::Arc;
 use tokenizers::Tokenizer;
 
@@ -75,7 +76,7 @@ impl ChatTemplate {
         let template = env
             .get_template(NAME)
             .map_err(|e| TemplateError(e.to_string()))?;
-        let messages: Vec<Value> = messages
+        let messages: Vec<Cow<'_, Value>> = messages
             .iter()
             .map(|m| normalize_message(m, self.renders_tool_calls))
             .collect();
@@ -222,7 +223,7 @@ impl ChatRenderer for ChatCodec {
 
 /// What Hugging Face templates expect of a message ([`hf::hf_message`]);
 /// with `!renders_tool_calls`, the calls appended to the content as Hermes text.
-fn normalize_message(message: &Value, renders_tool_calls: bool) -> Value {
+fn normalize_message(message: &Value, renders_tool_calls: bool) -> Cow<'_, Value> {
     if renders_tool_calls {
         hf::hf_message(message)
     } else {

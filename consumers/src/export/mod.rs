@@ -259,7 +259,7 @@ fn conversation(call: &CallFinished) -> Option<Conversation> {
 /// shows images keeps its content as parts, text and `{"type": "image"}` in
 /// order, each image's URL appended to `images`.
 fn with_images(message: &Value, images: &mut Vec<String>) -> Value {
-    let mut hf = hf_message(message);
+    let mut hf = hf_message(message).into_owned();
     let Some(parts) = message.get("content").and_then(Value::as_array) else {
         return hf;
     };

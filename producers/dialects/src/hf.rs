@@ -4,24 +4,40 @@
 //! prompts from this shape and the SFT export writes it.
 
 use serde_json::{json, Value};
+use std::borrow::Cow;
 
 /// `message` (OpenAI Chat) as Hugging Face templates read it. Arguments that
 /// are not a JSON object stay as they were (a template shows them as text).
-pub fn hf_message(message: &Value) -> Value {
+/// Borrowed when it reads so already: the proxy renders a session's whole
+/// history twice a call, and its first task alone may be 100 KB.
+pub fn hf_message(message: &Value) -> Cow<'_, Value> {
+    let string_arguments = message["tool_calls"].as_array().is_some_and(|calls| {
+        calls.iter().any(|c| {
+            c.pointer("/function/arguments")
+                .is_some_and(Value::is_string)
+        })
+    });
+    if !message.is_object() || (message["content"].is_string() && !string_arguments) {
+        return Cow::Borrowed(message);
+    }
     let mut message = message.clone();
     let Some(fields) = message.as_object_mut() else {
-        return message;
+        return Cow::Owned(message);
     };
     let content = match fields.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
+        Some(Value::String(_)) => None,
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+        ),
+        _ => Some(String::new()),
     };
-    fields.insert("content".into(), json!(content));
+    if let Some(content) = content {
+        fields.insert("content".into(), json!(content));
+    }
     if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
         for call in calls.iter_mut() {
             if let Some(arguments) = call.pointer_mut("/function/arguments") {
@@ -35,31 +51,32 @@ pub fn hf_message(message: &Value) -> Value {
             }
         }
     }
-    message
+    Cow::Owned(message)
 }
 
 /// `message` as Hugging Face templates read it, its tool calls (if any)
 /// written into the content as Hermes text, joined to the text by a newline:
 /// what a template that shows no tool calls is given, as the model writes them.
-pub fn hf_message_with_hermes_calls(message: &Value) -> Value {
-    let mut message = hf_message(message);
-    let Some(fields) = message.as_object_mut() else {
+pub fn hf_message_with_hermes_calls(message: &Value) -> Cow<'_, Value> {
+    let message = hf_message(message);
+    let Some(Value::Array(calls)) = message.get("tool_calls") else {
         return message;
     };
-    if let Some(Value::Array(calls)) = fields.get("tool_calls") {
-        let hermes = calls.iter().map(|c| {
-            let f = &c["function"];
-            crate::hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
-        });
-        let content = fields["content"].as_str().unwrap_or_default().to_string();
-        let joined = std::iter::once(content)
-            .chain(hermes)
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n");
+    let hermes = calls.iter().map(|c| {
+        let f = &c["function"];
+        crate::hermes::render(f["name"].as_str().unwrap_or_default(), &f["arguments"])
+    });
+    let content = message["content"].as_str().unwrap_or_default().to_string();
+    let joined = std::iter::once(content)
+        .chain(hermes)
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut message = message.into_owned();
+    if let Some(fields) = message.as_object_mut() {
         fields.insert("content".into(), json!(joined));
     }
-    message
+    Cow::Owned(message)
 }
 
 /// `value` as Hugging Face's `tojson` filter writes it: Python's
@@ -115,22 +132,29 @@ mod tests {
 
     #[test]
     fn content_is_a_string_and_arguments_a_mapping() {
-        let m = hf_message(&json!({
+        let openai = json!({
             "role": "assistant",
             "content": null,
             "tool_calls": [
                 {"id": "a", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}},
                 {"id": "b", "type": "function", "function": {"name": "echo", "arguments": "not json"}},
             ]
-        }));
+        });
+        let m = hf_message(&openai);
         assert_eq!(m["content"], "");
         assert_eq!(
             m["tool_calls"][0]["function"]["arguments"],
             json!({"path": "."})
         );
         assert_eq!(m["tool_calls"][1]["function"]["arguments"], "not json");
-        let parts = hf_message(&json!({"role": "system", "content": [
-            {"type": "text", "text": "You are "}, {"type": "text", "text": "Claude."}]}));
-        assert_eq!(parts["content"], "You are Claude.");
+        let parts = json!({"role": "system", "content": [
+            {"type": "text", "text": "You are "}, {"type": "text", "text": "Claude."}]});
+        assert_eq!(hf_message(&parts)["content"], "You are Claude.");
+        // Read so already: the message itself, not a copy.
+        let plain = json!({"role": "user", "content": "hi"});
+        assert!(matches!(hf_message(&plain), Cow::Borrowed(m) if std::ptr::eq(m, &plain)));
+        let hf = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "ls", "arguments": {"path": "."}}}]});
+        assert!(matches!(hf_message(&hf), Cow::Borrowed(_)));
     }
 }

@@ -100,16 +100,30 @@ impl FakeUpstream {
         let text = text.strip_suffix(END).unwrap_or(&text);
         let logprobs: Vec<f32> = (0..completion_ids.len()).map(logprob).collect();
         let content: Vec<Value> = logprobs.iter().map(|l| json!({"logprob": l})).collect();
-        let chat = json!({"prompt_token_ids": prompt_ids,
-            "choices": [{"token_ids": completion_ids, "logprobs": {"content": content}}]});
-        let answer = json!({
+        // As vLLM answers: the ids (the prompt's echoed) with
+        // `return_token_ids`; each token named by its id with
+        // `return_tokens_as_token_ids`, else by its text.
+        let tokens: Vec<String> = if req["return_tokens_as_token_ids"] == true {
+            completion_ids
+                .iter()
+                .map(|id| format!("token_id:{id}"))
+                .collect()
+        } else {
+            completion_ids.iter().map(|&id| decode(&[id])).collect()
+        };
+        let mut answer = json!({
             "id": "cmpl-fake", "object": "text_completion", "created": 1_700_000_000, "model": MODEL,
             "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                "prompt_token_ids": prompt_ids, "token_ids": completion_ids,
-                "logprobs": {"token_logprobs": logprobs}}],
+                "logprobs": {"tokens": tokens, "token_logprobs": logprobs}}],
             "usage": usage(&prompt_ids, &completion_ids),
             "policy_version": POLICY_VERSION,
         });
+        if req["return_token_ids"] == true {
+            answer["choices"][0]["prompt_token_ids"] = json!(prompt_ids);
+            answer["choices"][0]["token_ids"] = json!(completion_ids);
+        }
+        let chat = json!({"prompt_token_ids": prompt_ids,
+            "choices": [{"token_ids": completion_ids, "logprobs": {"content": content}}]});
         Ok((answer, chat))
     }
 }

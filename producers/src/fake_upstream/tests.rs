@@ -118,7 +118,7 @@ fn a_token_id_prompt_is_answered_as_the_chat_route_would_in_hermes_text() {
     let mut messages = vec![json!({"role": "user", "content": "Go. [agent:1]"})];
     let prompt = encode(&render_prompt(&messages, Some(&tools)));
     let (wire, kept) = up
-        .complete(&json!({"prompt": prompt, "max_tokens": 500}))
+        .complete(&json!({"prompt": prompt, "max_tokens": 500, "return_token_ids": true}))
         .unwrap();
     let choice = &wire["choices"][0];
     assert_eq!(
@@ -150,6 +150,18 @@ fn a_token_id_prompt_is_answered_as_the_chat_route_would_in_hermes_text() {
         .unwrap();
     assert_eq!(wire["choices"][0]["text"], "Done");
     assert_eq!(wire["choices"][0]["finish_reason"], "length");
+    // Without `return_token_ids` nothing is echoed; the tokens are named by
+    // their text, or by their ids as asked.
+    assert!(wire["choices"][0].get("prompt_token_ids").is_none());
+    assert_eq!(
+        wire["choices"][0]["logprobs"]["tokens"],
+        json!(["D", "o", "n", "e"])
+    );
+    let (wire, _) = up
+        .complete(&json!({"prompt": prompt, "max_tokens": 2, "return_tokens_as_token_ids": true}))
+        .unwrap();
+    let named = format!("token_id:{}", u32::from(b'D'));
+    assert_eq!(wire["choices"][0]["logprobs"]["tokens"][0], named.as_str());
     let bad = up.complete(&json!({"prompt": "text"})).unwrap_err();
     assert_eq!(bad.0, StatusCode::BAD_REQUEST);
 }

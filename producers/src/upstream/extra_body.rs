@@ -25,6 +25,7 @@ const OWNED: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "return_token_ids",
+    "return_tokens_as_token_ids",
     "temperature",
     "top_p",
     "top_k",

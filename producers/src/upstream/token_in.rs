@@ -4,7 +4,7 @@
 //! (`POST /v1/completions`, vLLM's and forgelog's engine's). The answer is
 //! read as a chat completion: the proxy parses the tool calls in the text.
 
-use super::answer::{ChoiceTokens, TokenLogprob, UpstreamAnswer};
+use super::answer::{token_id_of, ChoiceTokens, TokenLogprob, UpstreamAnswer};
 use super::{UpstreamClient, UpstreamError};
 use forgelog_dialects::splice::ChatRenderer;
 use serde::{Deserialize, Serialize};
@@ -45,15 +45,17 @@ const SAMPLING_FIELDS: &[&str] = &[
 
 /// `POST /v1/completions` with `prompt` as token ids, sampled as the chat
 /// request says (with the operator's `--extra-body` fields), asking for the
-/// sampled ids and their logprobs. Serialized
-/// as it stands: a long prompt's ids are written straight from the slice.
+/// sampled tokens' logprobs with each token named by its id (`token_id:N`).
+/// Not vLLM's `return_token_ids`: that also echoes every prompt id, which the
+/// proxy sent itself and would read back on every call. Serialized as it
+/// stands: a long prompt's ids are written straight from the slice.
 #[derive(Debug, Serialize)]
 pub struct CompletionRequest<'a> {
     #[serde(flatten)]
     sampling: Map<String, Value>,
     prompt: &'a [u32],
     logprobs: u32,
-    return_token_ids: bool,
+    return_tokens_as_token_ids: bool,
     stream: bool,
 }
 
@@ -83,15 +85,15 @@ pub fn completion_request<'a>(
         sampling,
         prompt,
         logprobs: 0,
-        return_token_ids: true,
+        return_tokens_as_token_ids: true,
         stream: false,
     }
 }
 
 /// A completion answer: its first choice typed, the rest as JSON. The
-/// prompt's ids it echoes (on the body, or on the choice as vLLM writes them)
-/// are skipped unread: the proxy sent them, and read as JSON values they
-/// would be most of the proxy's CPU per call.
+/// prompt's ids an engine echoes anyway (on the body, or on the choice as
+/// vLLM writes them with `return_token_ids`) are skipped unread: the proxy
+/// sent them.
 #[derive(Debug, Default)]
 struct Completion {
     body: Map<String, Value>,
@@ -110,11 +112,15 @@ struct CompletionChoice {
     logprobs: Option<LegacyLogprobs>,
 }
 
-/// Legacy completions' logprobs: a list per sampled token.
+/// Legacy completions' logprobs: lists with an entry per sampled token.
 #[derive(Debug, Default, Deserialize)]
 struct LegacyLogprobs {
     #[serde(default)]
     token_logprobs: Option<Vec<Option<f64>>>,
+    /// The tokens, named `token_id:N` as asked; read loosely (an engine's
+    /// other names cost the call its ids, never its answer).
+    #[serde(default)]
+    tokens: Value,
 }
 
 impl<'de> Deserialize<'de> for Completion {
@@ -152,10 +158,11 @@ impl<'de> Deserialize<'de> for Completion {
 }
 
 /// A completion answer to `prompt` as the chat completion it stands for: the
-/// choice's text becomes the assistant message, its `token_ids` and
-/// `token_logprobs` the sampled tokens, `prompt` the prompt's ids, unless the
-/// engine counts another number of prompt tokens (then it did not sample
-/// from exactly these, and the call is not trainable).
+/// choice's text becomes the assistant message, its `token_ids` (or else its
+/// tokens' names) and `token_logprobs` the sampled tokens, `prompt` the
+/// prompt's ids, unless the engine counts another number of prompt tokens
+/// (then it did not sample from exactly these, and the call is not
+/// trainable).
 pub fn read_completion(text: &[u8], prompt: &[u32]) -> serde_json::Result<UpstreamAnswer> {
     let Completion { mut body, choice } = serde_json::from_slice(text)?;
     let choice = choice.unwrap_or_default();
@@ -165,7 +172,16 @@ pub fn read_completion(text: &[u8], prompt: &[u32]) -> serde_json::Result<Upstre
         .and_then(Value::as_u64);
     let prompt_token_ids =
         (counted.is_none_or(|n| n == prompt.len() as u64)).then(|| prompt.to_vec());
-    let logprobs = choice.logprobs.and_then(|l| l.token_logprobs).map(|l| {
+    let LegacyLogprobs {
+        token_logprobs,
+        tokens,
+    } = choice.logprobs.unwrap_or_default();
+    // Every token named by its id, or none taken from the names.
+    let named: Option<Vec<u32>> = tokens
+        .as_array()
+        .and_then(|t| t.iter().map(|n| n.as_str().and_then(token_id_of)).collect());
+    let token_ids = choice.token_ids.or(named);
+    let logprobs = token_logprobs.map(|l| {
         l.into_iter()
             .map(|v| TokenLogprob {
                 logprob: v.unwrap_or(f64::NAN),
@@ -182,7 +198,7 @@ pub fn read_completion(text: &[u8], prompt: &[u32]) -> serde_json::Result<Upstre
         body: Value::Object(body),
         prompt_token_ids,
         first_choice: ChoiceTokens {
-            token_ids: choice.token_ids,
+            token_ids,
             logprobs,
         },
     })
@@ -241,12 +257,13 @@ impl UpstreamClient {
         &self,
         body: &CompletionRequest<'_>,
     ) -> Result<UpstreamAnswer, UpstreamError> {
-        let text = serde_json::to_vec(body)
-            .expect("a completion request serializes")
-            .into();
+        // Sized for the ids at once (up to 6 digits and a comma each): grown
+        // by doubling, a long prompt's request was copied over and over.
+        let mut text = Vec::with_capacity(7 * body.prompt.len() + 1024);
+        serde_json::to_writer(&mut text, body).expect("a completion request serializes");
         self.post(
             self.urls.completions.clone(),
-            text,
+            text.into(),
             async |r: reqwest::Response| {
                 let text = super::read_bytes(r).await?;
                 read_completion(&text, body.prompt)
@@ -302,6 +319,26 @@ mod tests {
         let answer = read_completion(body.to_string().as_bytes(), &[4]).unwrap();
         assert_eq!(answer.prompt_token_ids, Some(vec![4]));
         assert!(answer.body.get("prompt_token_ids").is_none());
+        // Asked as now: no prompt echoed, the sampled ids in the tokens' names.
+        let body = json!({"usage": {"prompt_tokens": 2, "completion_tokens": 2},
+            "choices": [{"text": "hi", "logprobs": {"tokens": ["token_id:7", "token_id:2"],
+                "token_logprobs": [-0.5, -0.25]}}]});
+        let answer = read_completion(body.to_string().as_bytes(), &[1, 2]).unwrap();
+        assert_eq!(answer.prompt_token_ids, Some(vec![1, 2]));
+        assert_eq!(answer.first_choice.token_ids, Some(vec![7, 2]));
+        // A token not named by its id: no ids from the names at all, and
+        // the answer read all the same.
+        for tokens in [
+            json!(["token_id:7", "i"]),
+            json!(["token_id:7", null]),
+            json!({"a": 1}),
+        ] {
+            let body = json!({"choices": [{"text": "hi", "logprobs": {"tokens": tokens,
+                "token_logprobs": [-0.5, -0.25]}}]});
+            let answer = read_completion(body.to_string().as_bytes(), &[1]).unwrap();
+            assert_eq!(answer.first_choice.token_ids, None, "{tokens}");
+            assert_eq!(answer.body["choices"][0]["message"]["content"], "hi");
+        }
         // An engine that counts other prompt tokens did not sample from these.
         let body = json!({"usage": {"prompt_tokens": 5}, "choices": [{"text": "x"}]});
         let answer = read_completion(body.to_string().as_bytes(), &[4]).unwrap();
@@ -320,7 +357,7 @@ mod tests {
         assert_eq!(
             body,
             json!({"model": "m", "prompt": [5, 6], "temperature": 0.5, "max_tokens": 9,
-                "stop": ["\n"], "logprobs": 0, "return_token_ids": true, "stream": false})
+                "stop": ["\n"], "logprobs": 0, "return_tokens_as_token_ids": true, "stream": false})
         );
         // No max_tokens: the rest of the context, not the engine's default.
         let open = json!({"model": "m", "max_tokens": null});

@@ -9,7 +9,7 @@ use serde_json::Value;
 mod choice;
 mod top_level;
 pub(crate) use choice::ids_of;
-pub use choice::{ChoiceTokens, TokenLogprob};
+pub use choice::{token_id_of, ChoiceTokens, TokenLogprob};
 use top_level::is_json_space;
 
 /// The training data of one upstream answer.

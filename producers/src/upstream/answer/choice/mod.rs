@@ -354,8 +354,13 @@ struct TokenName(Option<u32>);
 
 impl Lenient for TokenName {
     fn string(s: &str) -> Option<Self> {
-        Some(TokenName(s.strip_prefix("token_id:")?.parse().ok()))
+        Some(TokenName(token_id_of(s)))
     }
+}
+
+/// The id of a token named `token_id:N` (vLLM's `return_tokens_as_token_ids`).
+pub fn token_id_of(name: &str) -> Option<u32> {
+    name.strip_prefix("token_id:")?.parse().ok()
 }
 
 #[cfg(test)]
