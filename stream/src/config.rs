@@ -118,10 +118,11 @@ impl StreamConfig {
     /// key partitioning, and retries without end: the spool, not librdkafka, decides
     /// when to give up. Batches wait up to `linger` for more (the user's
     /// properties may say otherwise): each batch costs the client's broker
-    /// thread a request per partition whatever its size, and where the broker
-    /// answers slower than they come (tansu, about 20 produce requests a second
-    /// here) the thread spins at the idempotent limit of 5 requests in flight
-    /// per partition until an answer comes.
+    /// thread a request per partition whatever its size. Where answers come
+    /// slower than batches fall due (tansu under the proxy's load bench), a
+    /// partition with 5 requests in flight, the idempotent limit, wakes the
+    /// thread at once without sending: it polls with no wait until an answer
+    /// comes.
     pub(crate) fn producer(&self, linger: std::time::Duration) -> ClientConfig {
         let mut c = self.client("forgelog-producer");
         c.set("enable.idempotence", "true")

@@ -11,20 +11,20 @@ use std::borrow::Cow;
 /// Borrowed when it reads so already: the proxy renders a session's whole
 /// history twice a call, and its first task alone may be 100 KB.
 pub fn hf_message(message: &Value) -> Cow<'_, Value> {
-    let string_arguments = message["tool_calls"].as_array().is_some_and(|calls| {
-        calls.iter().any(|c| {
-            c.pointer("/function/arguments")
-                .is_some_and(Value::is_string)
-        })
-    });
-    if !message.is_object() || (message["content"].is_string() && !string_arguments) {
+    let Some(fields) = message.as_object() else {
         return Cow::Borrowed(message);
-    }
-    let mut message = message.clone();
-    let Some(fields) = message.as_object_mut() else {
-        return Cow::Owned(message);
     };
+    let string_arguments = fields
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| {
+            calls.iter().any(|c| {
+                c.pointer("/function/arguments")
+                    .is_some_and(Value::is_string)
+            })
+        });
     let content = match fields.get("content") {
+        Some(Value::String(_)) if !string_arguments => return Cow::Borrowed(message),
         Some(Value::String(_)) => None,
         Some(Value::Array(parts)) => Some(
             parts
@@ -35,6 +35,7 @@ pub fn hf_message(message: &Value) -> Cow<'_, Value> {
         ),
         _ => Some(String::new()),
     };
+    let mut fields = fields.clone();
     if let Some(content) = content {
         fields.insert("content".into(), json!(content));
     }
@@ -51,7 +52,7 @@ pub fn hf_message(message: &Value) -> Cow<'_, Value> {
             }
         }
     }
-    Cow::Owned(message)
+    Cow::Owned(Value::Object(fields))
 }
 
 /// `message` as Hugging Face templates read it, its tool calls (if any)
@@ -59,6 +60,7 @@ pub fn hf_message(message: &Value) -> Cow<'_, Value> {
 /// what a template that shows no tool calls is given, as the model writes them.
 pub fn hf_message_with_hermes_calls(message: &Value) -> Cow<'_, Value> {
     let message = hf_message(message);
+    // Only an object has `tool_calls`.
     let Some(Value::Array(calls)) = message.get("tool_calls") else {
         return message;
     };
@@ -73,9 +75,7 @@ pub fn hf_message_with_hermes_calls(message: &Value) -> Cow<'_, Value> {
         .collect::<Vec<_>>()
         .join("\n");
     let mut message = message.into_owned();
-    if let Some(fields) = message.as_object_mut() {
-        fields.insert("content".into(), json!(joined));
-    }
+    message["content"] = json!(joined);
     Cow::Owned(message)
 }
 
