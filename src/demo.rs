@@ -2,13 +2,10 @@
 //! started, waits for the consumers to derive its trees and groups, prints the
 //! summary table from the log and exports the run as an SFT dataset.
 
-use anyhow::{bail, Context, Result};
-use forgelog_consumers::core::report::Report;
-use forgelog_consumers::export;
-use forgelog_deploy::demo::{summary::RunSummary, DemoPlan, ProxyClient, RolloutOutcome};
-use forgelog_schemas::Topic;
-use forgelog_stack::{demo_rounds, DemoRounds, RoundWatch};
-use forgelog_stream::{ReplayReader, StreamConfig};
+use anyhow::{bail, Result};
+use forgelog_deploy::demo::{DemoPlan, ProxyClient, RolloutOutcome};
+use forgelog_stack::{demo_rounds, DemoOutcome, DemoRounds, RoundWatch};
+use forgelog_stream::StreamConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -124,14 +121,14 @@ async fn finish(
     rounds: DemoRounds,
     sync: Option<forgelog_sync::SyncTimes>,
 ) -> Result<()> {
-    let (export_to, json) = (args.export_to.as_path(), args.json);
+    let json = args.json;
     let train_steps = args.train.then_some(args.steps);
     let DemoRounds {
         rollouts,
         failed,
         seconds: round_seconds,
     } = rounds;
-    let events = forgelog_stack::run_events(config, run_id, &Topic::ALL).await?;
+    let outcome = forgelog_stack::demo_outcome(config, run_id, &args.export_to).await?;
     if !round_seconds.is_empty() {
         let mean = round_seconds.iter().sum::<f64>() / round_seconds.len() as f64;
         say.line(format!(
@@ -142,33 +139,22 @@ async fn finish(
     if let Some(line) = sync.and_then(|s| s.summary()) {
         say.line(line);
     }
-
-    let summary = RunSummary::of(&events);
+    let DemoOutcome {
+        summary,
+        report,
+        export_dir,
+        manifest,
+        written,
+    } = outcome;
     say.line(format!("\n{summary}"));
-    let report = Report::of(&events);
     let first_and_last = report.first_and_last(5);
     if train_steps.is_some() {
         say.line(format!("{report}"));
     }
-
-    std::fs::create_dir_all(export_to)
-        .with_context(|| format!("creating {}", export_to.display()))?;
-    let dir = export_to.canonicalize()?.join(run_id);
-    let url = format!("file://{}", dir.display());
-    let reader = ReplayReader::new(config)?;
-    let (manifest, written) = export::export_run(
-        &reader,
-        run_id,
-        &url,
-        export::ExportKind::Sft,
-        export::ExportFilter::default(),
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!(e))?;
     say.line(format!(
         "SFT export: {} rows in {}",
         manifest.rows.values().sum::<usize>(),
-        dir.display()
+        export_dir.display()
     ));
     for path in &written {
         say.line(format!("  {path}"));

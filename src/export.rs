@@ -8,10 +8,8 @@ use crate::BrokerArgs;
 use anyhow::{bail, Context, Result};
 use forgelog_consumers::export;
 use forgelog_deploy::kit::Kit;
-use forgelog_schemas::Event;
 use forgelog_schemas::Topic;
-use forgelog_stream::{ReplayReader, StartAt};
-use std::collections::BTreeSet;
+use forgelog_stream::ReplayReader;
 use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
@@ -195,14 +193,7 @@ fn export_model(
     broker: &BrokerArgs,
 ) -> Result<()> {
     let reader = ReplayReader::new(&broker.config())?;
-    let published: Vec<_> = reader
-        .read(Topic::Policy.name(), StartAt::Beginning, Some(run))?
-        .into_iter()
-        .filter_map(|r| match r.event {
-            Ok(Event::PolicyPublished(p)) if p.run_id == run => Some(p),
-            _ => None,
-        })
-        .collect();
+    let published = forgelog_stream::published_policies(&reader, Some(run))?;
     let chosen = match version {
         Some(v) => published.iter().find(|p| p.version == v),
         None => published.iter().max_by_key(|p| p.version),
@@ -246,14 +237,9 @@ fn export_bundle(
     broker: &BrokerArgs,
 ) -> Result<()> {
     let reader = ReplayReader::new(&broker.config())?;
-    let (mut task_ids, mut harnesses) = (BTreeSet::new(), BTreeSet::new());
-    for r in forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, run)? {
-        if let Ok(Event::RolloutStarted(s)) = r.event {
-            task_ids.insert(s.task_id);
-            harnesses.insert(s.harness);
-        }
-    }
-    let hashes = Kit::of_names(task_ids, tasks, harnesses)
+    let started = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, run)?;
+    let events = started.iter().filter_map(|r| r.event.as_ref().ok());
+    let hashes = Kit::of_started(events, tasks)
         .with_context(|| format!("the tasks of run {run}"))?
         .hashes()?
         .into_iter()

@@ -11,7 +11,6 @@ use forgelog_stream::StreamConfig;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod broker;
-mod config;
 mod consume;
 mod demo;
 mod export;
@@ -206,12 +205,12 @@ fn init_logs(verbose: u8, quiet: bool, command: &Command) {
 }
 
 /// The command line, with `forgelog.toml`'s defaults where there is one.
-fn parse() -> Result<Cli, config::ConfigError> {
+fn parse() -> Result<Cli, forgelog_config::ConfigError> {
     use clap::{CommandFactory, FromArgMatches};
     let args: Vec<String> = std::env::args().collect();
     let mut command = Cli::command();
-    if let Some((path, _)) = config::locate(&args) {
-        command = config::apply(command, &path)?;
+    if let Some((path, _)) = forgelog_config::locate(&args) {
+        command = forgelog_config::apply(command, &path)?;
     }
     let matches = command.get_matches_from(&args);
     Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))

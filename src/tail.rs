@@ -50,24 +50,7 @@ pub fn run(args: TailArgs) -> Result<()> {
         if limit.is_some_and(|l| printed >= l) || write_err.is_some() {
             return ControlFlow::Break(());
         }
-        let line = match &rec.event {
-            Ok(e) => {
-                let mut event = serde_json::to_value(e).expect("events serialize to JSON");
-                bodies_as_text(&mut event);
-                if envelope {
-                    let key = String::from_utf8_lossy(&rec.key);
-                    serde_json::json!({"partition": rec.partition, "offset": rec.offset,
-                                       "key": key, "event": event})
-                    .to_string()
-                } else {
-                    event.to_string()
-                }
-            }
-            Err(err) => {
-                serde_json::json!({"error": err, "partition": rec.partition, "offset": rec.offset})
-                    .to_string()
-            }
-        };
+        let line = rec.json_line(envelope);
         if let Err(e) = writeln!(out, "{line}") {
             write_err = Some(e);
         }
@@ -83,24 +66,5 @@ pub fn run(args: TailArgs) -> Result<()> {
         Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Some(e) => Err(e.into()),
         None => Ok(()),
-    }
-}
-
-/// The request and response bodies a call records are bytes (JSON arrays of
-/// numbers as serialized): printed as the text they almost always are.
-fn bodies_as_text(event: &mut serde_json::Value) {
-    for field in ["raw_request", "response_body"] {
-        let Some(v) = event.get_mut(field) else {
-            continue;
-        };
-        let bytes: Option<Vec<u8>> = v.as_array().and_then(|items| {
-            items
-                .iter()
-                .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
-                .collect()
-        });
-        if let Some(text) = bytes.and_then(|b| String::from_utf8(b).ok()) {
-            *v = serde_json::Value::String(text);
-        }
     }
 }

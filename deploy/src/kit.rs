@@ -5,7 +5,7 @@
 
 use crate::harness::{Harness, HarnessError};
 use forgelog_deploy_core::{RunPlan, Task, TaskError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// What a kit could not be made of.
@@ -113,6 +113,23 @@ impl Kit {
         Ok(kit)
     }
 
+    /// The tasks (loaded from `tasks_dir`, where given) and the kit's
+    /// harnesses a recorded run's rollouts started with: what its bundle
+    /// hashes.
+    pub fn of_started<'e>(
+        events: impl IntoIterator<Item = &'e forgelog_schemas::Event>,
+        tasks_dir: Option<&Path>,
+    ) -> Result<Kit, KitError> {
+        let (mut task_ids, mut names) = (BTreeSet::new(), BTreeSet::new());
+        for e in events {
+            if let forgelog_schemas::Event::RolloutStarted(s) = e {
+                task_ids.insert(s.task_id.clone());
+                names.insert(s.harness.clone());
+            }
+        }
+        Kit::of_names(task_ids, tasks_dir, names)
+    }
+
     /// The SHA-256 of each task's files and each harness's launch script,
     /// keyed `task/ID` and `harness/NAME` (`None`: no script to hash).
     pub fn hashes(&self) -> Result<BTreeMap<String, Option<String>>, KitError> {
@@ -192,6 +209,26 @@ mod tests {
         let said = changed.differences_from(&recorded).unwrap();
         assert_eq!(said.len(), 1, "{said:?}");
         assert!(said[0].starts_with("task/b differs"), "{said:?}");
+    }
+
+    #[test]
+    fn a_recorded_runs_kit_is_the_tasks_and_kit_harnesses_its_rollouts_started() {
+        let root = tempfile::tempdir().unwrap();
+        task(root.path(), "task-0", "do 0");
+        task(root.path(), "task-1", "do 1");
+        let events = forgelog_schemas::testing::recorded_run("r", 2, 2, 1, 4);
+        let kit = Kit::of_started(&events, Some(root.path())).unwrap();
+        assert_eq!(kit.tasks.keys().collect::<Vec<_>>(), ["task-0", "task-1"]);
+        assert_eq!(
+            kit.harnesses.keys().collect::<Vec<_>>(),
+            ["claude-code", "opencode"]
+        );
+        // Without the tasks' folder: the harnesses alone; a task the folder
+        // lacks is named.
+        assert!(Kit::of_started(&events, None).unwrap().tasks.is_empty());
+        std::fs::remove_dir_all(root.path().join("task-1")).unwrap();
+        let missing = Kit::of_started(&events, Some(root.path())).unwrap_err();
+        assert!(missing.to_string().contains("task-1"), "{missing}");
     }
 
     #[test]

@@ -15,10 +15,10 @@ use forgelog_api::SessionClient;
 use forgelog_deploy::kit::Kit;
 use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
 use forgelog_deploy_core::{Outcome, OutcomeSummary, RunHistory, RunPlan, StalenessBound};
-use forgelog_podman::record::AttemptRecord;
+use forgelog_podman::record::silent_hint;
 use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
 use forgelog_podman::{LocalBackend, Podman};
-use forgelog_stack::{LogClock, ServedClock, Serving, ServingConfig};
+use forgelog_stack::{LogClock, Served, ServedClock, Serving, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use progress::Bar;
@@ -262,11 +262,10 @@ fn learning_of(
     )))
 }
 
-/// The last groups' step, once the learner has them (an idle flush takes a
-/// last short step), before the engine stops serving; and an external
-/// engine serving the last version, as it says. A learner that failed
-/// before its last step fails the run, with why (its rollouts are recorded;
-/// `run --run` resumes the learner from its last version).
+/// The last groups' step, once the learner has them, and an external
+/// engine serving the last version, as the terminal is told. A learner
+/// that failed before its last step fails the run, with why (its rollouts
+/// are recorded; `run --run` resumes the learner from its last version).
 async fn last_versions(
     config: &StreamConfig,
     run_id: &str,
@@ -281,56 +280,30 @@ async fn last_versions(
         run: run_id.to_string(),
     };
     let patience = Duration::from_secs(600);
-    let newest =
-        forgelog_stack::versions_published(&clock, steps, &learning.learner_end, patience).await;
+    let learner = &learning.learner_end;
+    let last =
+        forgelog_stack::last_versions(&clock, steps, learner, engine.as_ref(), sync, patience)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("{e} (`forgelog run --run {run_id}` goes on from the last)")
+            })?;
+    let newest = last.newest;
     eprintln!("trainer   {newest} versions published for {groups} groups");
-    if newest < steps {
-        let why = learning
-            .learner_end
-            .get()
-            .unwrap_or_else(|| "the learner published no version for 10 minutes".into());
-        anyhow::bail!(
-            "{why}: {newest} of {steps} versions published (`forgelog run --run {run_id}` goes on from the last)"
-        );
-    }
-    let (Some(engine), Some(times)) = (engine, sync.as_ref().map(|s| s.times.clone())) else {
-        return Ok(());
-    };
-    tokio::select! {
-        true = forgelog_stack::until_served(&engine, newest) => {
+    match last.served {
+        None => {}
+        Some(Served::Yes(times)) => {
             eprintln!("engine    serves version {newest}");
-            if let Some(times) = times.summary() {
+            if let Some(times) = times {
                 eprintln!("engine    {times}");
             }
         }
-        e = forgelog_stack::ended(sync) => eprintln!("engine    does not serve version {newest}: {e}"),
-        _ = tokio::time::sleep(patience) => eprintln!("engine    does not serve version {newest} after 10 minutes"),
+        Some(Served::SyncEnded(e)) => eprintln!("engine    does not serve version {newest}: {e}"),
+        Some(Served::Late(after)) => {
+            let minutes = after.as_secs() / 60;
+            eprintln!("engine    does not serve version {newest} after {minutes} minutes")
+        }
     }
     Ok(())
-}
-
-/// What to look at first for a harness none of whose attempts reached the
-/// model: its attempt's record, how it ended, what it looked up and what it
-/// asked the proxy for in vain.
-fn silent_hint(harness: &str, attempt: &Outcome, logs: Option<&std::path::Path>) -> String {
-    let mut hint = format!("hint: no attempt of {harness} reached the model: ");
-    let Some(record) = logs.map(|d| AttemptRecord::read(&d.join(&attempt.attempt))) else {
-        return hint + &format!("see attempt {}'s logs", attempt.attempt);
-    };
-    let dir = record.dir.display();
-    hint += &format!("its record (stdout, stderr, exit, dns) is in {dir}");
-    if let Some(exit) = &record.exit {
-        hint += &format!("; it {exit}");
-    }
-    if !record.looked_up.is_empty() {
-        let names = record.looked_up.join(", ");
-        hint += &format!("; it looked up {names} (refused: no network)");
-    }
-    if !attempt.unrouted.is_empty() {
-        let asked: Vec<String> = attempt.unrouted.iter().map(ToString::to_string).collect();
-        hint += &format!("; the proxy has no route for {}", asked.join(", "));
-    }
-    hint
 }
 
 /// The run's summary per harness, and what orchestrating it cost.
@@ -358,23 +331,17 @@ fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std:
     );
 }
 
-/// Runs the plan with a progress bar until it ends or a signal stops it;
-/// whatever ended it, the backend removes what is left of the run.
-pub(crate) async fn drive<B: SandboxBackend>(
+/// Runs the plan with a progress bar until it ends or a signal stops it.
+async fn drive<B: SandboxBackend>(
     orchestrator: Orchestrator<B>,
     history: &RunHistory,
     total: usize,
 ) -> Result<Vec<Outcome>> {
-    let run_id = orchestrator.plan.run_id.clone();
     let bar = Bar::new(total);
     let stop = forgelog_stream::shutdown_signal()?;
-    let result = tokio::select! {
-        r = orchestrator.run(history, &bar) => r.map_err(anyhow::Error::from),
-        _ = stop => Err(anyhow::anyhow!("interrupted: resume with --run {run_id}")),
-    };
+    let result = forgelog_stack::drive(&orchestrator, history, &bar, stop).await;
     bar.bar.finish();
-    orchestrator.backend.clean_up().await;
-    result
+    Ok(result?)
 }
 
 /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its

@@ -4,11 +4,15 @@
 //! terminal) watches through [`RoundWatch`].
 
 use crate::{events_at_least, until_served, StackError};
+use forgelog_consumers::core::report::Report;
+use forgelog_consumers::export::{self, Manifest};
+use forgelog_deploy::demo::summary::RunSummary;
 use forgelog_deploy::demo::{self, DemoPlan, ProxyClient, RolloutOutcome};
 use forgelog_schemas::{Event, Topic};
-use forgelog_stream::StreamConfig;
+use forgelog_stream::{ReplayReader, StreamConfig};
 use forgelog_sync::EngineSync;
 use forgelog_trainer::TrainArgs;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// What the rounds tell whoever shows them.
@@ -127,6 +131,53 @@ async fn served(
         let _ = tokio::time::timeout(WAIT_VERSION, served).await;
     }
     Ok(())
+}
+
+/// What a demo run left in the log, read back: its summary per harness,
+/// the report per version, and its SFT export (written to `export_to/RUN`).
+pub struct DemoOutcome {
+    pub summary: RunSummary,
+    pub report: Report,
+    pub export_dir: PathBuf,
+    pub manifest: Manifest,
+    /// The export's files.
+    pub written: Vec<String>,
+}
+
+/// Reads run `run` back from the log and exports it as SFT data under
+/// `export_to`.
+pub async fn demo_outcome(
+    config: &StreamConfig,
+    run: &str,
+    export_to: &Path,
+) -> Result<DemoOutcome, StackError> {
+    let events = crate::run_events(config, run, &Topic::ALL).await?;
+    let (summary, report) = (RunSummary::of(&events), Report::of(&events));
+    drop(events);
+    let named = |e: std::io::Error| {
+        let why = format!("{}: {e}", export_to.display());
+        StackError::Io(std::io::Error::new(e.kind(), why))
+    };
+    std::fs::create_dir_all(export_to).map_err(named)?;
+    let export_dir = export_to.canonicalize().map_err(named)?.join(run);
+    let url = format!("file://{}", export_dir.display());
+    let reader = ReplayReader::new(config)?;
+    let (manifest, written) = export::export_run(
+        &reader,
+        run,
+        &url,
+        export::ExportKind::Sft,
+        export::ExportFilter::default(),
+    )
+    .await
+    .map_err(|e| StackError::Export(e.to_string()))?;
+    Ok(DemoOutcome {
+        summary,
+        report,
+        export_dir,
+        manifest,
+        written,
+    })
 }
 
 #[cfg(test)]

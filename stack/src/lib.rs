@@ -15,18 +15,22 @@ mod demo;
 mod engine;
 mod history;
 mod learning;
+mod replay;
+mod rollouts;
 mod serving;
 mod sync;
 mod wait;
 
 pub use clock::{LogClock, ServedClock};
-pub use demo::{demo_learner, demo_rounds, DemoRounds, RoundWatch};
+pub use demo::{demo_learner, demo_outcome, demo_rounds, DemoOutcome, DemoRounds, RoundWatch};
 pub use engine::LocalEngine;
 pub use history::{run_events, run_history};
 pub use learning::{learner_settings, LearnerEnd, Learning};
+pub use replay::{Replay, ReplayConfig, Replayed};
+pub use rollouts::drive;
 pub use serving::{token_in, Serving, ServingConfig};
 pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
-pub use wait::{events_at_least, versions_published};
+pub use wait::{events_at_least, last_versions, versions_published, LastVersions, Served};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
@@ -57,4 +61,23 @@ pub enum StackError {
     /// What a wait waited for did not come in time.
     #[error("{0}")]
     Late(String),
+    #[error(transparent)]
+    Orchestrator(#[from] forgelog_deploy::orchestrator::OrchestratorError),
+    /// A signal stopped a run's rollouts.
+    #[error("interrupted: resume with --run {0}")]
+    Interrupted(String),
+    #[error(transparent)]
+    Kit(#[from] forgelog_deploy::kit::KitError),
+    #[error(transparent)]
+    RunDir(#[from] forgelog_podman::run_dir::RunDirError),
+    #[error("sandbox networks (forgelog run needs root for network namespaces): {0}")]
+    Network(#[from] forgelog_podman::NetworkError),
+    #[error(transparent)]
+    Replay(#[from] forgelog_deploy_core::replay::ReplayPlanError),
+    #[error("the SFT export: {0}")]
+    Export(String),
+    #[error(
+        "--pin-clock needs libfaketime (apt-get install libfaketime, or FORGELOG_LIBFAKETIME=FILE)"
+    )]
+    NoLibfaketime,
 }

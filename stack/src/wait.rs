@@ -59,6 +59,68 @@ pub async fn versions_published(
     newest
 }
 
+/// How a training run's learner and engine ended: the newest version the
+/// learner published, and whether the engine (an external one, kept in
+/// sync) serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastVersions {
+    pub newest: u64,
+    pub served: Option<Served>,
+}
+
+/// Whether an engine kept in sync serves the newest version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Served {
+    /// It does; how long its syncs took, when any ran.
+    Yes(Option<String>),
+    /// Its sync ended, with why.
+    SyncEnded(String),
+    /// Not after the patience.
+    Late(Duration),
+}
+
+/// The run's last versions once the learner has them (an idle flush takes
+/// a last short step), before the engine stops serving; and an external
+/// engine serving the last one, as it says. A learner that published fewer
+/// than `steps` versions (it failed, or none came for `patience`) is an
+/// error with why.
+pub async fn last_versions(
+    clock: &dyn PolicyClock,
+    steps: u64,
+    learner: &LearnerEnd,
+    engine: Option<&forgelog_sync::EngineSync>,
+    sync: &mut Option<crate::SyncTask>,
+    patience: Duration,
+) -> Result<LastVersions, StackError> {
+    let newest = versions_published(clock, steps, learner, patience).await;
+    if newest < steps {
+        let why = learner.get().unwrap_or_else(|| {
+            format!(
+                "the learner published no version for {} minutes",
+                patience.as_secs() / 60
+            )
+        });
+        return Err(StackError::Late(format!(
+            "{why}: {newest} of {steps} versions published"
+        )));
+    }
+    let (Some(engine), Some(times)) = (engine, sync.as_ref().map(|s| s.times.clone())) else {
+        return Ok(LastVersions {
+            newest,
+            served: None,
+        });
+    };
+    let served = tokio::select! {
+        true = crate::until_served(engine, newest) => Served::Yes(times.summary()),
+        e = crate::ended(sync) => Served::SyncEnded(e),
+        _ = tokio::time::sleep(patience) => Served::Late(patience),
+    };
+    Ok(LastVersions {
+        newest,
+        served: Some(served),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +164,31 @@ mod tests {
             waited >= minutes(12) && waited < minutes(12) + Duration::from_secs(3),
             "{waited:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_versions_are_waited_for_and_too_few_are_an_error() {
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        let learner = LearnerEnd::default();
+        let all = Publishing {
+            start: tokio::time::Instant::now(),
+            at: vec![minutes(1), minutes(3)],
+        };
+        let last = last_versions(&all, 2, &learner, None, &mut None, minutes(10)).await;
+        let expected = LastVersions {
+            newest: 2,
+            served: None,
+        };
+        assert_eq!(last.unwrap(), expected);
+        let short = Publishing {
+            start: tokio::time::Instant::now(),
+            at: vec![minutes(1)],
+        };
+        let err = last_versions(&short, 2, &learner, None, &mut None, minutes(10))
+            .await
+            .unwrap_err()
+            .to_string();
+        let said = "the learner published no version for 10 minutes: 1 of 2 versions published";
+        assert_eq!(err, said);
     }
 }

@@ -84,28 +84,38 @@ pub trait LogReader {
     }
 }
 
-/// The newest `PolicyPublished` on `forgelog.policy` (of `run`, when given):
-/// where a restarted trainer resumes, and the one policy a restarted engine
-/// loads (not every version before it).
+/// The newest `PolicyPublished` on `forgelog.policy` (of `run`, when given;
+/// the first read of a version published twice): where a restarted trainer
+/// resumes, and the one policy a restarted engine loads (not every version
+/// before it).
 pub fn newest_policy(
     log: &impl LogReader,
     run: Option<&str>,
 ) -> Result<Option<PolicyPublished>, ConsumeError> {
+    let newest = published_policies(log, run)?.into_iter().rev();
+    Ok(newest.reduce(|newer, p| if p.version >= newer.version { p } else { newer }))
+}
+
+/// Every `PolicyPublished` on `forgelog.policy` (of `run`, when given), in
+/// the order read: partition by partition, each in log order.
+pub fn published_policies(
+    log: &impl LogReader,
+    run: Option<&str>,
+) -> Result<Vec<PolicyPublished>, ConsumeError> {
     let topic = Topic::Policy.name();
-    let mut newest: Option<PolicyPublished> = None;
+    let mut published = Vec::new();
     for partition in log.partitions(topic)? {
         let end = log.end(topic, partition)?;
         let _ = log.for_each_in(topic, partition, 0, end, |rec| {
             if let Ok(Event::PolicyPublished(p)) = rec.event {
-                let ours = run.is_none_or(|r| r == p.run_id);
-                if ours && newest.as_ref().is_none_or(|n| p.version > n.version) {
-                    newest = Some(p);
+                if run.is_none_or(|r| r == p.run_id) {
+                    published.push(p);
                 }
             }
             ControlFlow::Continue(())
         })?;
     }
-    Ok(newest)
+    Ok(published)
 }
 
 impl EventSink for EventProducer {
@@ -355,5 +365,39 @@ mod tests {
         });
         assert!(flow.unwrap().is_break());
         assert_eq!(firsts, 1);
+    }
+
+    #[test]
+    fn the_newest_policy_is_the_first_read_of_the_highest_version() {
+        let log = MemoryLog::new(1);
+        let published = |run: &str, version: i64, uri: &str| {
+            let p = forgelog_schemas::PolicyPublished {
+                run_id: run.into(),
+                event_id: format!("{run}-{version}-{uri}"),
+                version,
+                step: version,
+                checkpoint_uri: uri.into(),
+                metrics: Default::default(),
+            };
+            log.append(&Event::PolicyPublished(p)).unwrap();
+        };
+        published("a", 1, "a1");
+        published("b", 9, "b9");
+        published("a", 3, "first");
+        published("a", 2, "a2");
+        published("a", 3, "again");
+        let versions: Vec<i64> = published_policies(&log, Some("a"))
+            .unwrap()
+            .iter()
+            .map(|p| p.version)
+            .collect();
+        assert_eq!(versions, [1, 3, 2, 3]);
+        let newest = newest_policy(&log, Some("a")).unwrap().unwrap();
+        assert_eq!(
+            (newest.version, newest.checkpoint_uri.as_str()),
+            (3, "first")
+        );
+        assert_eq!(newest_policy(&log, None).unwrap().unwrap().version, 9);
+        assert!(newest_policy(&log, Some("c")).unwrap().is_none());
     }
 }

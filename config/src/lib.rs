@@ -1,7 +1,9 @@
-//! `forgelog.toml`: defaults for `train`, `run` and `up`, one table each,
-//! keyed by option name (`learning-rate` or `learning_rate`). A flag on the
-//! command line wins, then its environment variable, then the file, then the
-//! built-in default: the file's values become the options' defaults.
+//! forgelog-config: `forgelog.toml`, defaults for `train`, `run` and `up`,
+//! one table each, keyed by option name (`learning-rate` or `learning_rate`).
+//! A flag on the command line wins, then its environment variable, then the
+//! file, then the built-in default: the file's values become the options'
+//! defaults. The command is the caller's: any clap command whose
+//! subcommands are named as the tables are.
 //!
 //! ```toml
 //! [run]
