@@ -111,7 +111,7 @@ enum Command {
     Engine(forgelog_engine::EngineArgs),
     /// The capture proxy: harness dialects in, engine out, every call recorded
     #[command(
-        after_help = "Example:\n  forgelog proxy --upstream http://127.0.0.1:8000 --run-id my-run"
+        after_help = "Example:\n  forgelog proxy --upstream http://127.0.0.1:8000 --run my-run"
     )]
     Proxy(forgelog_producers::ProxyArgs),
     /// The GRPO learner: trains on forgelog.batches, publishes policies the engine reloads

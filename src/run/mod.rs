@@ -246,6 +246,7 @@ fn learning_of(
     }
     let train = forgelog_trainer::TrainArgs {
         learning_rate: args.learning_rate,
+        micro_batch_tokens: args.micro_batch_tokens,
         groups_per_step: Some(bound.groups_per_step),
         max_staleness: bound.max_staleness,
         idle_flush: 10.0,
