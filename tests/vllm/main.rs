@@ -106,10 +106,7 @@ fn mini_swe_agent_training_and_a_chat_session_through_a_real_vllm_are_recorded_t
             .args(["--task", "hello-file", "--group-size", "8"])
             .args(["--max-model-calls", "2"])
             .args(["--learning-rate", CHECK_LEARNING_RATE])
-            .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-            // The learner's activations within about 10 GB beside vLLM (as
-            // in tests/run/training.rs).
-            .args(["--micro-batch-tokens", "1024"]);
+            .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"]);
         run_to_end(train, "forgelog run --train", &vllm);
         run
     });
