@@ -142,7 +142,7 @@ async fn orchestrate(
             backend
                 .check()
                 .await
-                .context("sandbox networks (forgelog run needs root for network namespaces)")?;
+                .map_err(forgelog_stack::StackError::from)?;
             let orchestrator =
                 Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
             drive(orchestrator.with_admission(admission()), &history, total).await

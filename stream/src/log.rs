@@ -92,8 +92,9 @@ pub fn newest_policy(
     log: &impl LogReader,
     run: Option<&str>,
 ) -> Result<Option<PolicyPublished>, ConsumeError> {
-    let newest = published_policies(log, run)?.into_iter().rev();
-    Ok(newest.reduce(|newer, p| if p.version >= newer.version { p } else { newer }))
+    // `max_by_key` keeps the last of equal maxima: reversed, the first read.
+    let published = published_policies(log, run)?;
+    Ok(published.into_iter().rev().max_by_key(|p| p.version))
 }
 
 /// Every `PolicyPublished` on `forgelog.policy` (of `run`, when given), in
