@@ -568,6 +568,36 @@ fn a_blank_admin_token_is_refused_at_start() {
     }
 }
 
+/// `run --backend kube`'s proxy labels and bundle source are refused at
+/// once when they do not parse. A label without `=` was dropped silently:
+/// `--kube-proxy-labels app` left the run's NetworkPolicy an empty pod
+/// selector, which lets sandboxes reach every pod of the namespace.
+#[test]
+fn kube_flags_that_do_not_parse_are_refused_before_the_run() {
+    let cases: [(&str, &str, &str); 3] = [
+        ("--kube-proxy-labels", "app", "\"app\" is not a label"),
+        ("--kube-proxy-labels", "app=proxy,", "\"\" is not a label"),
+        (
+            "--bundles",
+            "quay.io/forgelog/bundles:1",
+            "image:REF, copy:REF or hostpath:DIR",
+        ),
+    ];
+    for (flag, value, says) in cases {
+        let out = forgelog()
+            .args(["run", "tasks", "--harness", "solve", "--backend", "kube"])
+            .args([flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
 /// `-q` keeps only errors; `-v` adds what a command does.
 #[test]
 fn verbosity_flags_choose_the_log_level() {

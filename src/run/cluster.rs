@@ -1,6 +1,7 @@
 //! `forgelog run --backend kube`: its flags and the backend they make.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use forgelog_kube::names::PodLabels;
 use forgelog_kube::{BundleSource, KubeBackend, KubeOptions, TaskImages};
 use forgelog_podman::Podman;
 use std::net::SocketAddr;
@@ -20,11 +21,11 @@ pub struct KubeArgs {
     pub kube_proxy_url: Option<String>,
     /// Labels of the proxy's pods: the run's NetworkPolicy lets pods reach only them (and DNS)
     #[arg(long, default_value = "app.kubernetes.io/name=forgelog-proxy")]
-    pub kube_proxy_labels: String,
+    pub kube_proxy_labels: PodLabels,
     /// The harness bundles as an image: `image:REF` (image volume), `copy:REF`
     /// (an init container copies them), or `hostpath:DIR` (default: the bundles here)
     #[arg(long)]
-    pub bundles: Option<String>,
+    pub bundles: Option<BundleSource>,
     /// Task images are PREFIX/forgelog-task-ID:latest, pushed beforehand (default: built here with podman)
     #[arg(long)]
     pub image_registry: Option<String>,
@@ -53,28 +54,18 @@ pub async fn kube_backend(
             .await
             .context("no Kubernetes configuration (KUBECONFIG, in-cluster, or --kube-api)")?,
     };
-    let bundles = match args.bundles.as_deref().map(|b| b.split_once(':')) {
-        None => BundleSource::HostPath(bundles.to_string_lossy().into_owned()),
-        Some(Some(("image", r))) => BundleSource::Image(r.into()),
-        Some(Some(("copy", r))) => BundleSource::CopiedFrom(r.into()),
-        Some(Some(("hostpath", d))) => BundleSource::HostPath(d.into()),
-        Some(_) => bail!("--bundles is image:REF, copy:REF or hostpath:DIR"),
-    };
-    let proxy_labels = args
-        .kube_proxy_labels
-        .split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
     let options = KubeOptions {
         namespace: args.namespace.clone(),
         proxy_url: args
             .kube_proxy_url
             .clone()
             .unwrap_or_else(|| format!("http://forgelog-proxy:{}", proxy.port())),
-        proxy_labels,
+        proxy_labels: args.kube_proxy_labels.0.clone(),
         proxy_port: i32::from(proxy.port()),
-        bundles,
+        bundles: args
+            .bundles
+            .clone()
+            .unwrap_or_else(|| BundleSource::HostPath(bundles.to_string_lossy().into_owned())),
         images: match &args.image_registry {
             Some(prefix) => TaskImages::Registry(prefix.clone()),
             None => TaskImages::BuiltLocally(std::sync::Arc::new(podman)),

@@ -127,16 +127,24 @@ async fn orchestrate(
     let sessions = SessionClient::new(&url, Some(token));
     let context = serving.as_ref().and_then(|s| s.proxy.state.probe().context);
     let options = run_options(args, context);
-    // Whatever ends the rollouts, the learner and the consumers are stopped
-    // below: their blocking tasks would otherwise keep the process alive.
-    // A failed sync ends them too: nothing more is sampled by a version the
-    // engine did not load.
-    let rollouts = async {
+    // Whatever ends the rollouts (a signal; a failed sync: nothing more is
+    // sampled by a version the engine did not load), what is left of them is
+    // removed, and the learner and the consumers are stopped below: their
+    // blocking tasks would otherwise keep the process alive.
+    let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
+    let stop = forgelog_stack::stopped(&run_id, forgelog_stream::shutdown_signal()?, sync);
+    let result = async {
         if args.backend == "kube" {
             let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
             let orchestrator =
                 Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
-            drive(orchestrator.with_admission(admission()), &history, total).await
+            drive(
+                orchestrator.with_admission(admission()),
+                &history,
+                total,
+                stop,
+            )
+            .await
         } else {
             let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
             backend
@@ -145,14 +153,16 @@ async fn orchestrate(
                 .map_err(forgelog_stack::StackError::from)?;
             let orchestrator =
                 Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
-            drive(orchestrator.with_admission(admission()), &history, total).await
+            drive(
+                orchestrator.with_admission(admission()),
+                &history,
+                total,
+                stop,
+            )
+            .await
         }
-    };
-    let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
-    let result = tokio::select! {
-        r = rollouts => r,
-        e = forgelog_stack::ended(sync) => Err(anyhow::anyhow!(e)),
-    };
+    }
+    .await;
     let mut learned = Ok(());
     if let (Some(learning), true) = (&learning, result.is_ok()) {
         let steps = groups.div_ceil(bound.groups_per_step) as u64;
@@ -332,14 +342,14 @@ fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std:
     );
 }
 
-/// Runs the plan with a progress bar until it ends or a signal stops it.
+/// Runs the plan with a progress bar until it ends or `stop` says why not.
 async fn drive<B: SandboxBackend>(
     orchestrator: Orchestrator<B>,
     history: &RunHistory,
     total: usize,
+    stop: impl std::future::Future<Output = forgelog_stack::StackError>,
 ) -> Result<Vec<Outcome>> {
     let bar = Bar::new(total);
-    let stop = forgelog_stream::shutdown_signal()?;
     let result = forgelog_stack::drive(&orchestrator, history, &bar, stop).await;
     bar.bar.finish();
     Ok(result?)

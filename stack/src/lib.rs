@@ -27,7 +27,7 @@ pub use engine::LocalEngine;
 pub use history::{run_events, run_history};
 pub use learning::{learner_settings, LearnerEnd, Learning};
 pub use replay::{Replay, ReplayConfig, Replayed};
-pub use rollouts::drive;
+pub use rollouts::{drive, stopped};
 pub use serving::{token_in, Serving, ServingConfig};
 pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
 pub use wait::{events_at_least, last_versions, versions_published, LastVersions, Served};
@@ -66,6 +66,10 @@ pub enum StackError {
     /// A signal stopped a run's rollouts.
     #[error("interrupted: resume with --run {0}")]
     Interrupted(String),
+    /// An external engine's sync ended (nothing more may be sampled by a
+    /// version it did not load): why.
+    #[error("{0}")]
+    SyncEnded(String),
     #[error(transparent)]
     Kit(#[from] forgelog_deploy::kit::KitError),
     #[error(transparent)]

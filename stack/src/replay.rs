@@ -160,6 +160,8 @@ impl Replay {
         let (tasks, harnesses) = (kit.tasks, kit.harnesses);
         let plan = recorded.plan.clone();
         let orchestrator = Orchestrator::new(backend, sessions, plan, tasks, harnesses, options);
+        let mut no_sync = None;
+        let stop = crate::stopped(&recorded.plan.run_id, stop, &mut no_sync);
         let outcomes = drive(&orchestrator, &RunHistory::default(), progress, stop).await;
         proxy
             .shutdown(Duration::from_secs(1))

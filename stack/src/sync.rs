@@ -56,6 +56,18 @@ pub struct SyncTask {
     pub times: forgelog_sync::SyncTimes,
 }
 
+#[cfg(test)]
+impl SyncTask {
+    /// A sync that ended with `error` (no engine asked).
+    pub(crate) fn ended_with(error: forgelog_sync::SyncError) -> SyncTask {
+        let args = SyncArgs::new("http://127.0.0.1:9", Kind::Vllm, Mode::Weights);
+        SyncTask {
+            task: tokio::spawn(async { Err(error) }),
+            times: EngineSync::new(args).times(),
+        }
+    }
+}
+
 /// Resolves when `sync` ends, with why (and leaves `None` in its place);
 /// never without one.
 pub async fn ended(sync: &mut Option<SyncTask>) -> String {

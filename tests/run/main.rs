@@ -552,3 +552,48 @@ fn a_killed_run_resumes_without_losing_or_repeating_a_rollout() {
     );
     assert_eq!(slots_of(&run), 0);
 }
+
+/// SIGTERM (or Ctrl-C) stops a run as every stop does: the run says how to
+/// resume it and removes what was in flight, its sandboxes and their
+/// network slots, before it exits (SIGKILL, above, leaves them to the next
+/// run's reaping).
+#[test]
+fn a_run_stopped_by_a_signal_says_how_to_resume_and_leaves_no_sandbox() {
+    let f = fixture();
+    let root = tempfile::tempdir().unwrap();
+    variant(
+        root.path(),
+        "slow-a",
+        "solution/solve.sh",
+        "sleep 60; printf 'Hello, forgelog!\\n' > /app/hello.txt\n",
+    );
+    let run = unique_run_id("run-signal");
+    let child = f
+        .command(root.path(), &run, "solve", 1)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while containers_of(&run) == 0 {
+        assert!(Instant::now() < deadline, "no sandbox started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on the child's pid, which it still holds (not waited for).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let stopped = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "forgelog run stopped by SIGTERM: {} in {:.1} s\n{stderr}",
+        out.status,
+        stopped.elapsed().as_secs_f64()
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("interrupted: resume with --run {run}")),
+        "{stderr}"
+    );
+    assert_eq!(containers_of(&run), 0, "the sandbox in flight is removed");
+    assert_eq!(slots_of(&run), 0, "and its network slot");
+}

@@ -33,6 +33,22 @@ pub enum BundleSource {
     HostPath(String),
 }
 
+impl std::str::FromStr for BundleSource {
+    type Err = String;
+
+    /// `image:REF`, `copy:REF` or `hostpath:DIR`.
+    fn from_str(s: &str) -> Result<BundleSource, String> {
+        match s.split_once(':') {
+            Some(("image", r)) if !r.is_empty() => Ok(BundleSource::Image(r.into())),
+            Some(("copy", r)) if !r.is_empty() => Ok(BundleSource::CopiedFrom(r.into())),
+            Some(("hostpath", d)) if !d.is_empty() => Ok(BundleSource::HostPath(d.into())),
+            _ => Err(format!(
+                "{s:?}: harness bundles come from image:REF, copy:REF or hostpath:DIR"
+            )),
+        }
+    }
+}
+
 /// Everything an attempt's objects are made from.
 #[derive(Debug, Clone)]
 pub struct AttemptObjects<'a> {
@@ -310,6 +326,25 @@ fn bundles_volume(source: &BundleSource) -> (Volume, Option<Container>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_source_is_named_by_its_kind() {
+        let parsed: Vec<BundleSource> = ["image:reg/b:1", "copy:reg/b:1", "hostpath:/opt/b"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(
+            parsed,
+            [
+                BundleSource::Image("reg/b:1".into()),
+                BundleSource::CopiedFrom("reg/b:1".into()),
+                BundleSource::HostPath("/opt/b".into()),
+            ]
+        );
+        for bad in ["reg/b:1", "image:", "volume:x", ""] {
+            assert!(bad.parse::<BundleSource>().is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_job_runs_once_within_its_deadline_owned_by_the_run_with_its_key_in_a_secret() {

@@ -71,9 +71,48 @@ pub fn selector(labels: &BTreeMap<String, String>) -> String {
         .join(",")
 }
 
+/// Pod labels written `key=value,key=value`, at least one. The run's
+/// NetworkPolicy lets sandboxes reach only the pods that carry them: a pair
+/// left out for a typo (as `--kube-proxy-labels` once did) could leave it an
+/// empty selector, which selects every pod of the namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodLabels(pub BTreeMap<String, String>);
+
+impl std::str::FromStr for PodLabels {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<PodLabels, String> {
+        let mut labels = BTreeMap::new();
+        for pair in s.split(',') {
+            match pair.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    labels.insert(k.trim().to_string(), v.trim().to_string());
+                }
+                _ => return Err(format!("{pair:?} is not a label: key=value,key=value")),
+            }
+        }
+        Ok(PodLabels(labels))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_labels_are_key_value_pairs_and_never_none() {
+        let labels: PodLabels = "app.kubernetes.io/name=forgelog-proxy, tier=proxy"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            selector(&labels.0),
+            "app.kubernetes.io/name=forgelog-proxy,tier=proxy"
+        );
+        for bad in ["", "app", "app=proxy,", "=proxy", "app=proxy,tier"] {
+            let err = bad.parse::<PodLabels>().unwrap_err();
+            assert!(err.contains("is not a label"), "{bad:?}: {err}");
+        }
+    }
 
     #[test]
     fn names_are_valid_stable_and_distinct() {
