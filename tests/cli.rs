@@ -810,3 +810,31 @@ fn run_without_its_sandbox_tools_names_what_is_missing_and_the_script() {
         "{err}"
     );
 }
+
+/// An engine that is down when `run --train --upstream` starts is named by
+/// its flag and the route that failed, exit 2 (it was reported as "starting
+/// the engine and the proxy (or pass --upstream)", with --upstream passed).
+#[test]
+fn a_run_whose_upstream_is_down_says_so_by_its_flag() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stream = rt.block_on(shared_broker());
+    let down = format!("http://{}", free_local_addr());
+    let tasks = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/tasks");
+    for (engine, route) in [("vllm", "/weight_info"), ("forgelog", "/v1/models")] {
+        let run = unique_run_id("run-engine-down");
+        let out = forgelog()
+            .args(["run", tasks, "--harness", "solve", "--task", "hello-file"])
+            .args(["--train", "--upstream", &down, "--engine", engine])
+            .args(["--run", &run, "--brokers", &stream.brokers])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{engine}: {err}");
+        assert!(
+            err.contains("the engine at --upstream: ") && err.contains(route),
+            "{engine}: {err}"
+        );
+        assert!(!err.contains("or pass --upstream"), "{engine}: {err}");
+        let _ = std::fs::remove_dir_all(forgelog_stream::forgelog_home().join("runs").join(&run));
+    }
+}

@@ -191,13 +191,15 @@ fn run_options(args: &RunArgs, context: Option<i64>) -> RunOptions {
         retry: true,
     };
     eprintln!(
-        "limits: {} model calls per rollout, {} tokens per call{}",
+        "limits: {} model calls per rollout, {} per call{}",
         options
             .max_model_calls
             .map_or("no limit on".into(), |n| n.to_string()),
         options
             .max_tokens
-            .map_or("as the harness asks".into(), |n| format!("at most {n}")),
+            .map_or("the tokens the harness asks for".into(), |n| {
+                format!("at most {n} tokens")
+            }),
         match (args.max_tokens, options.max_tokens) {
             (None, Some(_)) => " (a quarter of the engine's context)",
             _ => "",
@@ -230,9 +232,13 @@ async fn serve_run(
             .serving
             .config(run_id, args.train, dir.spool(), dir.path.clone())
     };
-    let serving = Serving::start(config, serving_config)
-        .await
-        .context("starting the engine and the proxy (or pass --upstream)")?;
+    let serving =
+        Serving::start(config, serving_config)
+            .await
+            .context(match args.serving.upstream {
+                Some(_) => "the engine at --upstream",
+                None => "starting the engine and the proxy (or pass --upstream)",
+            })?;
     if let Some(engine) = &serving.engine {
         eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
