@@ -108,22 +108,16 @@ async fn orchestrate(
         max_staleness: args.max_staleness,
     };
     let learning = learning_of(args, config, &run_id, &dir, bound)?;
-    let learner_end = learning
-        .as_ref()
-        .map(|l| l.learner_end.clone())
-        .unwrap_or_default();
     // Admission reads the version the engine serves, in its own word.
-    let admission = || {
-        args.train.then(|| Admission {
-            bound,
-            clock: Box::new(ServedClock {
-                engine: args
-                    .serving
-                    .reader(engine_url.as_deref().unwrap_or_default()),
-                learner: learner_end.clone(),
-            }),
-        })
-    };
+    let admission = learning.as_ref().map(|learning| Admission {
+        bound,
+        clock: Box::new(ServedClock {
+            engine: args
+                .serving
+                .reader(engine_url.as_deref().unwrap_or_default()),
+            learner: learning.learner_end.clone(),
+        }),
+    });
     let sessions = SessionClient::new(&url, Some(token));
     let context = serving.as_ref().and_then(|s| s.proxy.state.probe().context);
     let options = run_options(args, context);
@@ -133,33 +127,25 @@ async fn orchestrate(
     // blocking tasks would otherwise keep the process alive.
     let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
     let stop = forgelog_stack::stopped(&run_id, forgelog_stream::shutdown_signal()?, sync);
+    let rollouts = Rollouts {
+        sessions,
+        plan,
+        kit,
+        options,
+        admission,
+        history: &history,
+    };
     let result = async {
         if args.backend == "kube" {
             let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
-            let orchestrator =
-                Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
-            drive(
-                orchestrator.with_admission(admission()),
-                &history,
-                total,
-                stop,
-            )
-            .await
+            rollouts.drive(backend, stop).await
         } else {
             let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
             backend
                 .check()
                 .await
                 .map_err(forgelog_stack::StackError::from)?;
-            let orchestrator =
-                Orchestrator::new(backend, sessions, plan, kit.tasks, kit.harnesses, options);
-            drive(
-                orchestrator.with_admission(admission()),
-                &history,
-                total,
-                stop,
-            )
-            .await
+            rollouts.drive(backend, stop).await
         }
     }
     .await;
@@ -348,17 +334,39 @@ fn print_outcomes(run_id: &str, outcomes: &[Outcome], attempt_logs: Option<&std:
     );
 }
 
-/// Runs the plan with a progress bar until it ends or `stop` says why not.
-async fn drive<B: SandboxBackend>(
-    orchestrator: Orchestrator<B>,
-    history: &RunHistory,
-    total: usize,
-    stop: impl std::future::Future<Output = forgelog_stack::StackError>,
-) -> Result<Vec<Outcome>> {
-    let bar = Bar::new(total);
-    let result = forgelog_stack::drive(&orchestrator, history, &bar, stop).await;
-    bar.bar.finish();
-    Ok(result?)
+/// A run's orchestrator but for its backend.
+struct Rollouts<'a> {
+    sessions: SessionClient,
+    plan: RunPlan,
+    kit: Kit,
+    options: RunOptions,
+    admission: Option<Admission>,
+    history: &'a RunHistory,
+}
+
+impl Rollouts<'_> {
+    /// Runs the plan on `backend` with a progress bar until it ends or
+    /// `stop` says why not.
+    async fn drive<B: SandboxBackend>(
+        self,
+        backend: B,
+        stop: impl std::future::Future<Output = forgelog_stack::StackError>,
+    ) -> Result<Vec<Outcome>> {
+        let bar = Bar::new(self.plan.rollouts().count());
+        let Kit { tasks, harnesses } = self.kit;
+        let orchestrator = Orchestrator::new(
+            backend,
+            self.sessions,
+            self.plan,
+            tasks,
+            harnesses,
+            self.options,
+        )
+        .with_admission(self.admission);
+        let result = forgelog_stack::drive(&orchestrator, self.history, &bar, stop).await;
+        bar.bar.finish();
+        Ok(result?)
+    }
 }
 
 /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its
