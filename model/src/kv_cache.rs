@@ -53,7 +53,7 @@ impl KvCache {
     }
 
     /// Moves the next position on by `t` tokens, once every layer has them.
-    pub(crate) fn advance(&mut self, t: usize) {
+    pub fn advance(&mut self, t: usize) {
         self.len += t;
     }
 

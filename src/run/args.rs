@@ -79,9 +79,10 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1e-5)]
     pub learning_rate: f64,
     /// With --train: rows per forward/backward pass of the learner
-    /// (`forgelog train --micro-batch-tokens`): its activation memory. On
-    /// CPU, SmolLM2 held about 10 GB for 1,050 rows of a mini-swe-agent
-    /// trajectory and 19 GB for 1,900; fewer rows cost more passes
+    /// (`forgelog train --micro-batch-tokens`): its activation memory. Each
+    /// layer is recomputed in the backward pass, so a pass holds one layer's
+    /// activations: 2.1 GB for a 1,350-row trajectory on SmolLM2's shape on
+    /// CPU (17.3 GB with every layer's kept); fewer rows cost more passes
     #[arg(long, requires = "train", default_value_t = forgelog_trainer::learner::MICRO_BATCH_TOKENS)]
     pub micro_batch_tokens: usize,
     /// Re-run the recorded rollouts of this run in the same environment (task

@@ -278,11 +278,7 @@ fn a_learner_step_moves_smollm2_where_the_rewards_say_through_forgelogs_engine()
             ])
             .args(["--brokers", &stream.brokers])
             .args(["--train", "--groups-per-step", "1", "--max-staleness", "0"])
-            .args(["--learning-rate", CHECK_LEARNING_RATE])
-            // One trajectory a pass, not a prompt and three answers: about
-            // 10 GB of activations, not 15, beside the demo loop's learner
-            // on a 24 GB machine (which the learner killed for memory).
-            .args(["--micro-batch-tokens", "1024"]);
+            .args(["--learning-rate", CHECK_LEARNING_RATE]);
         let out = output_timed(&mut train, "forgelog run --train (SmolLM2)");
         assert!(out.status.success(), "{}", stderr_of(&out));
         run

@@ -6,8 +6,14 @@
 //! adapter, gradients, AdamW's moments and the activations a backward pass
 //! keeps.
 //!
-//! `cargo bench -p forgelog-trainer --bench learner-memory` (about 10 GB of
-//! memory at its peak, about a minute on 2 cores after the release build).
+//! Then the activations of one long agent trajectory (SmolLM2's shape: a
+//! 1,350-row mini-swe-agent rollout is what ran the suite out of memory),
+//! every layer's kept against each layer recomputed in the backward pass
+//! (activation checkpointing, the learner's default), and the time each
+//! takes.
+//!
+//! `cargo bench -p forgelog-trainer --bench learner-memory` (about 13 GB of
+//! memory at its peak, a few minutes on 2 cores after the release build).
 
 use candle_core::{DType, Device};
 use forgelog_model::lora::PROJECTIONS;
@@ -79,9 +85,9 @@ fn group(vocab: u32) -> Vec<SampledSequence> {
     vec![member(1, 1.0), member(2, -1.0)]
 }
 
-/// Peak bytes from nothing to the end of one step of `config`; where they
-/// go, phase by phase, on stderr.
-fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
+/// Peak bytes from nothing to the end of one step of `config` on `seqs`;
+/// where they go, phase by phase, on stderr.
+fn peak_of_one_step(model: &ModelConfig, config: LearnerConfig, seqs: &[SampledSequence]) -> usize {
     let gb = |b: usize| b as f64 / 1e9;
     let start = CURRENT.load(Ordering::Relaxed);
     let held = || CURRENT.load(Ordering::Relaxed) - start;
@@ -104,10 +110,6 @@ fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
     peaks.push(phase("the weights made", &mut || {
         weights = Some(forgelog_model::testing::tiny_weights(model, 1))
     }));
-    let config = LearnerConfig {
-        lora,
-        ..Default::default()
-    };
     let mut learner = None;
     peaks.push(phase(
         "the learner made from them, they dropped",
@@ -121,7 +123,14 @@ fn peak_of_one_step(model: &ModelConfig, lora: Option<LoraConfig>) -> usize {
     let mut eval = None;
     peaks.push(phase(
         "forward and backward (activations, gradients)",
-        &mut || eval = Some(learner.evaluate(&group(model.vocab_size as u32)).unwrap()),
+        &mut || {
+            let started = std::time::Instant::now();
+            eval = Some(learner.evaluate(seqs).unwrap());
+            eprintln!(
+                "  forward and backward took {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        },
     ));
     peaks.push(phase("AdamW's update (moments made)", &mut || {
         learner
@@ -140,7 +149,8 @@ fn main() {
         .map(|(_, shape)| shape.iter().product::<usize>())
         .sum();
     let gb = |b: usize| b as f64 / 1e9;
-    let full = peak_of_one_step(&model, None);
+    let seqs = group(model.vocab_size as u32);
+    let full = peak_of_one_step(&model, LearnerConfig::default(), &seqs);
     eprintln!(
         "full: {:.2} GB ({:.1} bytes a parameter)",
         gb(full),
@@ -151,7 +161,11 @@ fn main() {
         .iter()
         .map(|(_, d_in, d_out)| lora.rank * (d_in + d_out))
         .sum();
-    let with_lora = peak_of_one_step(&model, Some(lora));
+    let config = LearnerConfig {
+        lora: Some(lora),
+        ..Default::default()
+    };
+    let with_lora = peak_of_one_step(&model, config, &seqs);
     eprintln!(
         "lora r=16, all 7 projections: {:.2} GB ({} adapter parameters, {:.2}% of {})",
         gb(with_lora),
@@ -160,4 +174,51 @@ fn main() {
         params
     );
     println!("learner peak bytes for a Qwen3-0.6B shape: full {full}, lora {with_lora}");
+
+    let smollm2 = smollm2_shape();
+    let trajectory = [agent_trajectory(smollm2.vocab_size as u32)];
+    let step = |checkpoint_activations| {
+        let config = LearnerConfig {
+            checkpoint_activations,
+            ..Default::default()
+        };
+        peak_of_one_step(&smollm2, config, &trajectory)
+    };
+    let (kept, recomputed) = (step(false), step(true));
+    println!(
+        "learner peak bytes for a {}-row trajectory on SmolLM2's shape: every layer's activations kept {kept}, each layer recomputed {recomputed}",
+        trajectory[0].tokens.len() - 1
+    );
+}
+
+/// SmolLM2-135M's shape (its GGUF's metadata), random weights.
+fn smollm2_shape() -> ModelConfig {
+    ModelConfig {
+        architecture: forgelog_model::Architecture::Llama,
+        vocab_size: 49_152,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_hidden_layers: 30,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: None,
+        rope_theta: 100_000.0,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 8192,
+        tie_word_embeddings: true,
+    }
+}
+
+/// A mini-swe-agent rollout as the learner sees it: an 850-token prompt,
+/// then two calls' answers (160 sampled tokens each) around a tool result:
+/// 1,351 tokens.
+fn agent_trajectory(vocab: u32) -> SampledSequence {
+    let tokens: Vec<u32> = (0..1351u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let positions: Vec<usize> = (850..1010).chain(1191..1351).collect();
+    SampledSequence {
+        recorded: vec![-2.0; positions.len()],
+        positions,
+        tokens,
+        advantage: 1.0,
+    }
 }

@@ -199,8 +199,11 @@ fn gradients_of_the_grpo_loss_match_finite_differences() {
     }
 }
 
+/// A shared prefix fed once, and layers recomputed in the backward pass
+/// (activation checkpointing, the default), each give the loss, ratios and
+/// gradients of feeding every member whole with every activation kept.
 #[test]
-fn a_shared_prefix_gives_the_loss_and_gradients_of_feeding_each_member_whole() {
+fn shared_prefixes_and_recomputed_layers_give_the_loss_and_gradients_of_the_plain_pass() {
     let dir = tempfile::tempdir().unwrap();
     let policy = tiny_policy(dir.path());
     let mut seqs = check_sequences(policy.model.config().vocab_size as u32);
@@ -209,37 +212,51 @@ fn a_shared_prefix_gives_the_loss_and_gradients_of_feeding_each_member_whole() {
             .map(|j| -1.0 - 0.1 * (i + j) as f32)
             .collect();
     }
-    let eval = |share_prefixes| {
+    let eval = |share_prefixes, checkpoint_activations| {
         learner(
             &policy,
             LearnerConfig {
                 share_prefixes,
+                checkpoint_activations,
                 ..Default::default()
             },
         )
         .evaluate(&seqs)
         .unwrap()
     };
-    let (shared, whole) = (eval(true), eval(false));
-    assert!((shared.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs().max(1.0));
-    assert_eq!(shared.ratios.len(), whole.ratios.len());
-    for (a, b) in shared.ratios.iter().zip(&whole.ratios) {
-        assert!((a - b).abs() <= 1e-5, "ratio {a} vs {b}");
-    }
-    let mut compared = 0;
-    for (a, b) in shared.grads.iter().zip(&whole.grads) {
-        let (Some(a), Some(b)) = (a, b) else {
-            assert!(a.is_none() && b.is_none());
-            continue;
-        };
-        let (scale, diff) = (max_abs(b), max_abs(&(a - b).unwrap()));
+    let whole = eval(false, false);
+    for (share, recompute) in [(true, false), (false, true), (true, true)] {
+        let how = format!("shared prefixes {share}, recomputed layers {recompute}");
+        let other = eval(share, recompute);
         assert!(
-            diff <= 1e-5 * scale.max(1.0),
-            "gradient differs by {diff} (scale {scale})"
+            (other.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs().max(1.0),
+            "{how}: loss {} vs {}",
+            other.loss,
+            whole.loss
         );
-        compared += 1;
+        assert_eq!(other.ratios.len(), whole.ratios.len());
+        for (a, b) in other.ratios.iter().zip(&whole.ratios) {
+            assert!((a - b).abs() <= 1e-5, "{how}: ratio {a} vs {b}");
+        }
+        let mut compared = 0;
+        for (a, b) in other.grads.iter().zip(&whole.grads) {
+            let (Some(a), Some(b)) = (a, b) else {
+                assert!(a.is_none() && b.is_none(), "{how}");
+                continue;
+            };
+            let (scale, diff) = (max_abs(b), max_abs(&(a - b).unwrap()));
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "{how}: gradient differs by {diff} (scale {scale})"
+            );
+            compared += 1;
+        }
+        assert_eq!(
+            compared,
+            other.grads.len(),
+            "{how}: every weight has a gradient"
+        );
     }
-    assert_eq!(compared, shared.grads.len(), "every weight has a gradient");
 }
 
 /// Samples `n` completions at temperature `t` from the engine.

@@ -174,10 +174,26 @@ impl Transformer {
         batch: &mut [(&[u32], &mut KvCache)],
         logits: Logits,
     ) -> Result<Vec<Tensor>> {
-        let eps = self.config.rms_norm_eps;
+        let ids: Vec<u32> = self.fed(batch)?.concat();
+        let mut x = self.embed(&ids)?;
+        let plan = StepPlan::new(batch, &self.cos, &self.sin)?;
+        for layer in 0..self.layers.len() {
+            x = self.block(layer, &x, batch, &plan)?;
+        }
+        let mut lens = Vec::with_capacity(batch.len());
+        for (tokens, cache) in batch.iter_mut() {
+            cache.advance(tokens.len());
+            lens.push(tokens.len());
+        }
+        self.logits(&x, &lens, logits)
+    }
+
+    /// Each sequence's new tokens, once each is known to fit the context
+    /// after what its cache holds.
+    fn fed<'a>(&self, batch: &[(&'a [u32], &mut KvCache)]) -> Result<Vec<&'a [u32]>> {
         let context = self.config.max_position_embeddings;
-        let mut ids = Vec::new();
-        for (tokens, cache) in batch.iter() {
+        let mut fed = Vec::with_capacity(batch.len());
+        for (tokens, cache) in batch {
             if tokens.is_empty() || cache.len() + tokens.len() > context {
                 candle_core::bail!(
                     "{} new tokens after {} cached do not fit the context of {context}",
@@ -185,38 +201,74 @@ impl Transformer {
                     cache.len()
                 );
             }
-            ids.extend_from_slice(tokens);
+            fed.push(*tokens);
         }
-        let ids = Tensor::new(ids.as_slice(), self.device())?;
-        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        Ok(fed)
+    }
+
+    /// The embeddings of `ids`, `(ids.len(), hidden)`: the first layer's input.
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(ids, self.device())?;
+        self.embed_tokens.index_select(&ids, 0)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `layer` alone on a ragged batch's rows `x` (a forward one layer
+    /// at a time: a training step that recomputes each layer in its backward
+    /// pass). Each cache gets the layer's keys and values after what it
+    /// holds; [`KvCache::advance`] moves it on once every layer has run.
+    pub fn layer(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        batch: &mut [(&[u32], &mut KvCache)],
+    ) -> Result<Tensor> {
+        self.fed(batch)?;
+        if layer >= self.layers.len() {
+            candle_core::bail!("layer {layer} of a model of {}", self.layers.len());
+        }
         let plan = StepPlan::new(batch, &self.cos, &self.sin)?;
-        for (i, block) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &block.input_layernorm, eps)?;
-            x = (x + block.self_attn.forward(&h, i, batch, &plan)?)?;
-            let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = (&x + block.mlp.forward(&h)?)?;
-        }
+        self.block(layer, x, batch, &plan)
+    }
+
+    /// A pre-norm block: attention, then the MLP, each added to its input.
+    fn block(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        batch: &mut [(&[u32], &mut KvCache)],
+        plan: &StepPlan,
+    ) -> Result<Tensor> {
+        let (block, eps) = (&self.layers[layer], self.config.rms_norm_eps);
+        let h = rms_norm(x, &block.input_layernorm, eps)?;
+        let x = (x + block.self_attn.forward(&h, layer, batch, plan)?)?;
+        let h = rms_norm(&x, &block.post_attention_layernorm, eps)?;
+        &x + block.mlp.forward(&h)?
+    }
+
+    /// The logits `logits` asks for from the last layer's rows `x` of a
+    /// ragged batch whose sequences fed `lens` tokens each.
+    pub fn logits(&self, x: &Tensor, lens: &[usize], logits: Logits) -> Result<Vec<Tensor>> {
         // One output matmul for the whole batch: the output matrix is the
         // largest, and reading it once per sequence would dominate a step.
-        let mut counts = Vec::with_capacity(batch.len());
+        let mut counts = Vec::with_capacity(lens.len());
         let mut rows = Vec::new();
         let mut first = 0u32;
-        for (i, (tokens, cache)) in batch.iter_mut().enumerate() {
-            cache.advance(tokens.len());
+        for (i, &len) in lens.iter().enumerate() {
             let wanted = match logits {
-                Logits::All => (0..tokens.len() as u32).collect(),
-                Logits::Last => vec![tokens.len() as u32 - 1],
+                Logits::All => (0..len as u32).collect(),
+                Logits::Last => vec![len as u32 - 1],
                 Logits::Rows(asked) => asked.get(i).cloned().unwrap_or_default(),
             };
-            if let Some(&bad) = wanted.iter().find(|&&r| r as usize >= tokens.len()) {
-                candle_core::bail!(
-                    "row {bad} asked of a sequence of {} new tokens",
-                    tokens.len()
-                );
+            if let Some(&bad) = wanted.iter().find(|&&r| r as usize >= len) {
+                candle_core::bail!("row {bad} asked of a sequence of {len} new tokens");
             }
             counts.push(wanted.len());
             rows.extend(wanted.iter().map(|r| first + r));
-            first += tokens.len() as u32;
+            first += len as u32;
         }
         let vocab = self.config.vocab_size;
         if rows.is_empty() {
@@ -224,12 +276,13 @@ impl Transformer {
             return Ok(counts.iter().map(|_| none.clone()).collect());
         }
         let x = match logits {
-            Logits::All => x,
+            Logits::All => x.clone(),
             _ => x.index_select(&Tensor::new(rows.as_slice(), x.device())?, 0)?,
         };
         // A frozen (LoRA) output matrix gets no gradient of its own.
+        let eps = self.config.rms_norm_eps;
         let all = crate::frozen::matmul_t(&rms_norm(&x, &self.norm, eps)?, &self.lm_head)?;
-        let mut outputs = Vec::with_capacity(batch.len());
+        let mut outputs = Vec::with_capacity(lens.len());
         let mut row = 0;
         for count in counts {
             outputs.push(all.narrow(0, row, count)?);

@@ -1,8 +1,10 @@
 //! The loss of a step and its gradients: teacher-forced logprobs of the
 //! sampled tokens, micro-batch by micro-batch.
 
+use super::layerwise::LayerInputs;
 use super::{micro_batches, Learner, MicroBatch, SampledSequence};
 use crate::loss::{grpo_loss, token_stats, Normalisation, TokenInputs};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, D};
 use forgelog_model::{KvCache, Logits, Transformer};
 
@@ -15,6 +17,25 @@ pub struct Evaluation {
     /// Tokens whose importance weight was truncated.
     pub truncated: usize,
     pub entropy_sum: f64,
+}
+
+/// The rows of each member's logits that predict its sampled tokens (after
+/// its run's prefix), and those tokens, in the micro-batch's order.
+fn sampled_rows(micro: &MicroBatch) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for run in &micro.runs {
+        for s in &run.members {
+            rows.push(
+                s.positions
+                    .iter()
+                    .map(|&j| (j - 1 - run.prefix) as u32)
+                    .collect::<Vec<_>>(),
+            );
+            targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
+        }
+    }
+    (rows, targets)
 }
 
 impl Learner {
@@ -40,33 +61,60 @@ impl Learner {
         }
         let mut caches = Vec::new();
         let mut fed = Vec::new();
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
         for (run, prefix) in micro.runs.iter().zip(&prefix_caches) {
             for s in &run.members {
                 caches.push(prefix.fork()?);
                 // Logits at row i predict token i + 1: feed up to the last
                 // sampled token's predecessor, after the prefix.
                 fed.push(&s.tokens[run.prefix..s.tokens.len() - 1]);
-                rows.push(
-                    s.positions
-                        .iter()
-                        .map(|&j| (j - 1 - run.prefix) as u32)
-                        .collect::<Vec<_>>(),
-                );
-                targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
             }
         }
         let mut batch: Vec<(&[u32], &mut KvCache)> =
             fed.into_iter().zip(caches.iter_mut()).collect();
+        let (rows, targets) = sampled_rows(micro);
         let logits = model.forward_batch(&mut batch, Logits::Rows(&rows))?;
+        self.at_targets(logits, &targets)
+    }
+
+    /// `log_softmax(logits / T)` at `targets`, and the entropies (no gradient).
+    fn at_targets(&self, logits: Vec<Tensor>, targets: &[u32]) -> Result<(Tensor, Tensor)> {
         let logits = (Tensor::cat(&logits, 0)? / self.config.temperature)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let targets = Tensor::new(targets.as_slice(), model.device())?.unsqueeze(1)?;
+        let targets = Tensor::new(targets, logits.device())?.unsqueeze(1)?;
         let sampled = logprobs.gather(&targets, 1)?.squeeze(1)?;
         let detached = logprobs.detach();
         let entropy = (detached.exp()? * &detached)?.sum(1)?.neg()?;
         Ok((sampled, entropy))
+    }
+
+    /// [`Learner::sampled_logprobs`] by the trained model, with its forward
+    /// kept layer by layer when activations are checkpointed.
+    fn trained_logprobs<'a>(
+        &self,
+        micro: &MicroBatch<'a>,
+    ) -> Result<(Tensor, Tensor, Option<LayerInputs<'a>>)> {
+        if !self.config.checkpoint_activations {
+            let (logp, entropy) = self.sampled_logprobs(&self.model, micro)?;
+            return Ok((logp, entropy, None));
+        }
+        let inputs = LayerInputs::forward(&self.model, micro)?;
+        let (rows, targets) = sampled_rows(micro);
+        let logits = inputs.top_logits(&self.model, &rows)?;
+        let (logp, entropy) = self.at_targets(logits, &targets)?;
+        Ok((logp, entropy, Some(inputs)))
+    }
+
+    /// Adds the gradients in `grads` of what trains to `sums`.
+    fn accumulate(&self, grads: &GradStore, sums: &mut [Option<Tensor>]) -> Result<()> {
+        for ((_, var), sum) in self.vars.iter().zip(sums.iter_mut()) {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                *sum = Some(match sum.take() {
+                    Some(s) => (s + g)?,
+                    None => g.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The step's loss over `seqs`, its gradients summed over micro-batches,
@@ -92,7 +140,7 @@ impl Learner {
             self.config.share_prefixes,
         );
         for micro in &micro_batches {
-            let (logp, entropy) = self.sampled_logprobs(&self.model, micro)?;
+            let (logp, entropy, layers) = self.trained_logprobs(micro)?;
             let mut recorded = Vec::new();
             let mut advantages = Vec::new();
             let mut weights = Vec::new();
@@ -119,13 +167,11 @@ impl Learner {
                 &self.config.loss,
             )?;
             let grads = loss.backward()?;
-            for ((_, var), sum) in self.vars.iter().zip(eval.grads.iter_mut()) {
-                if let Some(g) = grads.get(var.as_tensor()) {
-                    *sum = Some(match sum.take() {
-                        Some(s) => (s + g)?,
-                        None => g.clone(),
-                    });
+            match layers {
+                Some(inputs) => {
+                    inputs.backward(&self.model, grads, |g| self.accumulate(g, &mut eval.grads))?
                 }
+                None => self.accumulate(&grads, &mut eval.grads)?,
             }
             eval.loss += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let logp = logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;

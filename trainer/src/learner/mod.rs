@@ -12,6 +12,7 @@ use forgelog_schemas::TrainingBatch;
 use std::collections::HashMap;
 
 mod evaluate;
+mod layerwise;
 mod sequences;
 mod step_metrics;
 
@@ -39,6 +40,10 @@ pub struct LearnerConfig {
     pub share_prefixes: bool,
     /// Train a LoRA adapter on frozen weights instead of the weights.
     pub lora: Option<LoraConfig>,
+    /// Keep only each layer's input in the forward and recompute the layer
+    /// in the backward: one layer's activations held at a time instead of
+    /// every layer's, for one more forward's work.
+    pub checkpoint_activations: bool,
 }
 
 impl Default for LearnerConfig {
@@ -51,6 +56,7 @@ impl Default for LearnerConfig {
             micro_batch_tokens: MICRO_BATCH_TOKENS,
             share_prefixes: true,
             lora: None,
+            checkpoint_activations: true,
         }
     }
 }
