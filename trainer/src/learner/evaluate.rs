@@ -1,12 +1,13 @@
 //! The loss of a step and its gradients: teacher-forced logprobs of the
 //! sampled tokens, micro-batch by micro-batch.
 
+use super::feed::Feed;
 use super::layerwise::LayerInputs;
 use super::{micro_batches, Learner, MicroBatch, SampledSequence};
 use crate::loss::{grpo_loss, token_stats, Normalisation, TokenInputs};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, D};
-use forgelog_model::{KvCache, Logits, Transformer};
+use forgelog_model::Transformer;
 
 /// The loss of some sequences, its gradients, and per-token diagnostics.
 pub struct Evaluation {
@@ -19,61 +20,17 @@ pub struct Evaluation {
     pub entropy_sum: f64,
 }
 
-/// The rows of each member's logits that predict its sampled tokens (after
-/// its run's prefix), and those tokens, in the micro-batch's order.
-fn sampled_rows(micro: &MicroBatch) -> (Vec<Vec<u32>>, Vec<u32>) {
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for run in &micro.runs {
-        for s in &run.members {
-            rows.push(
-                s.positions
-                    .iter()
-                    .map(|&j| (j - 1 - run.prefix) as u32)
-                    .collect::<Vec<_>>(),
-            );
-            targets.extend(s.positions.iter().map(|&j| s.tokens[j]));
-        }
-    }
-    (rows, targets)
-}
-
 impl Learner {
     /// Teacher-forced `log_softmax(logits / T)` at each sequence's sampled
     /// tokens, concatenated in the micro-batch's order, and the entropies
-    /// there (no gradient). Each run's shared prefix is fed once; its members
-    /// go on from forks of its cache, so the graph flows back through it.
+    /// there (no gradient), each shared prefix fed once ([`Feed`]).
     fn sampled_logprobs(
         &self,
         model: &Transformer,
         micro: &MicroBatch,
     ) -> Result<(Tensor, Tensor)> {
-        let mut prefix_caches: Vec<KvCache> = micro.runs.iter().map(|_| KvCache::new()).collect();
-        let mut prefixes: Vec<(&[u32], &mut KvCache)> = micro
-            .runs
-            .iter()
-            .zip(prefix_caches.iter_mut())
-            .filter(|(run, _)| run.prefix > 0)
-            .map(|(run, cache)| (&run.members[0].tokens[..run.prefix], cache))
-            .collect();
-        if !prefixes.is_empty() {
-            model.forward_batch(&mut prefixes, Logits::Rows(&[]))?;
-        }
-        let mut caches = Vec::new();
-        let mut fed = Vec::new();
-        for (run, prefix) in micro.runs.iter().zip(&prefix_caches) {
-            for s in &run.members {
-                caches.push(prefix.fork()?);
-                // Logits at row i predict token i + 1: feed up to the last
-                // sampled token's predecessor, after the prefix.
-                fed.push(&s.tokens[run.prefix..s.tokens.len() - 1]);
-            }
-        }
-        let mut batch: Vec<(&[u32], &mut KvCache)> =
-            fed.into_iter().zip(caches.iter_mut()).collect();
-        let (rows, targets) = sampled_rows(micro);
-        let logits = model.forward_batch(&mut batch, Logits::Rows(&rows))?;
-        self.at_targets(logits, &targets)
+        let feed = Feed::of(micro);
+        self.at_targets(feed.forward(model)?, &feed.targets)
     }
 
     /// `log_softmax(logits / T)` at `targets`, and the entropies (no gradient).
@@ -98,9 +55,8 @@ impl Learner {
             return Ok((logp, entropy, None));
         }
         let inputs = LayerInputs::forward(&self.model, micro)?;
-        let (rows, targets) = sampled_rows(micro);
-        let logits = inputs.top_logits(&self.model, &rows)?;
-        let (logp, entropy) = self.at_targets(logits, &targets)?;
+        let logits = inputs.top_logits(&self.model)?;
+        let (logp, entropy) = self.at_targets(logits, &inputs.feed.targets)?;
         Ok((logp, entropy, Some(inputs)))
     }
 

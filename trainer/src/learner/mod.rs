@@ -12,6 +12,7 @@ use forgelog_schemas::TrainingBatch;
 use std::collections::HashMap;
 
 mod evaluate;
+mod feed;
 mod layerwise;
 mod sequences;
 mod step_metrics;
