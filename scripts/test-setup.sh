@@ -10,7 +10,7 @@ here=$(dirname "$0")
 
 # The test runner (per-test budgets, parallel binaries). New machines of this
 # kind have it; elsewhere it is built once (about 3 min).
-command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
+command -v cargo-nextest >/dev/null || env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS cargo install cargo-nextest --locked
 
 "$here/sandbox-setup.sh"
 
