@@ -31,6 +31,13 @@ else
   # At opt-level 1: its build took 605 s against 753 s at cargo's release
   # default of 3 (2 cores), and forgelog's run-seek bench read and wrote
   # through both at the same speed (the broker's time is SQLite's, C).
+  # Measured and left at 1 (2 cores, 2026-12-07, against 441 s): opt-level
+  # 0 with SQLite's C at -O2 built in 278 s, but the bench wrote 53,833
+  # events in 19 s against 13 and read a run 15-38% slower (one bench run
+  # each), in every run's hot path; opt-level 0 for the crates the broker
+  # never runs (tansu's generator, perf, cat, proxy and CLI, rhai,
+  # jsonschema, OpenTelemetry, protobuf, aws-lc) built in 404 s: 37 s for a
+  # list of sixteen crates to keep true.
   # Not through CI's clippy wrapper, which is for forgelog's own crates.
   env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS CARGO_PROFILE_RELEASE_OPT_LEVEL=1 \
     cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$FORGELOG_HOME/tools"

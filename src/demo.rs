@@ -17,7 +17,7 @@ pub async fn run(
     config: &StreamConfig,
     base: &str,
     admin_token: &str,
-    engine: &str,
+    engine: forgelog_sync::EngineSync,
     run_id: &str,
     args: &crate::up::UpArgs,
     sync: Option<forgelog_sync::SyncTimes>,
@@ -36,7 +36,6 @@ pub async fn run(
         say: &say,
         bar: Mutex::new(None),
     };
-    let engine = args.serving.reader(engine);
     let rounds = demo_rounds(config, &proxy, &engine, plan, train_steps, &terminal).await?;
     finish(config, run_id, args, &say, rounds, sync).await
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use forgelog_api::{NewSession, SessionClient};
 use forgelog_consumers::RewardConfig;
 use forgelog_schemas::Topic;
-use forgelog_stack::{Learning, Serving, ServingConfig};
+use forgelog_stack::{LearningConfig, RunStack, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use std::net::SocketAddr;
@@ -142,9 +142,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
     };
     admin::create_topics(config, &TopicLayout::default()).await?;
 
-    // An external engine is kept serving what the learner publishes; its
-    // sync's failure stops the demo (nothing more is sampled by a version it
-    // did not load) with the engine, route and answer named.
+    // An external engine is kept serving what the learner publishes.
     let serving_config = ServingConfig {
         device: args.device,
         engine_listen: args.engine_listen,
@@ -156,7 +154,17 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
             args.home.clone(),
         )
     };
-    let mut serving = Serving::start(config, serving_config).await?;
+    let learning = LearningConfig {
+        state: args.home.join("consumers"),
+        rewards: RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
+        train: match args.train {
+            true => Some(train_args(args, config, &run)?),
+            false => None,
+        },
+    };
+    say_learning(&run, Some(&learning));
+    let mut stack = RunStack::start(config, serving_config, Some(learning)).await?;
+    let serving = &stack.serving;
     if let Some(engine) = &serving.engine {
         eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
@@ -168,67 +176,42 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         serving.proxy.max_record_bytes().unwrap_or(config.claims.max_record_bytes),
         config.claims.location
     );
-
-    let train = if args.train {
-        Some(train_args(args, config, &run)?)
-    } else {
-        None
-    };
-    let learning = start_learning(
-        config,
-        &run,
-        &args.home.join("consumers"),
-        RewardConfig::with_efficiency_bonus(args.efficiency_bonus),
-        train,
-    );
     let sync_times = serving.sync.as_ref().map(|s| s.times.clone());
-    let synced = async { anyhow::anyhow!(forgelog_stack::ended(&mut serving.sync).await) };
-    // A failed learner publishes no more versions: the loop stops with why,
-    // rather than wait for one.
-    let learner_end = learning.learner_end.clone();
-    let learner_stopped = async { anyhow::anyhow!("{}", learner_end.failed().await) };
+    let engine = stack.reader();
+    // A failed sync (nothing more may be sampled by a version the engine
+    // did not load) or learner (it publishes no more versions) stops the
+    // loop with why, rather than wait for one.
     let result = if args.demo {
         tokio::select! {
-            r = crate::demo::run(config, &base, &admin_token, &upstream, &run, args, sync_times) => r,
-            e = synced => Err(e),
-            e = learner_stopped => Err(e),
+            r = crate::demo::run(config, &base, &admin_token, engine, &run, args, sync_times) => r,
+            e = stack.ended() => Err(e.into()),
             _ = stop => Err(anyhow::anyhow!("demo interrupted")),
         }
     } else {
         tokio::select! {
             r = serve(config, &base, &admin_token, &run, stamp, stop) => r,
-            e = synced => Err(e),
-            e = learner_stopped => Err(e),
+            e = stack.ended() => Err(e.into()),
         }
     };
     eprintln!("\nstopping: flushing the proxy's events, checkpointing the consumers");
-    serving
-        .stop(Some(learning), Duration::from_secs(10))
-        .await?;
+    stack.stop(Duration::from_secs(10)).await?;
     result
 }
 
-/// The consumers of `run` (state in `state`) and, with `train`, the
-/// learner, started in this process, as the terminal is told.
-pub fn start_learning(
-    config: &StreamConfig,
-    run: &str,
-    state: &std::path::Path,
-    rewards: RewardConfig,
-    train: Option<forgelog_trainer::TrainArgs>,
-) -> Learning {
+/// What learns from `run` in this process, as the terminal is told.
+pub fn say_learning(run: &str, learning: Option<&LearningConfig>) {
+    let Some(learning) = learning else { return };
     eprintln!(
         "consumers trajectories, rewards of run {run} (state in {})",
-        state.display()
+        learning.state.display()
     );
-    if let Some(train) = &train {
+    if let Some(train) = &learning.train {
         eprintln!(
             "trainer   GRPO on {}'s groups, checkpoints in {}",
             train.run,
             train.checkpoints.as_deref().unwrap_or("?")
         );
     }
-    Learning::start(config, run, state, rewards, train)
 }
 
 /// Prints a session key per dialect and a live status line until `stop`.

@@ -4,7 +4,7 @@
 //! learner publishes and how the version it serves is read back.
 
 use forgelog_stack::ServingConfig;
-use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
+use forgelog_sync::{Kind, Mode};
 use std::path::PathBuf;
 
 /// The engine and the proxy's rendering, as `up` and `run` take them.
@@ -89,21 +89,6 @@ impl ServingArgs {
             true => forgelog_trainer::LoraPublish::Merged,
             false => forgelog_trainer::LoraPublish::Adapter,
         }
-    }
-
-    /// Reads what the engine at `url` serves, as a sync reads it back:
-    /// vLLM's (and forgelog's engine's) `/weight_info`, or the newest
-    /// adapter it lists.
-    pub fn reader(&self, url: &str) -> EngineSync {
-        // forgelog's engine says its version at `/weight_info`, as vLLM does.
-        let (kind, mode) = match self.engine.synced() {
-            Some(kind) => (kind, self.sync_mode),
-            None => (Kind::Vllm, Mode::Weights),
-        };
-        EngineSync::new(SyncArgs {
-            step_timeout: 10,
-            ..SyncArgs::new(url, kind, mode)
-        })
     }
 
     /// How an external engine is made to serve a version (none: it follows

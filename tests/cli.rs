@@ -517,6 +517,28 @@ fn the_trainer_waits_for_a_broker_that_is_away_at_start() {
     trainer.wait().unwrap();
 }
 
+/// `run --proxy` without the proxy's admin token is refused at once, with
+/// what to pass, before the tasks are read or a run directory is taken
+/// (found by probing: it was refused only after both).
+#[test]
+fn run_with_a_proxy_and_no_admin_token_says_what_to_pass() {
+    let out = forgelog()
+        .args(["run", "/nowhere/tasks", "--proxy", "http://127.0.0.1:9"])
+        .env_remove("FORGELOG_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("/nowhere/tasks"),
+        "the tasks were read first: {err}"
+    );
+}
+
 /// A blank admin token, by flag or variable, is refused before anything
 /// starts: an empty `x-api-key:` header would have matched it.
 #[test]

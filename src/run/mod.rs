@@ -14,21 +14,24 @@ use cluster::kube_backend;
 use forgelog_api::SessionClient;
 use forgelog_deploy::kit::Kit;
 use forgelog_deploy::orchestrator::{Admission, Orchestrator, RunOptions, SandboxBackend};
-use forgelog_deploy_core::{Outcome, OutcomeSummary, RunHistory, RunPlan, StalenessBound};
+use forgelog_deploy_core::{Outcome, OutcomeSummary, RunHistory, RunPlan};
 use forgelog_podman::record::silent_hint;
 use forgelog_podman::run_dir::{reap_dead_runs, RunDir};
 use forgelog_podman::{LocalBackend, Podman};
-use forgelog_stack::{LogClock, Served, ServedClock, Serving, ServingConfig};
+use forgelog_stack::{LearningConfig, RunStack, Served, ServingConfig};
 use forgelog_stream::admin::{self, TopicLayout};
 use forgelog_stream::StreamConfig;
 use progress::Bar;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     if let Some(recorded) = &args.replay {
         return replay::replay(rt, &args, recorded);
+    }
+    // Refused before anything is read or taken.
+    if args.proxy.is_some() {
+        external_proxy(&args)?;
     }
     let home = forgelog_stream::forgelog_home();
     let bundles = home.join("harnesses");
@@ -81,15 +84,15 @@ async fn orchestrate(
     let run_id = plan.run_id.clone();
     // Where a local sandbox's harness output is kept, per attempt.
     let attempt_logs = (args.backend != "kube").then(|| dir.attempt_logs(""));
-    let (mut serving, url, token) = serve_run(args, config, &run_id, &dir).await?;
-    let engine_url = serving.as_ref().map(|s| s.upstream.clone());
-    let mut no_sync = None;
-    let proxy_addr: SocketAddr = url
-        .trim_start_matches("http://")
-        .to_socket_addrs()
-        .with_context(|| format!("the proxy's address in {url}"))?
-        .next()
-        .with_context(|| format!("{url} resolves to no address"))?;
+    let mut stack = match &args.proxy {
+        Some(_) => None,
+        None => Some(start_stack(args, config, &run_id, &dir).await?),
+    };
+    let (url, token) = match &stack {
+        Some(stack) => (stack.serving.proxy.url(), stack.serving.admin_token.clone()),
+        None => external_proxy(args)?,
+    };
+    let proxy_addr = forgelog_stack::proxy_addr(&url)?;
     let history = forgelog_stack::run_history(config, &run_id).await?;
     let total = plan.rollouts().count();
     let groups = plan.groups.len();
@@ -102,40 +105,30 @@ async fn orchestrate(
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
     );
-    // The learner steps on this bound, and admission starts groups under it.
-    let bound = StalenessBound {
-        groups_per_step: args.groups_per_step.max(1),
-        max_staleness: args.max_staleness,
+    let context = stack
+        .as_ref()
+        .and_then(|s| s.serving.proxy.state.probe().context);
+    let rollouts = Rollouts {
+        sessions: SessionClient::new(&url, Some(token)),
+        plan,
+        kit,
+        options: run_options(args, context),
+        // Admission reads the version the engine serves, in its own word.
+        admission: stack.as_ref().and_then(RunStack::admission),
+        history: &history,
     };
-    let learning = learning_of(args, config, &run_id, &dir, bound)?;
-    // Admission reads the version the engine serves, in its own word.
-    let admission = learning.as_ref().map(|learning| Admission {
-        bound,
-        clock: Box::new(ServedClock {
-            engine: args
-                .serving
-                .reader(engine_url.as_deref().unwrap_or_default()),
-            learner: learning.learner_end.clone(),
-        }),
-    });
-    let sessions = SessionClient::new(&url, Some(token));
-    let context = serving.as_ref().and_then(|s| s.proxy.state.probe().context);
-    let options = run_options(args, context);
     // Whatever ends the rollouts (a signal; a failed sync: nothing more is
     // sampled by a version the engine did not load), what is left of them is
     // removed, and the learner and the consumers are stopped below: their
     // blocking tasks would otherwise keep the process alive.
-    let sync = serving.as_mut().map_or(&mut no_sync, |s| &mut s.sync);
-    let stop = forgelog_stack::stopped(&run_id, forgelog_stream::shutdown_signal()?, sync);
-    let rollouts = Rollouts {
-        sessions,
-        plan,
-        kit,
-        options,
-        admission,
-        history: &history,
-    };
+    let signal = forgelog_stream::shutdown_signal()?;
     let result = async {
+        let stop = async {
+            match stack.as_mut() {
+                Some(stack) => stack.stopped(signal).await,
+                None => forgelog_stack::stopped(&run_id, signal, &mut None).await,
+            }
+        };
         if args.backend == "kube" {
             let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
             rollouts.drive(backend, stop).await
@@ -150,18 +143,11 @@ async fn orchestrate(
     }
     .await;
     let mut learned = Ok(());
-    if let (Some(learning), true) = (&learning, result.is_ok()) {
-        let steps = groups.div_ceil(bound.groups_per_step) as u64;
-        let engine = engine_url.as_deref().map(|url| args.serving.reader(url));
-        learned = last_versions(config, &run_id, steps, groups, learning, engine, sync).await;
-    }
-    match serving {
-        Some(serving) => serving.stop(learning, Duration::from_secs(30)).await?,
-        None => {
-            if let Some(learning) = learning {
-                learning.stop().await;
-            }
+    if let Some(mut stack) = stack {
+        if result.is_ok() {
+            learned = last_versions(&mut stack, config, groups).await;
         }
+        stack.stop(Duration::from_secs(30)).await?;
     }
     print_outcomes(&run_id, &result?, attempt_logs.as_deref());
     learned
@@ -194,102 +180,80 @@ fn run_options(args: &RunArgs, context: Option<i64>) -> RunOptions {
     options
 }
 
-/// What answers the run's calls: the proxy at `--proxy` (and its token), or
-/// an engine and a proxy this process starts; the proxy's URL and session
-/// API token either way.
-async fn serve_run(
+/// The proxy at `--proxy` and its session API token.
+fn external_proxy(args: &RunArgs) -> Result<(String, String)> {
+    let (Some(url), Some(token)) = (&args.proxy, &args.admin_token) else {
+        bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
+    };
+    Ok((url.trim_end_matches('/').to_string(), token.clone()))
+}
+
+/// The engine and the proxy this process starts for the run and, with
+/// `--train`, its consumers and learner. Sandboxes reach the proxy: its
+/// session API refuses them (they have no token). The embedded engine's
+/// model renders prompts (token in); an external engine is kept serving
+/// each version the learner publishes.
+async fn start_stack(
     args: &RunArgs,
     config: &StreamConfig,
     run_id: &str,
     dir: &RunDir,
-) -> Result<(Option<Serving>, String, String)> {
-    if let Some(url) = &args.proxy {
-        let Some(token) = args.admin_token.clone() else {
-            bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
-        };
-        return Ok((None, url.trim_end_matches('/').to_string(), token));
-    }
-    // Sandboxes reach the proxy: its session API refuses them (they have no
-    // token). The embedded engine's model renders prompts (token in); an
-    // external engine is kept serving each version the learner publishes.
-    let serving_config = ServingConfig {
+) -> Result<RunStack> {
+    let serving = ServingConfig {
         proxy_listen: args.proxy_listen,
         ..args
             .serving
             .config(run_id, args.train, dir.spool(), dir.path.clone())
     };
-    let serving =
-        Serving::start(config, serving_config)
+    let learning = match args.train {
+        true => Some(LearningConfig {
+            state: dir.path.join("consumers"),
+            rewards: Default::default(),
+            train: Some(forgelog_trainer::TrainArgs {
+                learning_rate: args.learning_rate,
+                micro_batch_tokens: args.micro_batch_tokens,
+                groups_per_step: Some(args.groups_per_step.max(1)),
+                max_staleness: args.max_staleness,
+                idle_flush: 10.0,
+                lora_rank: args.lora_rank,
+                lora_publish: args.serving.lora_publish(),
+                ..forgelog_stack::learner_settings(&args.serving.model, config, run_id, &dir.path)?
+            }),
+        }),
+        false => None,
+    };
+    crate::up::say_learning(run_id, learning.as_ref());
+    let stack =
+        RunStack::start(config, serving, learning)
             .await
             .context(match args.serving.upstream {
                 Some(_) => "the engine at --upstream",
                 None => "starting the engine and the proxy (or pass --upstream)",
             })?;
-    if let Some(engine) = &serving.engine {
+    if let Some(engine) = &stack.serving.engine {
         eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
     // What a killed predecessor left in the spool goes to the log first.
-    serving.proxy.flush(Duration::from_secs(60)).await?;
-    let (url, token) = (serving.proxy.url(), serving.admin_token.clone());
-    Ok((Some(serving), url, token))
-}
-
-/// With `--train`, the consumers and the learner of the run, stepping on
-/// `bound`; none otherwise (the consumers of the log derive the run).
-fn learning_of(
-    args: &RunArgs,
-    config: &StreamConfig,
-    run_id: &str,
-    dir: &RunDir,
-    bound: StalenessBound,
-) -> Result<Option<forgelog_stack::Learning>> {
-    if !args.train {
-        return Ok(None);
-    }
-    let train = forgelog_trainer::TrainArgs {
-        learning_rate: args.learning_rate,
-        micro_batch_tokens: args.micro_batch_tokens,
-        groups_per_step: Some(bound.groups_per_step),
-        max_staleness: bound.max_staleness,
-        idle_flush: 10.0,
-        lora_rank: args.lora_rank,
-        lora_publish: args.serving.lora_publish(),
-        ..forgelog_stack::learner_settings(&args.serving.model, config, run_id, &dir.path)?
-    };
-    Ok(Some(crate::up::start_learning(
-        config,
-        run_id,
-        &dir.path.join("consumers"),
-        Default::default(),
-        Some(train),
-    )))
+    stack.serving.proxy.flush(Duration::from_secs(60)).await?;
+    Ok(stack)
 }
 
 /// The last groups' step, once the learner has them, and an external
 /// engine serving the last version, as the terminal is told. A learner
 /// that failed before its last step fails the run, with why (its rollouts
 /// are recorded; `run --run` resumes the learner from its last version).
-async fn last_versions(
-    config: &StreamConfig,
-    run_id: &str,
-    steps: u64,
-    groups: usize,
-    learning: &forgelog_stack::Learning,
-    engine: Option<forgelog_sync::EngineSync>,
-    sync: &mut Option<forgelog_stack::SyncTask>,
-) -> Result<()> {
-    let clock = LogClock {
-        config: config.clone(),
-        run: run_id.to_string(),
-    };
+async fn last_versions(stack: &mut RunStack, config: &StreamConfig, groups: usize) -> Result<()> {
     let patience = Duration::from_secs(600);
-    let learner = &learning.learner_end;
-    let last =
-        forgelog_stack::last_versions(&clock, steps, learner, engine.as_ref(), sync, patience)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("{e} (`forgelog run --run {run_id}` goes on from the last)")
-            })?;
+    let last = stack
+        .last_versions(config, groups, patience)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (`forgelog run --run {}` goes on from the last)",
+                stack.run
+            )
+        })?;
+    let Some(last) = last else { return Ok(()) };
     let newest = last.newest;
     eprintln!("trainer   {newest} versions published for {groups} groups");
     match last.served {

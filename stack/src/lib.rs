@@ -7,8 +7,8 @@
 //! that answer a run's calls ([`Serving`]) and the waits of the loop that
 //! drives it ([`events_at_least`], [`versions_published`], the demo's
 //! [`demo_rounds`]). `forgelog up`, `up
-//! --demo`, `run` and `run --train` wire these and print; nothing here
-//! prints.
+//! --demo`, `run` and `run --train` start them as one [`RunStack`] and
+//! print; nothing here prints.
 
 mod clock;
 mod demo;
@@ -17,6 +17,7 @@ mod history;
 mod learning;
 mod replay;
 mod rollouts;
+mod run;
 mod serving;
 mod sync;
 mod wait;
@@ -28,6 +29,7 @@ pub use history::{run_events, run_history};
 pub use learning::{learner_settings, LearnerEnd, Learning};
 pub use replay::{Replay, ReplayConfig, Replayed};
 pub use rollouts::{drive, stopped};
+pub use run::{engine_reader, proxy_addr, LearningConfig, RunStack};
 pub use serving::{token_in, Serving, ServingConfig};
 pub use sync::{ended, follow, serves_policy_versions, until_served, SyncTask};
 pub use wait::{events_at_least, last_versions, versions_published, LastVersions, Served};
@@ -70,6 +72,9 @@ pub enum StackError {
     /// version it did not load): why.
     #[error("{0}")]
     SyncEnded(String),
+    /// The learner failed (it publishes no more versions): why.
+    #[error("{0}")]
+    LearnerFailed(String),
     #[error(transparent)]
     Kit(#[from] forgelog_deploy::kit::KitError),
     #[error(transparent)]

@@ -1,12 +1,16 @@
 //! The stack's parts in this process, on the real (test) broker, with no
-//! binary started: the embedded engine, an engine checked for training, and
-//! the clock that reads what a run published.
+//! binary started: the embedded engine, an engine checked for training, the
+//! clock that reads what a run published, and a run's processes together.
 
 use forgelog_deploy::orchestrator::PolicyClock;
 use forgelog_engine::DeviceKind;
 use forgelog_schemas::{Event, PolicyPublished};
-use forgelog_stack::{serves_policy_versions, LocalEngine, LogClock, StackError};
+use forgelog_stack::{
+    learner_settings, serves_policy_versions, LearningConfig, LocalEngine, LogClock, RunStack,
+    Serving, ServingConfig, StackError,
+};
 use forgelog_stream::testing::{produce, shared_broker, unique_run_id};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -110,29 +114,13 @@ async fn the_log_clock_reads_the_newest_version_its_run_published() {
 /// API behind a token; both gone once stopped.
 #[tokio::test(flavor = "multi_thread")]
 async fn serving_starts_an_engine_behind_a_proxy_and_stops_both() {
-    use forgelog_stack::{Serving, ServingConfig};
     let config = shared_broker().await;
     let model = tempfile::tempdir().unwrap();
     forgelog_model::testing::write_tiny_llama(model.path(), 5).unwrap();
     let home = tempfile::tempdir().unwrap();
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
     let serving = Serving::start(
         &config,
-        ServingConfig {
-            run: unique_run_id("stack-serving"),
-            upstream: None,
-            model: model.path().display().to_string(),
-            device: DeviceKind::Cpu,
-            engine_listen: any,
-            train: false,
-            synced: None,
-            tokenizer: None,
-            policy_adapters: false,
-            extra_body: Default::default(),
-            proxy_listen: any,
-            spool: home.path().join("spool"),
-            home: home.path().to_path_buf(),
-        },
+        serving_config(unique_run_id("stack-serving"), model.path(), home.path()),
     )
     .await
     .unwrap();
@@ -166,4 +154,91 @@ async fn serving_starts_an_engine_behind_a_proxy_and_stops_both() {
             "{url} still serves"
         );
     }
+}
+
+/// How `run` of the tiny model in `model` is served: the embedded engine,
+/// both servers on free local ports, state under `home`.
+fn serving_config(run: String, model: &Path, home: &Path) -> ServingConfig {
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    ServingConfig {
+        run,
+        upstream: None,
+        model: model.display().to_string(),
+        device: DeviceKind::Cpu,
+        engine_listen: any,
+        train: false,
+        synced: None,
+        tokenizer: None,
+        policy_adapters: false,
+        extra_body: Default::default(),
+        proxy_listen: any,
+        spool: home.join("spool"),
+        home: home.to_path_buf(),
+    }
+}
+
+/// A run's processes as `up` and `run --train` start them: without a
+/// learner nothing is admitted on versions or waited for; with one that
+/// fails (a model it cannot load), the loop is told why, admission stops
+/// waiting for a version that will not come, and the last versions say so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_stack_admits_on_its_learner_and_ends_when_the_learner_fails() {
+    let config = shared_broker().await;
+    let model = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama(model.path(), 7).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let consumers = LearningConfig {
+        state: home.path().join("consumers"),
+        rewards: Default::default(),
+        train: None,
+    };
+    let run = unique_run_id("stack-run");
+    let serving = serving_config(run.clone(), model.path(), home.path());
+    let mut stack = RunStack::start(&config, serving, Some(consumers.clone()))
+        .await
+        .unwrap();
+    let proxy = stack.serving.proxy.url();
+    assert_eq!(format!("http://{}", stack.proxy_addr().unwrap()), proxy);
+    assert!(stack.admission().is_none(), "no learner, no admission");
+    let last = stack.last_versions(&config, 4, Duration::from_secs(1));
+    assert_eq!(last.await.unwrap(), None);
+    let ended = tokio::time::timeout(Duration::from_secs(2), stack.ended()).await;
+    assert!(
+        ended.is_err(),
+        "nothing ends a stack with no learner or sync"
+    );
+    stack.stop(Duration::from_secs(5)).await.unwrap();
+
+    let run = unique_run_id("stack-run-learner");
+    let train = forgelog_trainer::TrainArgs {
+        groups_per_step: Some(2),
+        max_staleness: 1,
+        ..learner_settings("/nowhere/model", &config, &run, home.path()).unwrap()
+    };
+    let learning = LearningConfig {
+        train: Some(train),
+        ..consumers
+    };
+    let serving = serving_config(run.clone(), model.path(), home.path());
+    let mut stack = RunStack::start(&config, serving, Some(learning))
+        .await
+        .unwrap();
+    let admission = stack.admission().expect("a learner stepping on groups");
+    assert_eq!(admission.bound.groups_per_step, 2);
+    // The engine serves version 0: the first groups start under the bound.
+    admission.admitted(3).await.unwrap();
+    let why = tokio::time::timeout(Duration::from_secs(120), stack.ended())
+        .await
+        .expect("the learner fails at once");
+    assert!(matches!(why, StackError::LearnerFailed(_)), "{why}");
+    assert!(why.to_string().contains("the learner failed"), "{why}");
+    // Group 9 waits for version 3, which the failed learner never publishes.
+    let refused = admission.admitted(9).await.unwrap_err().to_string();
+    assert!(refused.contains("the learner failed"), "{refused}");
+    let last = stack
+        .last_versions(&config, 4, Duration::from_secs(1))
+        .await;
+    let said = last.unwrap_err().to_string();
+    assert!(said.ends_with("0 of 2 versions published"), "{said}");
+    stack.stop(Duration::from_secs(5)).await.unwrap();
 }
