@@ -18,10 +18,12 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Follow `PolicyPublished` on `forgelog.policy` at these brokers and load each new policy.
+    // A flag only: following the log is the engine's choice, not the
+    // environment's (FORGELOG_BROKERS is set wherever a broker is).
     #[arg(long)]
     pub brokers: Option<String>,
     /// Only follow policies of this run.
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run: Option<String>,
     /// Bearer token for `POST /admin/reload`; none given: a random one, printed
     #[arg(long, env = "FORGELOG_ENGINE_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]

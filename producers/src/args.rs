@@ -154,7 +154,7 @@ impl ProxyArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayServeArgs {
     /// The recorded run to answer from
-    #[arg(long)]
+    #[arg(long, env = "FORGELOG_RUN")]
     pub run: String,
     /// Answer every call from the recording, even one that differs, and report
     /// how it differed: explained where only volatile fields did (dates, UUIDs,
