@@ -240,3 +240,85 @@ fn a_learner_that_fails_in_the_loop_ends_up_demo_train_with_its_reason() {
     assert!(tail(&config.brokers, "forgelog.policy", &run).is_empty());
     assert_eq!(tail(&config.brokers, "forgelog.batches", &run).len(), 4);
 }
+
+/// `forgelog up` without `--demo`, as a user points a harness at it: a
+/// session key per dialect on stdout, a call made with one is answered and
+/// recorded (sampled ids, their logprobs) under `--run`, and Ctrl-C stops
+/// it cleanly.
+#[test]
+fn up_serves_a_key_per_dialect_records_a_call_and_stops_on_ctrl_c() {
+    use std::io::BufRead;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let home = tempfile::tempdir().unwrap();
+    let run = unique_run_id("up-interactive");
+    let stderr = std::fs::File::create(home.path().join("stderr")).unwrap();
+    let mut up = forgelog()
+        .args(["up", "--brokers", &config.brokers, "--run", &run])
+        .args(["--engine-listen", &free_local_addr().to_string()])
+        .args(["--proxy-listen", &free_local_addr().to_string()])
+        .arg("--home")
+        .arg(home.path().join("state"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let said_stderr = || std::fs::read_to_string(home.path().join("stderr")).unwrap();
+    let stdout = std::io::BufReader::new(up.stdout.take().unwrap());
+    let keys: Vec<String> = stdout
+        .lines()
+        .map(Result::unwrap)
+        .take_while(|l| !l.contains("Ctrl-C to stop"))
+        .filter(|l| l.contains("KEY") || l.contains(", key "))
+        .collect();
+    assert_eq!(
+        keys.len(),
+        4,
+        "a key per dialect: {keys:?}\n{}",
+        said_stderr()
+    );
+    // `OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={key}`
+    let chat = keys.iter().find(|l| l.contains("OPENAI_BASE_URL")).unwrap();
+    let value = |name: &str| {
+        let word = chat.split_whitespace().find(|w| w.starts_with(name));
+        word.unwrap().trim_start_matches(name).to_string()
+    };
+    let (base, key) = (value("OPENAI_BASE_URL="), value("OPENAI_API_KEY="));
+    let answer: serde_json::Value = rt.block_on(async {
+        let body = serde_json::json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 4,
+        });
+        let client = reqwest::Client::new();
+        let post = client.post(format!("{base}/chat/completions"));
+        let response = post.bearer_auth(&key).json(&body).send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.json().await.unwrap()
+    });
+    assert!(answer["choices"][0]["message"].is_object(), "{answer}");
+
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = up.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "up did not stop on Ctrl-C"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(status.success(), "{status}\n{}", said_stderr());
+    let calls = tail(&config.brokers, "forgelog.calls", &run);
+    let finished: Vec<_> = calls
+        .iter()
+        .filter(|c| c["type"] == "CallFinished")
+        .collect();
+    assert_eq!(finished.len(), 1, "{calls:?}");
+    let sampled = finished[0]["completion_token_ids"].as_array().unwrap();
+    let logprobs = finished[0]["completion_logprobs"].as_array().unwrap();
+    assert!(!sampled.is_empty() && sampled.len() == logprobs.len());
+}
