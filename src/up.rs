@@ -162,7 +162,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
             false => None,
         },
     };
-    say_learning(&run, Some(&learning));
+    let said = learning.clone();
     let mut stack = RunStack::start(config, serving_config, Some(learning)).await?;
     let serving = &stack.serving;
     if let Some(engine) = &serving.engine {
@@ -176,6 +176,7 @@ async fn run(config: &StreamConfig, args: &UpArgs) -> Result<()> {
         serving.proxy.max_record_bytes().unwrap_or(config.claims.max_record_bytes),
         config.claims.location
     );
+    say_learning(&run, Some(&said));
     let sync_times = serving.sync.as_ref().map(|s| s.times.clone());
     let engine = stack.reader();
     // A failed sync (nothing more may be sampled by a version the engine

@@ -222,7 +222,7 @@ async fn start_stack(
         }),
         false => None,
     };
-    crate::up::say_learning(run_id, learning.as_ref());
+    let said = learning.clone();
     let stack =
         RunStack::start(config, serving, learning)
             .await
@@ -233,6 +233,7 @@ async fn start_stack(
     if let Some(engine) = &stack.serving.engine {
         eprintln!("engine    {} on {}", args.serving.model, engine.url);
     }
+    crate::up::say_learning(run_id, said.as_ref());
     // What a killed predecessor left in the spool goes to the log first.
     stack.serving.proxy.flush(Duration::from_secs(60)).await?;
     Ok(stack)

@@ -41,7 +41,9 @@ impl LocalEngine {
         let shutdown = async {
             let _ = stopped.await;
         };
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| StackError::Engine(format!("cannot listen on {listen}: {e}")))?;
         let url = format!("http://{}", listener.local_addr()?);
         let (failed, why) = tokio::sync::oneshot::channel::<String>();
         let mut task = tokio::spawn(async move {

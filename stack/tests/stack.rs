@@ -57,6 +57,25 @@ async fn an_engine_that_cannot_start_says_why_at_once() {
     );
 }
 
+/// Found by probing `forgelog up --engine-listen` on a port in use: the
+/// error said only "Address already in use", not whose or where.
+#[tokio::test]
+async fn an_engine_whose_port_is_taken_says_where() {
+    let config = shared_broker().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = LocalEngine::start("smollm2", addr, DeviceKind::Cpu, &config, "r")
+        .await
+        .err()
+        .expect("the port is taken");
+    assert!(matches!(err, StackError::Engine(_)), "{err}");
+    let said = err.to_string();
+    assert!(
+        said.starts_with(&format!("the engine cannot listen on {addr}: ")),
+        "{said}"
+    );
+}
+
 #[tokio::test]
 async fn an_engine_that_reports_no_policy_version_is_refused_for_training() {
     // vLLM's `/v1/models`: no `policy_version`.
