@@ -30,9 +30,10 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         return replay::replay(rt, &args, recorded);
     }
     // Refused before anything is read or taken.
-    if args.proxy.is_some() {
-        external_proxy(&args)?;
-    }
+    let external = match args.proxy {
+        Some(_) => Some(external_proxy(&args)?),
+        None => None,
+    };
     let home = forgelog_stream::forgelog_home();
     let bundles = home.join("harnesses");
     let kit = Kit::for_run(&args.tasks_dir, &args.tasks, &args.harness, &bundles)?;
@@ -68,15 +69,21 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     rt.block_on(podman.check_base_images(kit.tasks.values()))?;
     let config = args.broker.config();
     rt.block_on(admin::create_topics(&config, &TopicLayout::default()))?;
-    rt.block_on(orchestrate(&args, &config, plan, kit, dir, podman, bundles))
+    rt.block_on(orchestrate(
+        &args, &config, plan, kit, external, dir, podman, bundles,
+    ))
 }
 
+/// Runs the plan through the proxy at `--proxy` (`external`: its URL and
+/// token) or the stack this process starts, in sandboxes made from `dir`,
+/// `podman` and the harness `bundles`.
 #[allow(clippy::too_many_arguments)]
 async fn orchestrate(
     args: &RunArgs,
     config: &StreamConfig,
     plan: RunPlan,
     kit: Kit,
+    external: Option<(String, String)>,
     dir: RunDir,
     podman: Podman,
     bundles: PathBuf,
@@ -84,13 +91,13 @@ async fn orchestrate(
     let run_id = plan.run_id.clone();
     // Where a local sandbox's harness output is kept, per attempt.
     let attempt_logs = (args.backend != "kube").then(|| dir.attempt_logs(""));
-    let mut stack = match &args.proxy {
-        Some(_) => None,
-        None => Some(start_stack(args, config, &run_id, &dir).await?),
-    };
-    let (url, token) = match &stack {
-        Some(stack) => (stack.serving.proxy.url(), stack.serving.admin_token.clone()),
-        None => external_proxy(args)?,
+    let (mut stack, url, token) = match external {
+        Some((url, token)) => (None, url, token),
+        None => {
+            let stack = start_stack(args, config, &run_id, &dir).await?;
+            let (url, token) = (stack.serving.proxy.url(), stack.serving.admin_token.clone());
+            (Some(stack), url, token)
+        }
     };
     let proxy_addr = forgelog_stack::proxy_addr(&url)?;
     let history = forgelog_stack::run_history(config, &run_id).await?;
