@@ -1,0 +1,116 @@
+//! The long-running components on their own: the trainer waiting for a
+//! broker, the consumers' metrics.
+
+use super::*;
+
+/// The trainer, a long-running process like the engine and the consumers,
+/// waits for a broker that is away when it starts and goes on once it is back.
+/// Restarted while the broker itself was restarting, it used to exit 2, and
+/// the loop never trained again (the chaos test's "version 3 was never
+/// published" in CI).
+#[test]
+fn the_trainer_waits_for_a_broker_that_is_away_at_start() {
+    use forgelog_stream::testing::PrivateBroker;
+    use forgelog_stream::ReplayReader;
+    let mut broker = PrivateBroker::start().unwrap();
+    broker.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    forgelog_model::testing::write_tiny_llama(&model, 3).unwrap();
+    let log = dir.path().join("trainer.log");
+    let mut trainer = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+        .arg("train")
+        .arg("--model")
+        .arg(&model)
+        .arg("--checkpoints")
+        .arg(format!(
+            "file://{}",
+            dir.path().join("checkpoints").display()
+        ))
+        .arg("--spool")
+        .arg(dir.path().join("spool"))
+        .args(["--run", "waits", "--brokers", &broker.config().brokers])
+        .env("RUST_LOG", "warn")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = || std::fs::read_to_string(&log).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !said().contains("waiting for the broker") {
+        assert!(
+            trainer.try_wait().unwrap().is_none(),
+            "it exited: {}",
+            said()
+        );
+        assert!(std::time::Instant::now() < deadline, "{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    broker.restart().unwrap();
+    // Back, the broker gets the log's topics from the trainer (a fresh
+    // broker has none), and the trainer goes on reading them.
+    let reader = ReplayReader::new(&broker.config()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while reader
+        .partitions("forgelog.batches")
+        .map_or(true, |p| p.is_empty())
+    {
+        assert!(
+            trainer.try_wait().unwrap().is_none(),
+            "it exited: {}",
+            said()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no topics: {}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        trainer.try_wait().unwrap().is_none(),
+        "it exited: {}",
+        said()
+    );
+    trainer.kill().unwrap();
+    trainer.wait().unwrap();
+}
+
+/// `forgelog consume --metrics-listen` serves Prometheus text while it runs.
+#[test]
+fn the_consumers_serve_metrics_when_asked() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let state = tempfile::tempdir().unwrap();
+    let addr = free_local_addr();
+    let mut child = forgelog()
+        .args(["consume", "all", "--metrics-listen", &addr.to_string()])
+        .args(["--brokers", &config.brokers, "--state"])
+        .arg(state.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no /metrics on {addr}"
+        );
+        let got = rt.block_on(async {
+            reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()
+        });
+        match got {
+            Some(text) => break text,
+            None => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(text.contains("# HELP forgelog_build_info "), "{text}");
+    assert!(text.contains("forgelog_build_info{version="), "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
