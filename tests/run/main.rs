@@ -16,6 +16,7 @@ use forgelog_stream::testing::unique_run_id;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::kit::{ProxyProcess, ADMIN};
 use support::sandboxes::{
     finished_calls, fixture, outcome_row, output_timed, run_dir, side_calls, slots_of, stderr_of,
     Fixture,
@@ -596,4 +597,68 @@ fn a_run_stopped_by_a_signal_says_how_to_resume_and_leaves_no_sandbox() {
     );
     assert_eq!(containers_of(&run), 0, "the sandbox in flight is removed");
     assert_eq!(slots_of(&run), 0, "and its network slot");
+}
+
+/// `run --proxy`: the sessions go to a proxy that runs on its own (one a
+/// platform keeps up for many runs, token in with the model's template),
+/// the sandboxes reach it, and every call is recorded with the ids the
+/// upstream gave. The wrong admin token ends the run at its first session,
+/// saying the proxy refused it, with nothing recorded.
+#[test]
+fn a_run_through_a_proxy_of_its_own_records_there_and_a_wrong_token_is_refused() {
+    let f = fixture();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let run = unique_run_id("run-ext");
+    let tokenizer = [
+        std::ffi::OsStr::new("--tokenizer"),
+        f.model.path().as_os_str(),
+    ];
+    let proxy = ProxyProcess::start(&rt, &f.upstream, &f.stream, &run, &tokenizer);
+    let through = |token: &str| {
+        f.runs.add(&run);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_forgelog"));
+        cmd.arg("run")
+            .arg(shipped())
+            .args(["--harness", "mini-swe-agent,solve", "--task", "hello-file"])
+            .args(["--run", &run, "--group-size", "1"])
+            .args(["--brokers", &f.stream.brokers])
+            .args(["--proxy", &proxy.url, "--admin-token", token])
+            .args(["--max-model-calls", "8"]);
+        output_timed(&mut cmd, &format!("forgelog run {run} --proxy"))
+    };
+
+    let refused = through("not-the-admin-token");
+    let said = stderr_of(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("creating a session: the proxy answered 401: admin token required"),
+        "{said}"
+    );
+    assert!(f.events(&run).is_empty(), "nothing is recorded");
+    assert_eq!(containers_of(&run), 0, "sandboxes left behind");
+
+    let out = through(ADMIN);
+    let said = stderr_of(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains(&format!("proxy {}", proxy.url)), "{said}");
+    proxy.stop();
+    let events = f.events(&run);
+    let verdicts = verdicts(&events);
+    assert_eq!(verdicts.len(), 2, "one verdict per rollout: {verdicts:?}");
+    for (id, v) in &verdicts {
+        if id.ends_with("-solve-0") {
+            assert_eq!((v.ok, v.reward), (true, Some(1.0)), "{id}");
+        } else {
+            assert_eq!(status_of(v), "scored", "{id}: {v:?}");
+        }
+    }
+    let calls = finished_calls(&events);
+    assert!(calls.len() >= 3, "mini-swe-agent's calls: {}", calls.len());
+    let answers = f.fake.answers.lock().unwrap().clone();
+    fake_upstream::assert_calls_match(&calls, &answers, fake_upstream::POLICY_VERSION);
+    // Token in, by that proxy: one clean path per rollout.
+    let (trees, _) = derive(&events);
+    assert_one_clean_path_per_rollout(&events, &trees);
+    assert_eq!(containers_of(&run), 0, "sandboxes left behind");
+    assert_eq!(slots_of(&run), 0, "network namespaces left behind");
 }

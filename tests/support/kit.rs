@@ -65,25 +65,97 @@ pub fn require_installed() {
     }
 }
 
-/// `forgelog proxy` in front of the fake upstream, recording run `run`.
-pub struct KitProxy {
+/// `forgelog proxy` as a process of its own in front of `upstream`,
+/// recording run `run` with the admin token [`ADMIN`]; killed when dropped.
+pub struct ProxyProcess {
     pub url: String,
-    pub run: String,
-    pub stream: StreamConfig,
-    pub fake: Arc<FakeUpstream>,
-    pub sessions: SessionClient,
     child: Option<Child>,
-    marks: Vec<(Topic, i32, i64)>,
     _spool: tempfile::TempDir,
 }
 
-impl Drop for KitProxy {
+impl Drop for ProxyProcess {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
+}
+
+impl ProxyProcess {
+    /// Starts it with `extra` flags and waits until it answers `/healthz`.
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        upstream: &str,
+        stream: &StreamConfig,
+        run: &str,
+        extra: &[&std::ffi::OsStr],
+    ) -> ProxyProcess {
+        let listen = free_local_addr();
+        let spool = tempfile::tempdir().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_forgelog"))
+            .args(["proxy", "--upstream", upstream])
+            .args([
+                "--listen",
+                &listen.to_string(),
+                "--brokers",
+                &stream.brokers,
+            ])
+            .args(["--run", run, "--admin-token", ADMIN])
+            .arg("--spool")
+            .arg(spool.path())
+            .args(extra)
+            .spawn()
+            .unwrap();
+        let proxy = ProxyProcess {
+            url: format!("http://{listen}"),
+            child: Some(child),
+            _spool: spool,
+        };
+        let http = reqwest::Client::new();
+        rt.block_on(async {
+            for _ in 0..300 {
+                if let Ok(r) = http.get(format!("{}/healthz", proxy.url)).send().await {
+                    if r.status().is_success() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("the proxy did not come up");
+        });
+        proxy
+    }
+
+    /// SIGTERM: it stops serving, flushes its spool to the broker and exits 0.
+    pub fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                assert!(status.success(), "proxy exited {status}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy did not stop within 60 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A [`ProxyProcess`] in front of the fake upstream, recording run `run`.
+pub struct KitProxy {
+    pub url: String,
+    pub run: String,
+    pub stream: StreamConfig,
+    pub fake: Arc<FakeUpstream>,
+    pub sessions: SessionClient,
+    proxy: ProxyProcess,
+    marks: Vec<(Topic, i32, i64)>,
 }
 
 impl KitProxy {
@@ -100,43 +172,15 @@ impl KitProxy {
                 },
             ))
             .unwrap();
-        let listen = free_local_addr();
-        let spool = tempfile::tempdir().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-            .args(["proxy", "--upstream", &format!("http://{upstream}")])
-            .args([
-                "--listen",
-                &listen.to_string(),
-                "--brokers",
-                &stream.brokers,
-            ])
-            .args(["--run", &run, "--admin-token", ADMIN])
-            .arg("--spool")
-            .arg(spool.path())
-            .spawn()
-            .unwrap();
-        let url = format!("http://{listen}");
-        let http = reqwest::Client::new();
-        rt.block_on(async {
-            for _ in 0..300 {
-                if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
-                    if r.status().is_success() {
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("the proxy did not come up");
-        });
+        let proxy = ProxyProcess::start(rt, &format!("http://{upstream}"), &stream, &run, &[]);
         KitProxy {
-            sessions: SessionClient::with_http(&url, Some(ADMIN.into()), http),
-            url,
+            sessions: SessionClient::new(&proxy.url, Some(ADMIN.into())),
+            url: proxy.url.clone(),
             run,
             stream,
             fake,
-            child: Some(child),
+            proxy,
             marks,
-            _spool: spool,
         }
     }
 
@@ -182,22 +226,8 @@ impl KitProxy {
 
     /// SIGTERM: the proxy stops serving and flushes its spool to the broker;
     /// then the run's events as the log holds them (calls first, then rollouts).
-    pub fn stop(mut self) -> Vec<Event> {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                assert!(status.success(), "proxy exited {status}");
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the proxy did not stop within 60 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    pub fn stop(self) -> Vec<Event> {
+        self.proxy.stop();
         read_events(&self.stream, &self.run, &self.marks)
     }
 }
