@@ -12,7 +12,7 @@ use std::path::PathBuf;
 pub struct ServingArgs {
     /// Use this vLLM-compatible engine instead of starting the embedded one
     /// (`forgelog engine`)
-    #[arg(long)]
+    #[arg(long, value_parser = forgelog_http::http_url_arg)]
     pub upstream: Option<String>,
     /// What --upstream is, with --train: forgelog (an engine that follows the
     /// log itself), vllm or sglang (`forgelog sync` runs in this process and

@@ -70,9 +70,63 @@ pub fn admin_token_arg(value: &str) -> Result<String, String> {
     }
 }
 
+/// clap's parser for a flag or variable that holds an HTTP server's root
+/// URL (an engine, a proxy): `http://` or `https://` and a host, without the
+/// `/v1` an OpenAI base URL ends in (forgelog adds its routes), the trailing
+/// `/` dropped. Refused at start, naming the URL meant: unchecked,
+/// `127.0.0.1:8000` failed every request later ("relative URL without a
+/// base"), or a harness's base URL ending in `/v1` got 404s.
+pub fn http_url_arg(value: &str) -> Result<String, String> {
+    let given = value.trim();
+    if !given.contains("://") {
+        return Err(format!("not a URL: say http://{given}"));
+    }
+    let url = url::Url::parse(given).map_err(|e| format!("not a URL ({e})"))?;
+    let value = given.trim_end_matches('/');
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{}:// is not HTTP: say http://", url.scheme()));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("a server's root URL has no query or fragment".into());
+    }
+    if let Some(root) = value.strip_suffix("/v1") {
+        return Err(format!(
+            "the server's root, not its OpenAI base URL: say {root}"
+        ));
+    }
+    Ok(value.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_url_is_its_root_over_http_or_a_refusal_naming_the_url_meant() {
+        for (given, root) in [
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+            (" https://vllm.internal/ ", "https://vllm.internal"),
+            ("http://gateway:80/pool-a/", "http://gateway:80/pool-a"),
+        ] {
+            assert_eq!(http_url_arg(given).as_deref(), Ok(root), "{given}");
+        }
+        for (given, said) in [
+            ("127.0.0.1:8000", "not a URL: say http://127.0.0.1:8000"),
+            ("localhost:8000", "not a URL: say http://localhost:8000"),
+            ("http://", "not a URL (empty host)"),
+            ("ftp://10.0.0.1:21", "ftp:// is not HTTP: say http://"),
+            (
+                "http://h:1/?a=1",
+                "a server's root URL has no query or fragment",
+            ),
+            (
+                "http://127.0.0.1:8000/v1/",
+                "the server's root, not its OpenAI base URL: say http://127.0.0.1:8000",
+            ),
+        ] {
+            assert_eq!(http_url_arg(given), Err(said.to_string()), "{given}");
+        }
+    }
 
     #[test]
     fn a_blank_token_matches_nothing_and_is_refused_as_an_argument() {

@@ -32,7 +32,7 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// Base URL of the vLLM-compatible inference engine, e.g. http://127.0.0.1:8000
-    #[arg(long, env = "FORGELOG_UPSTREAM")]
+    #[arg(long, env = "FORGELOG_UPSTREAM", value_parser = forgelog_http::http_url_arg)]
     pub upstream: String,
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -59,7 +59,7 @@ pub struct ProxyArgs {
     /// Every replica's base URL, in the same order for all (comma-separated),
     /// when several serve one address: each holds the sessions it owns and
     /// passes the others' requests on
-    #[arg(long, env = "FORGELOG_REPLICAS", value_delimiter = ',')]
+    #[arg(long, env = "FORGELOG_REPLICAS", value_delimiter = ',', value_parser = forgelog_http::http_url_arg)]
     pub replicas: Vec<String>,
     /// Which of --replicas this one is (default: the number that ends
     /// $HOSTNAME, as a StatefulSet names its pods)

@@ -30,7 +30,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub serving: crate::upstream::ServingArgs,
     /// Use this running `forgelog proxy` instead of starting one (it needs --admin-token)
-    #[arg(long, conflicts_with_all = ["upstream", "tokenizer"])]
+    #[arg(long, conflicts_with_all = ["upstream", "tokenizer"], value_parser = forgelog_http::http_url_arg)]
     pub proxy: Option<String>,
     /// The admin token of --proxy
     #[arg(long, env = "FORGELOG_ADMIN_TOKEN", value_parser = forgelog_http::admin_token_arg)]

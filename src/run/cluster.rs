@@ -17,7 +17,7 @@ pub struct KubeArgs {
     #[arg(long, default_value = "forgelog")]
     pub namespace: String,
     /// The proxy as pods reach it (default: http://forgelog-proxy:<the proxy's port>)
-    #[arg(long)]
+    #[arg(long, value_parser = forgelog_http::http_url_arg)]
     pub kube_proxy_url: Option<String>,
     /// Labels of the proxy's pods: the run's NetworkPolicy lets pods reach only them (and DNS)
     #[arg(long, default_value = "app.kubernetes.io/name=forgelog-proxy")]

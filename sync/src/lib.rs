@@ -76,7 +76,7 @@ pub enum SyncError {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SyncArgs {
     /// The engine's base URL (http://host:port)
-    #[arg(long, env = "FORGELOG_UPSTREAM")]
+    #[arg(long, env = "FORGELOG_UPSTREAM", value_parser = forgelog_http::http_url_arg)]
     pub upstream: String,
     /// What kind of engine it is
     #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]

@@ -54,6 +54,72 @@ fn a_blank_admin_token_is_refused_at_start() {
     }
 }
 
+/// A server's URL flag without its scheme (`127.0.0.1:8000`), of another
+/// scheme, or with the `/v1` of an OpenAI base URL is refused at start,
+/// with the URL meant. Found by probing: `proxy --upstream 127.0.0.1:9`
+/// started and would have failed every call ("relative URL without a
+/// base"), `run --proxy 127.0.0.1:8100` failed at its first session the
+/// same way, `sync --upstream localhost:9` with "builder error".
+#[test]
+fn a_server_url_that_is_not_http_is_refused_at_start_with_the_url_meant() {
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["proxy", "--upstream", "127.0.0.1:9"],
+            "'127.0.0.1:9' for '--upstream <UPSTREAM>': not a URL: say http://127.0.0.1:9",
+        ),
+        (
+            &["proxy", "--upstream", "http://127.0.0.1:9/v1"],
+            "the server's root, not its OpenAI base URL: say http://127.0.0.1:9",
+        ),
+        (
+            &[
+                "proxy",
+                "--upstream",
+                "http://a:1",
+                "--replicas",
+                "http://a:2,b:3",
+            ],
+            "'b:3' for '--replicas <REPLICAS>': not a URL: say http://b:3",
+        ),
+        (
+            &["sync", "--upstream", "localhost:9", "--engine", "vllm"],
+            "'localhost:9' for '--upstream <UPSTREAM>': not a URL: say http://localhost:9",
+        ),
+        (
+            &["up", "--upstream", "ftp://10.0.0.1:21"],
+            "ftp:// is not HTTP: say http://",
+        ),
+        (
+            &[
+                "run",
+                "tasks",
+                "--proxy",
+                "127.0.0.1:8100",
+                "--admin-token",
+                "t",
+            ],
+            "'127.0.0.1:8100' for '--proxy <PROXY>': not a URL: say http://127.0.0.1:8100",
+        ),
+        (
+            &[
+                "run",
+                "tasks",
+                "--backend",
+                "kube",
+                "--kube-proxy-url",
+                "forgelog-proxy:8100",
+            ],
+            "not a URL: say http://forgelog-proxy:8100",
+        ),
+    ];
+    for (args, said) in cases {
+        let out = forgelog().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+    }
+}
+
 /// `-q` keeps only errors; `-v` adds what a command does.
 #[test]
 fn verbosity_flags_choose_the_log_level() {
