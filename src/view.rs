@@ -1,7 +1,7 @@
 //! `forgelog view`: the trajectory viewer in the browser.
 
 use crate::source::SourceArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use forgelog_view::{NoTokenizer, TokenText, Viewer};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,9 +48,7 @@ fn tokens(spec: &str) -> Arc<dyn TokenText> {
 
 pub fn run(rt: &tokio::runtime::Runtime, args: ViewArgs) -> Result<()> {
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = forgelog_http::listen(args.listen).await?;
         let source = args.source.clone();
         let wanted = args.run.clone();
         let (log, run) =

@@ -18,7 +18,7 @@ pub async fn serve(
     args: EngineArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), EngineError> {
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener = forgelog_http::listen(args.listen).await?;
     serve_on(listener, args, shutdown).await
 }
 

@@ -60,6 +60,15 @@ pub fn token_matches(given: &str, token: &str) -> bool {
             == 0
 }
 
+/// Binds `addr` for a server: an address in use says which, and whose
+/// flag it is for the caller to add ("Address already in use" alone named
+/// neither).
+pub async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}
+
 /// clap's parser for a flag or variable that holds an admin token: a blank
 /// one is refused at start rather than served.
 pub fn admin_token_arg(value: &str) -> Result<String, String> {

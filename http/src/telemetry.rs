@@ -114,7 +114,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
 /// A port with only `/metrics` (and `/health`), for processes that serve nothing else.
 pub async fn serve(addr: SocketAddr) -> std::io::Result<HttpServer> {
     recorder();
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = crate::listen(addr).await?;
     let router = routes().route("/health", get(|| async { "" }));
     HttpServer::start(listener, router, HttpOptions::default())
 }

@@ -41,9 +41,9 @@ impl LocalEngine {
         let shutdown = async {
             let _ = stopped.await;
         };
-        let listener = tokio::net::TcpListener::bind(listen)
+        let listener = forgelog_http::listen(listen)
             .await
-            .map_err(|e| StackError::Engine(format!("cannot listen on {listen}: {e}")))?;
+            .map_err(|e| StackError::Engine(e.to_string()))?;
         let url = format!("http://{}", listener.local_addr()?);
         let (failed, why) = tokio::sync::oneshot::channel::<String>();
         let mut task = tokio::spawn(async move {

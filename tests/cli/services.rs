@@ -114,3 +114,53 @@ fn the_consumers_serve_metrics_when_asked() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A server's port in use is said with where, whichever command serves:
+/// found by probing `forgelog engine --listen` on a taken port, which said
+/// only "Address already in use" (so did `consume --metrics-listen`).
+#[test]
+fn a_port_in_use_is_named_by_every_server() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dead = free_local_addr().to_string();
+    // The trainer binds its metrics once it reaches the log.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let brokers = rt.block_on(shared_broker()).brokers;
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (state, spool) = (path("state"), path("spool"));
+    let cases: [&[&str]; 4] = [
+        &["engine", "--listen", &addr],
+        &["view", "--brokers", &dead, "--listen", &addr],
+        &[
+            "consume",
+            "all",
+            "--state",
+            &state,
+            "--brokers",
+            &dead,
+            "--metrics-listen",
+            &addr,
+        ],
+        &[
+            "train",
+            "--run",
+            "r",
+            "--brokers",
+            &brokers,
+            "--spool",
+            &spool,
+            "--metrics-listen",
+            &addr,
+        ],
+    ];
+    for args in cases {
+        let out = forgelog().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("cannot listen on {addr}: Address already in use")),
+            "{args:?}: {err}"
+        );
+    }
+}

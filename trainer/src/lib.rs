@@ -272,7 +272,7 @@ pub async fn run(args: TrainArgs) -> Result<(), TrainError> {
         Some(addr) => Some(
             forgelog_http::telemetry::serve(addr)
                 .await
-                .map_err(|e| TrainError::Invalid(format!("--metrics-listen {addr}: {e}")))?,
+                .map_err(|e| TrainError::Invalid(format!("--metrics-listen: {e}")))?,
         ),
         None => None,
     };
