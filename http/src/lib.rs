@@ -60,9 +60,8 @@ pub fn token_matches(given: &str, token: &str) -> bool {
             == 0
 }
 
-/// Binds `addr` for a server: an address in use says which, and whose
-/// flag it is for the caller to add ("Address already in use" alone named
-/// neither).
+/// Binds `addr` for a server. Its error names the address ("Address
+/// already in use" alone did not); the caller may add which flag it was.
 pub async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
