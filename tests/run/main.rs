@@ -615,15 +615,9 @@ fn a_run_through_a_proxy_of_its_own_records_there_and_a_wrong_token_is_refused()
     ];
     let proxy = ProxyProcess::start(&rt, &f.upstream, &f.stream, &run, &tokenizer);
     let through = |token: &str| {
-        f.runs.add(&run);
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_forgelog"));
-        cmd.arg("run")
-            .arg(shipped())
-            .args(["--harness", "mini-swe-agent,solve", "--task", "hello-file"])
-            .args(["--run", &run, "--group-size", "1"])
-            .args(["--brokers", &f.stream.brokers])
-            .args(["--proxy", &proxy.url, "--admin-token", token])
-            .args(["--max-model-calls", "8"]);
+        let mut cmd = f.command_without_engine(&shipped(), &run, "mini-swe-agent,solve", 1);
+        cmd.args(["--task", "hello-file"])
+            .args(["--proxy", &proxy.url, "--admin-token", token]);
         output_timed(&mut cmd, &format!("forgelog run {run} --proxy"))
     };
 

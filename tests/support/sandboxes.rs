@@ -51,20 +51,29 @@ pub fn fixture() -> Fixture {
 
 impl Fixture {
     pub fn command(&self, tasks: &Path, run: &str, harnesses: &str, group: usize) -> Command {
+        let mut cmd = self.command_without_engine(tasks, run, harnesses, group);
+        cmd.args(["--upstream", &self.upstream])
+            .arg("--tokenizer")
+            .arg(self.model.path());
+        cmd
+    }
+
+    /// [`Fixture::command`] but for where its calls go: the caller adds
+    /// `--upstream` or `--proxy`.
+    pub fn command_without_engine(
+        &self,
+        tasks: &Path,
+        run: &str,
+        harnesses: &str,
+        group: usize,
+    ) -> Command {
         self.runs.add(run);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_forgelog"));
         cmd.arg("run")
             .arg(tasks)
             .args(["--harness", harnesses, "--run", run])
             .args(["--group-size", &group.to_string(), "--concurrency", "4"])
-            .args([
-                "--upstream",
-                &self.upstream,
-                "--brokers",
-                &self.stream.brokers,
-            ])
-            .arg("--tokenizer")
-            .arg(self.model.path())
+            .args(["--brokers", &self.stream.brokers])
             .args(["--max-model-calls", "8"]);
         cmd
     }
