@@ -85,7 +85,8 @@ pub fn find_or_install_tansu() -> Result<PathBuf, BrokerError> {
     find_tansu().ok_or_else(|| BrokerError::NotInstalled(root.display().to_string()))
 }
 
-/// A running tansu broker. Killed when dropped.
+/// A running tansu broker. Stopped when dropped, and when the thread that
+/// started it ends (its process killed included).
 pub struct LocalBroker {
     child: Child,
     addr: SocketAddr,
@@ -128,7 +129,9 @@ impl LocalBroker {
             .map_err(data_err)?;
         let (url, advertised) = (format!("tcp://{addr}"), format!("tcp://{advertised}"));
         // The SQLite path is relative to the working directory: run inside the data dir.
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        stop_with_this_thread(&mut command);
+        let child = command
             .args([
                 "broker",
                 "--listener-url",
@@ -220,6 +223,29 @@ impl Drop for LocalBroker {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// Has the child sent SIGTERM (a clean stop, as [`LocalBroker::stop`]'s)
+/// when the thread that starts it ends, `kill -9` of its process included:
+/// an orphaned tansu kept the port and the data, and the next `forgelog up`
+/// refused to start ("already in use") until the operator found and killed it.
+fn stop_with_this_thread(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure only calls prctl(2) and
+    // getppid(2), which are async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A parent gone before prctl sends no signal: do not start.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 

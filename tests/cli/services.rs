@@ -164,3 +164,55 @@ fn a_port_in_use_is_named_by_every_server() {
         );
     }
 }
+
+/// The broker `forgelog broker` (or `up`) starts goes with it: found by
+/// probing `kill -9` of `forgelog up --demo`, whose tansu kept running,
+/// holding the port and the data, so the next `up` refused to start ("already
+/// in use") until the operator found the orphan and killed it. Its data is
+/// kept: the next broker on it serves what was written before.
+#[test]
+fn a_killed_forgelogs_broker_stops_with_it_and_the_next_one_starts_on_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_local_addr();
+    let start = || {
+        let child = forgelog()
+            .args(["broker", "--listen", &addr.to_string(), "--data"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "no broker on {addr}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        child
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = forgelog_stream::StreamConfig::new(addr.to_string());
+    let mut first = start();
+    rt.block_on(forgelog_stream::admin::create_topics(
+        &config,
+        &Default::default(),
+    ))
+    .unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker outlived its forgelog on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut second = start();
+    let topics = forgelog_stream::admin::list_topics(&config).unwrap();
+    assert!(
+        topics.iter().any(|t| t.name == "forgelog.calls"),
+        "the topics made before: {:?}",
+        topics.iter().map(|t| &t.name).collect::<Vec<_>>()
+    );
+    sigterm(&second);
+    assert!(second.wait().unwrap().success());
+}
