@@ -73,3 +73,32 @@ fn smollm2_tokenizes_renders_and_predicts() {
         logprobs[paris]
     );
 }
+
+/// A cut or foreign file where the GGUF should be is an error naming the
+/// file and what fetches it again: found by probing `up --demo` on a cut
+/// model, which said only "failed to fill whole buffer" (or "tensor needs
+/// 69120 bytes at offset …") and named no file.
+#[test]
+fn a_cut_gguf_is_an_error_naming_the_file() {
+    let whole = std::fs::read(forgelog_model::default_gguf_path(
+        &forgelog_stream::models_dir(),
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.gguf");
+    // No bytes, a header cut short, tensors cut short, not a GGUF at all.
+    let cases: [&[u8]; 4] = [&[], &whole[..64], &whole[..5_000_000], b"PK\x03\x04 a zip"];
+    for bytes in cases {
+        std::fs::write(&path, bytes).unwrap();
+        let Err(e) = forgelog_model::load_gguf(&path, &Device::Cpu) else {
+            panic!("{} bytes loaded", bytes.len());
+        };
+        let said = e.to_string();
+        assert!(
+            said.starts_with(&format!("{} is not a whole GGUF file (", path.display()))
+                && said.contains("scripts/fetch-model.sh"),
+            "{} bytes: {said}",
+            bytes.len()
+        );
+    }
+}

@@ -13,7 +13,12 @@ use tokenizers::Tokenizer;
 /// A GGUF file, every tensor dequantized to f32.
 pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
     let mut file = std::fs::File::open(path).map_err(io_err(path))?;
-    let content = gguf_file::Content::read(&mut file)?;
+    // Candle's words for a cut file ("failed to fill whole buffer") name no file.
+    let bad = |e: candle_core::Error| LoadError::BadGguf {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    };
+    let content = gguf_file::Content::read(&mut file).map_err(bad)?;
     let meta = |key: &str| {
         content
             .metadata
@@ -52,7 +57,8 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<Policy, LoadError> {
     let mut weights = HashMap::new();
     for name in content.tensor_infos.keys() {
         let tensor = content
-            .tensor(&mut file, name, &Device::Cpu)?
+            .tensor(&mut file, name, &Device::Cpu)
+            .map_err(bad)?
             .dequantize(&Device::Cpu)?;
         let Some(hf_name) = hf_name_of_gguf(name) else {
             continue;

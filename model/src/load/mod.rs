@@ -31,6 +31,8 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is not a whole GGUF file ({why}): a partial copy or download? (scripts/fetch-model.sh fetches the default model again)")]
+    BadGguf { path: PathBuf, why: String },
     #[error("{0}")]
     Candle(#[from] candle_core::Error),
     #[error("tokenizer: {0}")]
