@@ -192,7 +192,9 @@ fn external_proxy(args: &RunArgs) -> Result<(String, String)> {
     let (Some(url), Some(token)) = (&args.proxy, &args.admin_token) else {
         bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
     };
-    Ok((url.trim_end_matches('/').to_string(), token.clone()))
+    let url = url.trim_end_matches('/').to_string();
+    forgelog_stack::proxy_addr(&url)?;
+    Ok((url, token.clone()))
 }
 
 /// The engine and the proxy this process starts for the run and, with

@@ -10,7 +10,7 @@ use forgelog_deploy_core::StalenessBound;
 use forgelog_stream::StreamConfig;
 use forgelog_sync::{EngineSync, Kind, Mode, SyncArgs};
 use std::future::Future;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -155,14 +155,23 @@ pub fn engine_reader(url: &str, synced: Option<(Kind, Mode)>) -> EngineSync {
     })
 }
 
-/// The socket address of a proxy's `http://host:port` URL.
+/// The socket address of a proxy's `http://host[:port]` URL: sandboxes'
+/// harnesses speak plain HTTP to it there (their network lets only it through).
 pub fn proxy_addr(url: &str) -> Result<SocketAddr, StackError> {
-    let bad = |why: &str| StackError::Proxy(format!("its address in {url}: {why}"));
-    let host = url.trim_start_matches("http://").trim_end_matches('/');
-    host.to_socket_addrs()
-        .map_err(|e| bad(&e.to_string()))?
+    let bad = |why: String| StackError::Proxy(format!("its address in {url}: {why}"));
+    let parsed = reqwest::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    if parsed.scheme() != "http" {
+        return Err(bad(format!(
+            "sandboxes speak plain http:// to the proxy, not {}://",
+            parsed.scheme()
+        )));
+    }
+    parsed
+        .socket_addrs(|| Some(80))
+        .map_err(|e| bad(e.to_string()))?
+        .into_iter()
         .next()
-        .ok_or_else(|| bad("no address"))
+        .ok_or_else(|| bad("no address".into()))
 }
 
 #[cfg(test)]
@@ -171,14 +180,28 @@ mod tests {
 
     #[test]
     fn a_proxy_url_is_its_socket_address_or_a_clear_error() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(
             proxy_addr("http://127.0.0.1:8100/").unwrap(),
-            "127.0.0.1:8100".parse::<SocketAddr>().unwrap()
+            addr("127.0.0.1:8100")
         );
-        let err = proxy_addr("http://127.0.0.1").unwrap_err().to_string();
-        assert!(err.contains("http://127.0.0.1"), "{err}");
+        assert_eq!(proxy_addr("http://[::1]:8100").unwrap(), addr("[::1]:8100"));
+        // Found by probing `run --proxy`: a URL without a port was "invalid
+        // socket address", an https:// one "failed to lookup address".
+        assert_eq!(
+            proxy_addr("http://127.0.0.1").unwrap(),
+            addr("127.0.0.1:80")
+        );
+        let err = proxy_addr("https://127.0.0.1:8100")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "the capture proxy: its address in https://127.0.0.1:8100: sandboxes speak plain http:// to the proxy, not https://"
+        );
+        let err = proxy_addr("127.0.0.1:8100").unwrap_err().to_string();
         assert!(
-            err.starts_with("the capture proxy: its address in"),
+            err.starts_with("the capture proxy: its address in 127.0.0.1:8100: "),
             "{err}"
         );
     }

@@ -22,6 +22,21 @@ fn run_with_a_proxy_and_no_admin_token_says_what_to_pass() {
         !err.contains("/nowhere/tasks"),
         "the tasks were read first: {err}"
     );
+    // Sandboxes speak plain HTTP to the proxy's address: an https:// one
+    // is refused at once too (found by probing: "failed to lookup address
+    // information", after the run's topics and sandboxes were set up).
+    let out = forgelog()
+        .args(["run", "/nowhere/tasks", "--proxy", "https://127.0.0.1:9"])
+        .args(["--admin-token", "t"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("its address in https://127.0.0.1:9: sandboxes speak plain http:// to the proxy, not https://")
+            && !err.contains("/nowhere/tasks"),
+        "{err}"
+    );
 }
 
 /// `run --backend kube`'s proxy labels and bundle source are refused at
