@@ -17,6 +17,12 @@ pub enum KitError {
     Harness(#[from] HarnessError),
     #[error("no tasks in {} (a task is a directory with a task.toml)", .0.display())]
     NoTasks(PathBuf),
+    #[error("no task {} in {}: its tasks are {}", unknown.join(", "), dir.display(), known.join(", "))]
+    UnknownTasks {
+        unknown: Vec<String>,
+        dir: PathBuf,
+        known: Vec<String>,
+    },
     #[error("run {run} ran task {task}, which is not in {}", dir.display())]
     MissingTask {
         run: String,
@@ -47,13 +53,29 @@ impl Kit {
         specs: &[String],
         bundles: &Path,
     ) -> Result<Kit, KitError> {
-        let tasks: BTreeMap<String, Task> = Task::load_all(tasks_dir)?
+        let mut tasks: BTreeMap<String, Task> = Task::load_all(tasks_dir)?
             .into_iter()
-            .filter(|t| only.is_empty() || only.contains(&t.id))
             .map(|t| (t.id.clone(), t))
             .collect();
         if tasks.is_empty() {
             return Err(KitError::NoTasks(tasks_dir.to_path_buf()));
+        }
+        // A task asked for by a name the directory lacks is a typo, not a
+        // smaller run (it was left out without a word).
+        let unknown: Vec<String> = only
+            .iter()
+            .filter(|id| !tasks.contains_key(*id))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(KitError::UnknownTasks {
+                unknown,
+                dir: tasks_dir.to_path_buf(),
+                known: tasks.into_keys().collect(),
+            });
+        }
+        if !only.is_empty() {
+            tasks.retain(|id, _| only.contains(id));
         }
         let mut harnesses = BTreeMap::new();
         for spec in specs {
@@ -186,6 +208,29 @@ mod tests {
         std::fs::write(dir.join("tests/test.sh"), "exit 0\n").unwrap();
     }
 
+    /// Found by probing `run --task nosuch`: it said "no tasks in DIR", and
+    /// `--task hello-file --task nosuch` ran hello-file without a word.
+    #[test]
+    fn a_task_asked_for_that_the_directory_lacks_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        task(root.path(), "a", "do a");
+        task(root.path(), "b", "do b");
+        let bundles = root.path().join("bundles");
+        let only = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let kit = |ids: &[&str]| Kit::for_run(root.path(), &only(ids), &[], &bundles);
+        let chosen = kit(&["b"]).unwrap();
+        assert_eq!(chosen.tasks.keys().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(kit(&[]).unwrap().tasks.len(), 2);
+        let err = kit(&["b", "nosuch", "c"]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "no task nosuch, c in {}: its tasks are a, b",
+                root.path().display()
+            )
+        );
+    }
+
     #[test]
     fn a_kit_hashes_its_tasks_and_says_which_changed() {
         let root = tempfile::tempdir().unwrap();
@@ -244,6 +289,6 @@ mod tests {
             .to_string()
             .contains("unknown harness 'no-such-cli'"));
         let only = Kit::for_run(root.path(), &["zzz".into()], &[], &bundles).unwrap_err();
-        assert!(matches!(only, KitError::NoTasks(_)), "{only}");
+        assert!(matches!(only, KitError::UnknownTasks { .. }), "{only}");
     }
 }

@@ -15,14 +15,14 @@ pub struct RunArgs {
           long_help = harness_help())]
     pub harness: Vec<String>,
     /// Rollouts per GRPO group (one task, one harness)
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = one_or_more)]
     pub group_size: usize,
     /// Each task's groups this many times over, one epoch after another:
     /// a training run sees every task again with the policy trained so far
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub epochs: u32,
     /// Rollouts running at once
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = one_or_more)]
     pub concurrency: usize,
     /// Only these tasks (by directory name; repeatable)
     #[arg(long = "task")]
@@ -69,7 +69,7 @@ pub struct RunArgs {
     #[arg(long, requires = "train")]
     pub lora_rank: Option<usize>,
     /// With --train: groups per learner step (one version each)
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = one_or_more)]
     pub groups_per_step: usize,
     /// With --train: versions a group's policy may lag the learner when it
     /// is trained (0: every group sampled by the newest version)
@@ -114,6 +114,15 @@ pub struct RunArgs {
     /// With --replay: write the comparison and the replay report here as JSON
     #[arg(long, requires = "replay")]
     pub report: Option<PathBuf>,
+}
+
+/// A count of one or more: found by probing, `--concurrency 0` and
+/// `--group-size 0` ran as 1 without a word ("0 at a time").
+fn one_or_more(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>().map_err(|e| e.to_string())? {
+        0 => Err("must be 1 or more".into()),
+        n => Ok(n),
+    }
 }
 
 /// `--harness`'s long help: the kit's names, read from its table.

@@ -107,7 +107,7 @@ async fn orchestrate(
         "run {run_id}: {} tasks × {} harnesses × {}{} = {total} rollouts, {} at a time, proxy {url}{}",
         kit.tasks.len(),
         kit.harnesses.len(),
-        args.group_size.max(1),
+        args.group_size,
         match args.epochs { 1 => String::new(), n => format!(" × {n} epochs") },
         args.concurrency,
         if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
@@ -221,7 +221,7 @@ async fn start_stack(
             train: Some(forgelog_trainer::TrainArgs {
                 learning_rate: args.learning_rate,
                 micro_batch_tokens: args.micro_batch_tokens,
-                groups_per_step: Some(args.groups_per_step.max(1)),
+                groups_per_step: Some(args.groups_per_step),
                 max_staleness: args.max_staleness,
                 idle_flush: 10.0,
                 lora_rank: args.lora_rank,

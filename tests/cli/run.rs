@@ -143,3 +143,23 @@ fn a_run_whose_upstream_is_down_says_so_by_its_flag() {
         let _ = std::fs::remove_dir_all(forgelog_stream::forgelog_home().join("runs").join(&run));
     }
 }
+
+/// A count of rollouts of 0 is refused at start: found by probing,
+/// `--concurrency 0` and `--group-size 0` ran as 1 without a word ("0 at a
+/// time"), and `--groups-per-step 0` stepped on one group.
+#[test]
+fn a_count_of_zero_rollouts_or_groups_is_refused_at_start() {
+    for flag in ["--group-size", "--concurrency", "--groups-per-step"] {
+        let out = forgelog()
+            .args(["run", "/nowhere/tasks", "--train", flag, "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(&format!("invalid value '0' for '{flag} <"))
+                && err.contains("must be 1 or more"),
+            "{flag}: {err}"
+        );
+    }
+}
