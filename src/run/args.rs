@@ -2,6 +2,7 @@
 
 use super::cluster::KubeArgs;
 use crate::BrokerArgs;
+use forgelog_trainer::flags::{above_zero, one_or_more};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -76,14 +77,14 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     pub max_staleness: u64,
     /// With --train: the learner's rate
-    #[arg(long, default_value_t = 1e-5)]
+    #[arg(long, default_value_t = 1e-5, value_parser = above_zero)]
     pub learning_rate: f64,
     /// With --train: rows per forward/backward pass of the learner
     /// (`forgelog train --micro-batch-tokens`): its activation memory. Each
     /// layer is recomputed in the backward pass, so a pass holds one layer's
     /// activations: 2.1 GB for a 1,350-row trajectory on SmolLM2's shape on
     /// CPU (17.3 GB with every layer's kept); fewer rows cost more passes
-    #[arg(long, requires = "train", default_value_t = forgelog_trainer::learner::MICRO_BATCH_TOKENS)]
+    #[arg(long, requires = "train", default_value_t = forgelog_trainer::learner::MICRO_BATCH_TOKENS, value_parser = one_or_more)]
     pub micro_batch_tokens: usize,
     /// Re-run the recorded rollouts of this run in the same environment (task
     /// image, harness bundle, paths and home), answered from the recording,
@@ -114,15 +115,6 @@ pub struct RunArgs {
     /// With --replay: write the comparison and the replay report here as JSON
     #[arg(long, requires = "replay")]
     pub report: Option<PathBuf>,
-}
-
-/// A count of one or more: found by probing, `--concurrency 0` and
-/// `--group-size 0` ran as 1 without a word ("0 at a time").
-fn one_or_more(value: &str) -> Result<usize, String> {
-    match value.parse::<usize>().map_err(|e| e.to_string())? {
-        0 => Err("must be 1 or more".into()),
-        n => Ok(n),
-    }
 }
 
 /// `--harness`'s long help: the kit's names, read from its table.

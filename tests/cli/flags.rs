@@ -246,3 +246,44 @@ fn a_config_file_sets_defaults_and_completions_print() {
     );
     assert!(script.contains("--learning-rate"), "completes options too");
 }
+
+/// A value the learner cannot train with is refused at start, by flag or
+/// config file, whichever command passes it on: found by probing `train`,
+/// where `--learning-rate nan` trained, `--tokens-per-step 0` published an
+/// empty version every second and `--idle-flush nan` panicked.
+#[test]
+fn a_value_the_learner_cannot_train_with_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("forgelog.toml");
+    std::fs::write(&config, "[train]\nidle_flush = -1.0\n").unwrap();
+    let config = config.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["train", "--learning-rate", "nan"],
+            "must be a finite number",
+        ),
+        (&["train", "--idle-flush", "inf"], "must be a finite number"),
+        (&["--config", config, "train"], "must be 0 or more"),
+        (
+            &["up", "--train", "--tokens-per-step", "0"],
+            "must be 1 or more",
+        ),
+        (
+            &["up", "--train", "--learning-rate=-1e-5"],
+            "must be above 0",
+        ),
+        (
+            &["run", "tasks", "--train", "--micro-batch-tokens", "0"],
+            "must be 1 or more",
+        ),
+    ];
+    for (args, why) in cases {
+        let out = forgelog().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("invalid value") && err.contains(why),
+            "{args:?}: {err}"
+        );
+    }
+}
