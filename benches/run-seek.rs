@@ -4,7 +4,7 @@
 //! trees and groups); the other holds `FORGELOG_BENCH_OTHERS` (default 100)
 //! runs like it, then the measured run. Each per-run command is timed as a
 //! user runs it (the `forgelog` binary): `export sft`, `report`, `replay
-//! rebuild`, and a proxy restart with `--run-id` (start to `/healthz`). The
+//! rebuild`, and a proxy restart with `--run` (start to `/healthz`). The
 //! first read of a run scans the log and writes the run index; the figures
 //! are for the reads after it, with the first reads' beside them. A third
 //! broker holds the other runs after the measured one: the first read scans
@@ -58,14 +58,14 @@ fn timed(brokers: &str, args: &[&str]) -> f64 {
     took
 }
 
-/// Seconds from starting `forgelog proxy --run-id RUN` to its `/healthz`:
+/// Seconds from starting `forgelog proxy --run RUN` to its `/healthz`:
 /// the restore of the run's open sessions from the log happens in between.
 fn proxy_restart(rt: &tokio::runtime::Runtime, brokers: &str, upstream: &str) -> f64 {
     let listen = free_local_addr();
     let spool = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let mut proxy = Command::new(env!("CARGO_BIN_EXE_forgelog"))
-        .args(["proxy", "--run-id", RUN, "--upstream", upstream])
+        .args(["proxy", "--run", RUN, "--upstream", upstream])
         .args(["--brokers", brokers, "--listen", &listen.to_string()])
         .args(["--admin-token", "fl-bench", "--spool"])
         .arg(spool.path())

@@ -54,7 +54,7 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 30)]
     pub steps: u64,
     /// The learner's rate (with --train)
-    #[arg(long, default_value_t = 1e-5, value_parser = forgelog_trainer::flags::above_zero)]
+    #[arg(long, default_value_t = 1e-5, value_parser = forgelog_config::value::above_zero)]
     pub learning_rate: f64,
     /// With --train: train a LoRA adapter of this rank on frozen weights
     /// (`forgelog train --lora-rank`); each version also holds the adapter
@@ -62,7 +62,7 @@ pub struct UpArgs {
     #[arg(long, requires = "train")]
     pub lora_rank: Option<usize>,
     /// Tokens per training step (with --train; with --demo one step per round, whatever this is)
-    #[arg(long, default_value_t = 4096, value_parser = forgelog_trainer::flags::one_or_more)]
+    #[arg(long, default_value_t = 4096, value_parser = forgelog_config::value::one_or_more)]
     pub tokens_per_step: usize,
     /// Where the local engine and the learner run: cpu, or cuda (a build
     /// with `--features cuda`)

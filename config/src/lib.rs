@@ -15,6 +15,8 @@
 //! learning-rate = 1e-6
 //! ```
 
+pub mod value;
+
 use std::path::{Path, PathBuf};
 
 /// The subcommands a file may configure.

@@ -45,16 +45,16 @@ pub struct ProxyArgs {
     pub run_id: Option<String>,
     /// Calls one session may have in flight at once, i.e. concurrent, not in
     /// total (more get 429; the total is the session's `max_model_calls`)
-    #[arg(long, alias = "max-calls-per-session", default_value_t = ProxyConfig::MAX_CALLS_IN_FLIGHT)]
+    #[arg(long, alias = "max-calls-per-session", default_value_t = ProxyConfig::MAX_CALLS_IN_FLIGHT, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_calls_in_flight: u32,
     /// Give up on the upstream after this many seconds
-    #[arg(long, default_value_t = ProxyConfig::UPSTREAM_TIMEOUT.as_secs())]
+    #[arg(long, default_value_t = ProxyConfig::UPSTREAM_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_timeout_secs: u64,
     /// SSE keep-alive interval while the upstream works, in seconds
-    #[arg(long, default_value_t = ProxyConfig::KEEP_ALIVE.as_secs())]
+    #[arg(long, default_value_t = ProxyConfig::KEEP_ALIVE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_alive_secs: u64,
     /// Requests in flight to the upstream at most (more wait for a turn)
-    #[arg(long, default_value_t = ProxyConfig::MAX_UPSTREAM_REQUESTS)]
+    #[arg(long, default_value_t = ProxyConfig::MAX_UPSTREAM_REQUESTS, value_parser = forgelog_config::value::one_or_more)]
     pub max_upstream_requests: usize,
     /// Every replica's base URL, in the same order for all (comma-separated),
     /// when several serve one address: each holds the sessions it owns and
@@ -137,9 +137,9 @@ impl ProxyArgs {
             run_id: self.run_id.clone(),
             admin_token: Some(self.serve.admin_token()),
             body_limit: (self.serve.body_limit_mib as usize) << 20,
-            max_calls_in_flight: self.max_calls_in_flight.max(1),
+            max_calls_in_flight: self.max_calls_in_flight,
             upstream_timeout: Duration::from_secs(self.upstream_timeout_secs),
-            keep_alive: Duration::from_secs(self.keep_alive_secs.max(1)),
+            keep_alive: Duration::from_secs(self.keep_alive_secs),
             max_upstream_requests: self.max_upstream_requests,
             shutdown_grace: ProxyConfig::SHUTDOWN_GRACE,
             replicas: self.replicas()?,

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// that the log holds everything that process recorded; if the broker cannot
 /// be read the proxy starts with no sessions, saying so.
 ///
-/// Only sessions of the proxy's own `--run-id` are taken over (the broker is
+/// Only sessions of the proxy's own `--run` are taken over (the broker is
 /// shared: other proxies serve other runs), and of those, with `--replicas`,
 /// only the ones this replica owns. One proxy holds a session at a time: a
 /// second live one would see the first one's calls as interrupted.

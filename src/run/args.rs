@@ -2,7 +2,7 @@
 
 use super::cluster::KubeArgs;
 use crate::BrokerArgs;
-use forgelog_trainer::flags::{above_zero, one_or_more};
+use forgelog_config::value::{above_zero, one_or_more};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -247,17 +247,21 @@ fn a_config_file_sets_defaults_and_completions_print() {
     assert!(script.contains("--learning-rate"), "completes options too");
 }
 
-/// A value the learner cannot train with is refused at start, by flag or
-/// config file, whichever command passes it on: found by probing `train`,
-/// where `--learning-rate nan` trained, `--tokens-per-step 0` published an
-/// empty version every second and `--idle-flush nan` panicked.
+/// A value the learner or the proxy cannot work with is refused at start,
+/// by flag or config file, whichever command passes it on: found by probing
+/// `train`, where `--learning-rate nan` trained, `--tokens-per-step 0`
+/// published an empty version every second and `--idle-flush nan`
+/// panicked, and `proxy --upstream-timeout-secs 0`, which failed every call.
 #[test]
-fn a_value_the_learner_cannot_train_with_is_refused_at_start() {
+fn a_value_no_component_can_work_with_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("forgelog.toml");
     std::fs::write(&config, "[train]\nidle_flush = -1.0\n").unwrap();
     let config = config.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let proxy = |flag| ["proxy", "--upstream", "http://127.0.0.1:9", flag, "0"];
+    let cases: [(&[&str], &str); 8] = [
+        (&proxy("--upstream-timeout-secs"), "0 is not in 1.."),
+        (&proxy("--max-upstream-requests"), "must be 1 or more"),
         (
             &["train", "--learning-rate", "nan"],
             "must be a finite number",

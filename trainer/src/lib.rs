@@ -8,7 +8,6 @@
 
 mod assembler;
 pub mod checkpoint;
-pub mod flags;
 pub mod learner;
 pub mod loss;
 pub mod optim;
@@ -73,11 +72,11 @@ pub struct TrainArgs {
     #[arg(long, env = "FORGELOG_RUN", default_value = "default")]
     pub run: String,
     /// Sampled tokens per optimizer step (batches are gathered until there are this many).
-    #[arg(long, default_value_t = 4096, value_parser = flags::one_or_more)]
+    #[arg(long, default_value_t = 4096, value_parser = forgelog_config::value::one_or_more)]
     pub tokens_per_step: usize,
     /// Also step once this many groups are waiting, whatever their tokens
     /// (a driver that samples in rounds of known size: one step per round)
-    #[arg(long, value_parser = flags::one_or_more)]
+    #[arg(long, value_parser = forgelog_config::value::one_or_more)]
     pub groups_per_step: Option<usize>,
     /// Rows per forward/backward pass, a shared prompt counted once
     /// (gradients accumulate over them): the activation memory of one pass,
@@ -85,7 +84,7 @@ pub struct TrainArgs {
     /// SmolLM2's shape, CPU: 2.1 GB with each layer recomputed, 17.3 GB with
     /// --keep-activations). The default holds an 850-token agent prompt and
     /// a few of its group's answers, so the prompt is fed once for them.
-    #[arg(long, default_value_t = learner::MICRO_BATCH_TOKENS, value_parser = flags::one_or_more)]
+    #[arg(long, default_value_t = learner::MICRO_BATCH_TOKENS, value_parser = forgelog_config::value::one_or_more)]
     pub micro_batch_tokens: usize,
     /// Keep every layer's activations for the backward pass instead of
     /// recomputing each layer there (activation checkpointing, the default):
@@ -103,26 +102,26 @@ pub struct TrainArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_versions: Option<u64>,
     /// AdamW's learning rate.
-    #[arg(long, default_value_t = 1e-6, value_parser = flags::above_zero)]
+    #[arg(long, default_value_t = 1e-6, value_parser = forgelog_config::value::above_zero)]
     pub learning_rate: f64,
     /// AdamW's decoupled weight decay.
-    #[arg(long, default_value_t = 0.0, value_parser = flags::zero_or_more)]
+    #[arg(long, default_value_t = 0.0, value_parser = forgelog_config::value::zero_or_more)]
     pub weight_decay: f64,
     /// Gradients are scaled down to at most this global L2 norm before a step.
-    #[arg(long, default_value_t = 1.0, value_parser = flags::above_zero)]
+    #[arg(long, default_value_t = 1.0, value_parser = forgelog_config::value::above_zero)]
     pub max_grad_norm: f64,
     /// Truncation C of each token's importance weight, the policy now over
     /// the one that sampled (engine/learner mismatch, staleness).
-    #[arg(long, default_value_t = 2.0, value_parser = flags::above_zero)]
+    #[arg(long, default_value_t = 2.0, value_parser = forgelog_config::value::above_zero)]
     pub is_cap: f64,
     /// How a step's token losses are averaged.
     #[arg(long, default_value = "per-token", value_parser = normalisation_parser())]
     pub normalisation: Normalisation,
     /// β of a KL penalty to the initial policy (off when absent).
-    #[arg(long, value_parser = flags::zero_or_more)]
+    #[arg(long, value_parser = forgelog_config::value::zero_or_more)]
     pub kl: Option<f64>,
     /// The engine's sampling temperature (recorded logprobs are after it).
-    #[arg(long, default_value_t = 1.0, value_parser = flags::above_zero)]
+    #[arg(long, default_value_t = 1.0, value_parser = forgelog_config::value::above_zero)]
     pub temperature: f64,
     /// `f32` or `bf16` (CUDA only).
     #[arg(long, default_value = "f32")]
@@ -139,7 +138,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = LoraPublish::Adapter)]
     pub lora_publish: LoraPublish,
     /// LoRA's α: the update is scaled by α / rank (default: twice the rank).
-    #[arg(long, value_parser = flags::above_zero)]
+    #[arg(long, value_parser = forgelog_config::value::above_zero)]
     pub lora_alpha: Option<f64>,
     /// The projections LoRA adapts, in every layer.
     #[arg(
@@ -149,7 +148,7 @@ pub struct TrainArgs {
     )]
     pub lora_targets: Vec<String>,
     /// Train with what has arrived once no batch came for this long (seconds).
-    #[arg(long, default_value_t = 30.0, value_parser = flags::zero_or_more)]
+    #[arg(long, default_value_t = 30.0, value_parser = forgelog_config::value::zero_or_more)]
     pub idle_flush: f64,
     /// Stop after this many steps (tests, experiments).
     #[arg(long)]

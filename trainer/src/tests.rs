@@ -146,3 +146,52 @@ async fn on_a_memory_log_a_restarted_trainer_resumes_and_trains_only_new_batches
     let all = published(&log);
     assert_eq!((all.len(), all[3].version, all[3].step), (4, 4, 4));
 }
+
+/// `forgelog train`'s flags as clap parses them.
+fn parsed(flags: &[&str]) -> Result<crate::TrainArgs, String> {
+    use clap::{Args, FromArgMatches};
+    let command = crate::TrainArgs::augment_args(clap::Command::new("train"));
+    let args = std::iter::once("train").chain(flags.iter().copied());
+    let matches = command
+        .try_get_matches_from(args)
+        .map_err(|e| e.to_string())?;
+    crate::TrainArgs::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+/// Found by probing `forgelog train`: `--learning-rate nan` trained,
+/// `--tokens-per-step 0` published an empty version every second,
+/// `--idle-flush nan` and `--publish-every 0` panicked, `--temperature 0`
+/// divided the logits by 0.
+#[test]
+fn values_the_learner_cannot_train_with_are_refused_naming_the_flag() {
+    let refused = [
+        ("--learning-rate", "nan", "must be a finite number"),
+        ("--learning-rate", "-1e-6", "must be above 0"),
+        ("--learning-rate", "0", "must be above 0"),
+        ("--temperature", "0", "must be above 0"),
+        ("--is-cap", "inf", "must be a finite number"),
+        ("--max-grad-norm", "0", "must be above 0"),
+        ("--weight-decay", "-0.1", "must be 0 or more"),
+        ("--kl", "nan", "must be a finite number"),
+        ("--lora-alpha", "0", "must be above 0"),
+        ("--idle-flush", "nan", "must be a finite number"),
+        ("--idle-flush", "-1", "must be 0 or more"),
+        ("--tokens-per-step", "0", "must be 1 or more"),
+        ("--micro-batch-tokens", "0", "must be 1 or more"),
+        ("--groups-per-step", "0", "must be 1 or more"),
+        ("--publish-every", "0", "0 is not in 1.."),
+        ("--keep-versions", "0", "0 is not in 1.."),
+    ];
+    for (flag, value, why) in refused {
+        let err = parsed(&[&format!("{flag}={value}")]).unwrap_err();
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{flag} <")) && err.contains(why),
+            "{flag} {value}: {err}"
+        );
+    }
+    let args = parsed(&["--weight-decay", "0", "--kl", "0", "--idle-flush", "0"]).unwrap();
+    assert_eq!(
+        (args.weight_decay, args.kl, args.idle_flush),
+        (0.0, Some(0.0), 0.0)
+    );
+}

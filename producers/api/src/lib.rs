@@ -17,7 +17,7 @@ pub use client::{ClientError, SessionClient};
 /// `POST /sessions`: a rollout's session on the live proxy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewSession {
-    /// The run; the proxy's `--run-id` when absent.
+    /// The run; the proxy's `--run` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     pub rollout_id: String,
@@ -115,7 +115,7 @@ pub struct Finish {
 /// verdict with `abandoned: true`, so its group waits for the rerun instead.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AbandonAttempt {
-    /// The run; the proxy's `--run-id` when absent.
+    /// The run; the proxy's `--run` when absent.
     #[serde(default)]
     pub run_id: Option<String>,
     /// The attempt's rollout id, as its `POST /sessions` named it.

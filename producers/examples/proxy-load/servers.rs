@@ -117,7 +117,7 @@ impl Servers {
                 }
                 let child = proxy
                     .args(["--listen", &addr.to_string(), "--brokers", &args.brokers])
-                    .args(["--run-id", &run_id, "--admin-token", ADMIN])
+                    .args(["--run", &run_id, "--admin-token", ADMIN])
                     .args(["--spool", &spool.path().display().to_string()])
                     .args(["--max-calls-in-flight", &args.calls.to_string()])
                     .spawn()?;

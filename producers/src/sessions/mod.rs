@@ -135,7 +135,7 @@ impl Session {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SessionError {
-    #[error("run_id is required (the proxy was started without --run-id)")]
+    #[error("run_id is required (the proxy was started without --run)")]
     NoRunId,
     #[error("session for rollout {0} already exists (or already ran: a new attempt takes a new rollout id)")]
     Exists(String),
