@@ -22,11 +22,11 @@ pub struct ConsumeArgs {
     #[arg(long)]
     scale_out: bool,
     /// Input events between checkpoints
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = forgelog_config::value::one_or_more)]
     checkpoint_every: usize,
     /// Checkpoints between snapshots of the consumers' state (the others
     /// record positions only; a restart re-reads the input since the snapshot)
-    #[arg(long, default_value_t = forgelog_consumers::shell::SNAPSHOT_EVERY)]
+    #[arg(long, default_value_t = forgelog_consumers::shell::SNAPSHOT_EVERY, value_parser = forgelog_config::value::one_or_more)]
     snapshot_every: usize,
     /// Reward correct answers (reward >= 1) with 1 + 1.5/(15 + tool_calls)
     #[arg(long)]

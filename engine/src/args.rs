@@ -33,7 +33,7 @@ pub struct EngineArgs {
     #[arg(long, env = "FORGELOG_CHECKPOINT_ROOT")]
     pub checkpoint_root: Option<String>,
     /// Larger checkpoints are refused before they are read
-    #[arg(long, default_value_t = DEFAULT_MAX_CHECKPOINT_BYTES >> 20)]
+    #[arg(long, default_value_t = DEFAULT_MAX_CHECKPOINT_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_checkpoint_mib: u64,
     /// Memory for the keys and values of recent sequences, reused by
     /// requests that begin the same way (0: off)

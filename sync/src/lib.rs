@@ -90,7 +90,7 @@ pub struct SyncArgs {
     #[arg(long)]
     pub stage_dir: Option<PathBuf>,
     /// Seconds a step may take (a reload of a large model takes a while)
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub step_timeout: u64,
     /// Adapters this many versions older than the served one stay loaded
     #[arg(long, default_value_t = 1)]

@@ -259,9 +259,15 @@ fn a_value_no_component_can_work_with_is_refused_at_start() {
     std::fs::write(&config, "[train]\nidle_flush = -1.0\n").unwrap();
     let config = config.to_str().unwrap();
     let proxy = |flag| ["proxy", "--upstream", "http://127.0.0.1:9", flag, "0"];
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&proxy("--upstream-timeout-secs"), "0 is not in 1.."),
         (&proxy("--max-upstream-requests"), "must be 1 or more"),
+        (&["sync", "--step-timeout", "0"], "0 is not in 1.."),
+        (&["engine", "--max-checkpoint-mib", "0"], "0 is not in 1.."),
+        (
+            &["consume", "all", "--checkpoint-every", "0"],
+            "must be 1 or more",
+        ),
         (
             &["train", "--learning-rate", "nan"],
             "must be a finite number",
