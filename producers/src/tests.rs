@@ -213,6 +213,61 @@ async fn the_session_api_wants_the_admin_token_before_any_body() {
     assert_eq!(oversize.status().as_u16(), 413);
 }
 
+/// Blank ids and sizes below 1 are refused, saying which, and nothing is
+/// recorded of them: found by probing `POST /sessions`, which took them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_a_blank_id_or_a_size_below_1_is_refused() {
+    let (proxy, log, _) = fast_proxy(Default::default(), Some(Default::default()), |c| {
+        ProxyConfig {
+            run_id: Some("checked".into()),
+            admin_token: Some("secret".into()),
+            ..c
+        }
+    })
+    .await;
+    let admin = SessionClient::new(proxy.url(), Some("secret".into()));
+    let refused = [
+        (
+            NewSession::new(" ", "t", "sdk", "g"),
+            "'rollout_id' must not be blank",
+        ),
+        (
+            NewSession::new("r9", "t", "", "g"),
+            "'harness' must not be blank",
+        ),
+        (
+            NewSession::new("r9", "t", "sdk", "g").in_run(""),
+            "'run_id' must not be blank",
+        ),
+        (
+            NewSession::new("r9", "t", "sdk", "g").group_size(0),
+            "'group_size' must be 1 or more, not 0",
+        ),
+        (
+            NewSession::new("r9", "t", "sdk", "g").max_tokens(-5),
+            "'max_tokens' must be 1 or more, not -5",
+        ),
+    ];
+    for (new, why) in refused {
+        let err = admin.create(&new).await.unwrap_err();
+        assert_eq!(err.status(), Some(400), "{new:?}: {err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("bad session request: {why}")),
+            "{err}"
+        );
+    }
+    assert!(
+        log.events(Topic::Rollouts.name()).is_empty(),
+        "nothing recorded of them"
+    );
+    // The rollout they named was not taken: it opens now.
+    admin
+        .create(&NewSession::new("r9", "t", "sdk", "g"))
+        .await
+        .unwrap();
+}
+
 /// An attempt that never reached the model is recorded as abandoned when the
 /// orchestrator asks (it runs the rollout again); one that did is not, and
 /// an attempt whose session this proxy never held gets an abandoned verdict.

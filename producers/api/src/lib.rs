@@ -75,6 +75,36 @@ impl NewSession {
         self.max_tokens = Some(n);
         self
     }
+
+    /// What no session can be opened with, said as the caller named it:
+    /// a blank id (a rollout `""` keys every consumer's state by nothing)
+    /// or a size below 1 (a group of 0 that the reward join takes as 1, a
+    /// token clamp of 0 that every call fails on). Found by probing
+    /// `POST /sessions`, which took them.
+    pub fn check(&self) -> Result<(), String> {
+        let ids = [
+            ("run_id", self.run_id.as_deref()),
+            ("rollout_id", Some(self.rollout_id.as_str())),
+            ("task_id", Some(self.task_id.as_str())),
+            ("harness", Some(self.harness.as_str())),
+            ("group_id", Some(self.group_id.as_str())),
+        ];
+        if let Some((name, _)) = ids
+            .iter()
+            .find(|(_, id)| id.is_some_and(|id| id.trim().is_empty()))
+        {
+            return Err(format!("'{name}' must not be blank"));
+        }
+        for (name, n) in [
+            ("group_size", self.group_size),
+            ("max_tokens", self.max_tokens),
+        ] {
+            if let Some(n) = n.filter(|&n| n < 1) {
+                return Err(format!("'{name}' must be 1 or more, not {n}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `POST /sessions` on `replay serve`: re-run a recorded session, named by its

@@ -16,9 +16,13 @@ use std::time::Duration;
 
 /// `POST /sessions` on the live proxy: a new rollout's session.
 pub(super) async fn create_session(State(st): State<Arc<ProxyState>>, body: Bytes) -> Response {
-    match serde_json::from_slice::<NewSession>(&body) {
+    let new = serde_json::from_slice::<NewSession>(&body).map_err(|e| e.to_string());
+    match new.and_then(|new| new.check().map(|()| new)) {
         Ok(new) => open_session(&st, new),
-        Err(e) => admin_error(StatusCode::BAD_REQUEST, format!("bad session request: {e}")),
+        Err(why) => admin_error(
+            StatusCode::BAD_REQUEST,
+            format!("bad session request: {why}"),
+        ),
     }
 }
 
