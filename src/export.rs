@@ -148,15 +148,7 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ExportAction) -> Result<()> {
             broker,
         } => return export_bundle(&run, &to, tasks.as_deref(), &broker),
     };
-    let reader = source.open(&run)?;
-    // An unknown run is a mistake, not an empty dataset.
-    let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, &run)?;
-    if rollouts.is_empty() {
-        bail!(
-            "export: run {run} has no rollouts in {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
-            source.describe()
-        );
-    }
+    let reader = source.open_known(&run)?;
     let working = crate::spinner(format!("exporting run {run} to {to}"));
     let (manifest, written) = rt
         .block_on(export::export_run(&reader, &run, &to, kind, filter))

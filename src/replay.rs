@@ -49,7 +49,7 @@ pub fn run(rt: &tokio::runtime::Runtime, action: ReplayAction) -> Result<()> {
             json,
             source,
         } => {
-            let reader = source.open(&run)?;
+            let reader = source.open_known(&run)?;
             let working =
                 crate::spinner(format!("rebuilding run {run} from {}", source.describe()));
             let rewards = RewardConfig::with_efficiency_bonus(efficiency_bonus);

@@ -2,7 +2,8 @@
 //! file `forgelog export bundle` wrote (`--bundle`), which needs no broker.
 
 use crate::BrokerArgs;
-use anyhow::Result;
+use anyhow::{bail, Result};
+use forgelog_schemas::Topic;
 use forgelog_stream::RunLog;
 use std::path::PathBuf;
 
@@ -24,6 +25,21 @@ impl SourceArgs {
             self.bundle.as_deref(),
             run,
         )?)
+    }
+
+    /// Opens the source of `run`, which must have started rollouts there:
+    /// an unknown run is a typo, not an empty dataset or an identical rebuild
+    /// (`replay rebuild` of one said "identical: 0 trajectories").
+    pub fn open_known(&self, run: &str) -> Result<RunLog> {
+        let reader = self.open(run)?;
+        let rollouts = forgelog_consumers::rebuild::read_run(&reader, Topic::Rollouts, run)?;
+        if rollouts.is_empty() {
+            bail!(
+                "run {run} has no rollouts in {} (a typo? `forgelog tail forgelog.rollouts` lists runs)",
+                self.describe()
+            );
+        }
+        Ok(reader)
     }
 
     /// Opens the source of `run`, or of every run in the log (a bundle's

@@ -191,7 +191,7 @@ fn kafka_properties_file_reaches_the_clients_and_a_broken_one_is_refused() {
 
 /// An unknown run used to export an empty dataset and exit 0.
 #[test]
-fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
+fn export_or_rebuild_of_an_unknown_run_is_a_clear_error_with_exit_2() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let config = rt.block_on(forgelog_stream::testing::shared_broker());
     let to = tempfile::tempdir().unwrap();
@@ -215,6 +215,19 @@ fn export_of_an_unknown_run_is_a_clear_error_with_exit_2() {
         "{err}"
     );
     assert!(!to.path().join("plain").exists(), "nothing written");
+    // Nor is it an identical rebuild (found by probing: `replay rebuild`
+    // said "identical: 0 trajectories, 0 batches" and exited 0).
+    let out = forgelog()
+        .args(["replay", "rebuild", "--run", "no-such-run-anywhere"])
+        .args(["--brokers", &config.brokers])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("run no-such-run-anywhere has no rollouts in the log at"),
+        "{err}"
+    );
 }
 
 /// With no broker, a command says so in one line (not librdkafka's hundreds,
