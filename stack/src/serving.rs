@@ -20,7 +20,8 @@ pub struct ServingConfig {
     pub run: String,
     /// An engine already serving (`--upstream`); none: the embedded one.
     pub upstream: Option<String>,
-    /// The embedded engine's model, and by default the proxy's tokenizer.
+    /// The embedded engine's model, the learner's, and by default the
+    /// proxy's tokenizer.
     pub model: String,
     pub device: DeviceKind,
     pub engine_listen: SocketAddr,
@@ -30,8 +31,9 @@ pub struct ServingConfig {
     /// none: it follows the log itself (forgelog's engine), only checked.
     pub synced: Option<(Kind, Mode)>,
     /// The model whose tokenizer and chat template the proxy renders prompts
-    /// with (token in); none: the embedded engine's model, or (an external
-    /// engine) the engine renders; `none`: the engine renders.
+    /// with (token in); none: `model` where the embedded engine serves it or
+    /// the learner trains it, else the engine renders; `none`: the engine
+    /// renders.
     pub tokenizer: Option<String>,
     /// The proxy names the newest adapter on each call (a LoRA sync).
     pub policy_adapters: bool,
@@ -76,10 +78,15 @@ impl Serving {
         // The session API is not left open: anyone who reaches the proxy
         // (a sandbox) could create sessions and post rewards.
         let admin_token = forgelog_http::random_token();
+        // A learner trains `model`, so an external engine must serve it:
+        // its tokenizer renders (token in: a multi-turn rollout trains as
+        // one sequence, not a fragment per call), and the proxy's start-up
+        // check against the engine's `/tokenize` refuses an engine serving
+        // another model (trained on, its ids would have been nonsense).
         let tokenizer = s
             .tokenizer
             .clone()
-            .or(engine.as_ref().map(|_| s.model.clone()));
+            .or((engine.is_some() || s.train).then(|| s.model.clone()));
         let proxy_config = ProxyConfig {
             run_id: Some(s.run.clone()),
             admin_token: Some(admin_token.clone()),

@@ -11,68 +11,26 @@ fn up_serves_a_recorded_call_through_engine_and_proxy() {
     let config = rt.block_on(shared_broker());
     let home = tempfile::tempdir().unwrap();
     let run = unique_run_id("up");
-    // Read only what is written from now on: the shared topic may be large.
-    let reader = forgelog_stream::ReplayReader::new(&config).unwrap();
-    let starts: Vec<(i32, i64)> = reader
-        .partitions("forgelog.calls")
-        .unwrap()
-        .into_iter()
-        .map(|p| (p, reader.end("forgelog.calls", p).unwrap()))
-        .collect();
+    let calls = CallsFromNow::of(&config);
     let (engine, proxy) = (free_local_addr(), free_local_addr());
-    let mut child = forgelog()
-        .args([
-            "up",
+    let (mut child, printed) = up_ready(
+        &[
             "--brokers",
             &config.brokers,
             "--run",
             &run,
             "--engine-listen",
             &engine.to_string(),
-            "--proxy-listen",
-            &proxy.to_string(),
-            "--home",
-        ])
-        .arg(home.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut printed = String::new();
-    while !printed.contains("(Ctrl-C to stop)") {
-        let mut line = String::new();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "up exited early: {printed}"
-        );
-        printed.push_str(&line);
-    }
-    let key = printed
-        .lines()
-        .find(|l| l.contains("OPENAI_API_KEY="))
-        .and_then(|l| l.split("OPENAI_API_KEY=").nth(1))
-        .unwrap()
-        .trim()
-        .to_string();
+        ],
+        proxy,
+        home.path(),
+    );
     assert_eq!(
         printed.matches(&format!("http://{proxy}")).count(),
         4,
         "{printed}"
     );
-
-    let answer: serde_json::Value = rt.block_on(async {
-        reqwest::Client::new()
-            .post(format!("http://{proxy}/v1/chat/completions"))
-            .bearer_auth(&key)
-            .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8, "temperature": 0}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    });
+    let answer = ask_capital(&rt, proxy, &printed);
     let text = answer["choices"][0]["message"]["content"]
         .as_str()
         .unwrap_or_default()
@@ -81,18 +39,7 @@ fn up_serves_a_recorded_call_through_engine_and_proxy() {
     sigterm(&child);
     assert!(child.wait().unwrap().success());
 
-    let mut finished = Vec::new();
-    for (partition, from) in starts {
-        let end = reader.end("forgelog.calls", partition).unwrap();
-        let _ = reader.for_each_in("forgelog.calls", partition, from, end, |r| {
-            if let Ok(Event::CallFinished(c)) = r.event {
-                if c.run_id == run {
-                    finished.push(c);
-                }
-            }
-            std::ops::ControlFlow::Continue(())
-        });
-    }
+    let finished = calls.of_run(&run);
     assert_eq!(finished.len(), 1);
     let c = &finished[0];
     assert!(c.trainable, "{:?}", c.untrainable_reason);
@@ -103,9 +50,169 @@ fn up_serves_a_recorded_call_through_engine_and_proxy() {
     assert!(c.chat_response.contains("Paris"), "{}", c.chat_response);
 }
 
-/// An engine that cannot start (here: no such model; on a CPU build, `--device
-/// cuda` the same way) used to leave `up` waiting two minutes for its health
-/// check. It says why and exits at once.
+/// Training through an engine of its own (`--upstream`), the proxy renders
+/// prompts with the learner's model (token in) unless told otherwise, and an
+/// engine serving another model is refused at start: before, the engine
+/// rendered each call afresh (a multi-turn rollout trained as fragments) and
+/// a learner could train a model the engine did not serve, on its ids.
+#[test]
+fn up_train_through_an_engine_renders_with_the_learners_model_and_refuses_another() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = rt.block_on(shared_broker());
+    let run = unique_run_id("up-upstream");
+    let listen = free_local_addr();
+    let mut engine = forgelog()
+        .args(["engine", "--listen", &listen.to_string()])
+        .args(["--brokers", &config.brokers, "--run", &run])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let upstream = format!("http://{listen}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while rt
+        .block_on(reqwest::get(format!("{upstream}/v1/models")))
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no engine at {upstream}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let through = [
+        "--train",
+        "--brokers",
+        &config.brokers,
+        "--run",
+        &run,
+        "--upstream",
+        &upstream,
+    ];
+
+    let other = tempfile::tempdir().unwrap();
+    forgelog_model::testing::write_tiny_llama(other.path(), 3).unwrap();
+    let mut refused = through.to_vec();
+    refused.extend(["--model", other.path().to_str().unwrap()]);
+    let err = up_fails(&refused);
+    assert!(
+        err.contains("token in: the proxy's chat template and tokenizer render a probe conversation otherwise than the engine")
+            && err.contains("does the engine serve the model the proxy renders for?"),
+        "{err}"
+    );
+
+    let calls = CallsFromNow::of(&config);
+    let home = tempfile::tempdir().unwrap();
+    let proxy = free_local_addr();
+    let (mut up, printed) = up_ready(&through, proxy, home.path());
+    ask_capital(&rt, proxy, &printed);
+    sigterm(&up);
+    let stopped = up.wait().unwrap();
+    let said = std::fs::read_to_string(home.path().join("up.stderr"));
+    assert!(stopped.success(), "{said:?}");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let finished = calls.of_run(&run);
+    assert_eq!(finished.len(), 1);
+    let made = finished[0].prompt_made.as_ref().expect("token in");
+    assert_eq!(made.spliced_from, None, "the session's first call");
+}
+
+/// `forgelog up ARGS` with its proxy on `proxy` and its state in `home`,
+/// once it has printed its session keys: the process and what it printed.
+fn up_ready(
+    args: &[&str],
+    proxy: std::net::SocketAddr,
+    home: &std::path::Path,
+) -> (std::process::Child, String) {
+    let mut child = forgelog()
+        .arg("up")
+        .args(args)
+        .args(["--proxy-listen", &proxy.to_string(), "--home"])
+        .arg(home)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(home.join("up.stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    while !printed.contains("(Ctrl-C to stop)") {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let said = std::fs::read_to_string(home.join("up.stderr"));
+            panic!("up exited early: {printed}{said:?}");
+        }
+        printed.push_str(&line);
+    }
+    (child, printed)
+}
+
+/// One OpenAI-dialect call through `up`'s proxy with the session key it
+/// printed: the answer.
+fn ask_capital(
+    rt: &tokio::runtime::Runtime,
+    proxy: std::net::SocketAddr,
+    printed: &str,
+) -> serde_json::Value {
+    let key = printed
+        .lines()
+        .find(|l| l.contains("OPENAI_API_KEY="))
+        .and_then(|l| l.split("OPENAI_API_KEY=").nth(1))
+        .unwrap()
+        .trim()
+        .to_string();
+    rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("http://{proxy}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8, "temperature": 0}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
+}
+
+/// The calls written to the shared log from now on (read from where each
+/// partition ends now: the shared topic may be large).
+struct CallsFromNow {
+    reader: forgelog_stream::ReplayReader,
+    starts: Vec<(i32, i64)>,
+}
+
+impl CallsFromNow {
+    fn of(config: &forgelog_stream::StreamConfig) -> CallsFromNow {
+        let reader = forgelog_stream::ReplayReader::new(config).unwrap();
+        let starts = reader
+            .partitions("forgelog.calls")
+            .unwrap()
+            .into_iter()
+            .map(|p| (p, reader.end("forgelog.calls", p).unwrap()))
+            .collect();
+        CallsFromNow { reader, starts }
+    }
+
+    /// The calls of `run` finished since.
+    fn of_run(&self, run: &str) -> Vec<forgelog_schemas::CallFinished> {
+        let mut finished = Vec::new();
+        for &(partition, from) in &self.starts {
+            let end = self.reader.end("forgelog.calls", partition).unwrap();
+            let _ = self
+                .reader
+                .for_each_in("forgelog.calls", partition, from, end, |r| {
+                    if let Ok(Event::CallFinished(c)) = r.event {
+                        if c.run_id == run {
+                            finished.push(c);
+                        }
+                    }
+                    std::ops::ControlFlow::Continue(())
+                });
+        }
+        finished
+    }
+}
+
 /// `forgelog up ARGS` on free ports in a home of its own, which must fail:
 /// what it said.
 fn up_fails(args: &[&str]) -> String {
@@ -123,6 +230,9 @@ fn up_fails(args: &[&str]) -> String {
     err
 }
 
+/// An engine that cannot start (here: no such model; on a CPU build, `--device
+/// cuda` the same way) used to leave `up` waiting two minutes for its health
+/// check. It says why and exits at once.
 #[test]
 fn up_with_an_engine_that_cannot_start_says_why_at_once() {
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -265,7 +265,8 @@ pub fn untied_smollm2_folder(dir: &Path) -> std::path::PathBuf {
 }
 
 /// `forgelog up --demo --train --steps STEPS` through `vllm` serving
-/// `model`, on `brokers`, as run `run` with its state under `home`; with
+/// `model` (which the proxy renders with, token in, by default when
+/// training), on `brokers`, as run `run` with its state under `home`; with
 /// `adapter`, a rank-8 LoRA synced as one adapter per version (learning
 /// rate 5e-4), else full weights at the default rate.
 pub fn up_demo_through(
@@ -281,8 +282,6 @@ pub fn up_demo_through(
     up.args(["up", "--demo", "--train", "--steps", steps])
         .args(["--upstream", &vllm.url, "--engine", "vllm"])
         .arg("--model")
-        .arg(model)
-        .arg("--tokenizer")
         .arg(model)
         .args(["--brokers", brokers, "--run", run])
         .args(["--proxy-listen", &free_local_addr().to_string()])

@@ -241,7 +241,8 @@ pub async fn check_rendering(client: &UpstreamClient, token_in: &TokenIn) -> Res
             let at = at.unwrap_or(ours.len().min(theirs.len()));
             Err(format!(
                 "the proxy's chat template and tokenizer render a probe conversation otherwise than the engine: \
-                 first difference at token {at} (proxy {:?}, engine {:?}; {} vs {} tokens)",
+                 first difference at token {at} (proxy {:?}, engine {:?}; {} vs {} tokens); does the engine serve \
+                 the model the proxy renders for? (`--tokenizer none`: the engine renders)",
                 ours.get(at),
                 theirs.get(at),
                 ours.len(),
