@@ -30,8 +30,8 @@ pub struct ServingArgs {
     /// The model whose tokenizer and chat template the proxy renders prompts
     /// with (token in: a session's calls spliced into one sequence; default:
     /// --model when the embedded engine serves it or --train trains it, which
-    /// an --upstream engine must then serve, checked at start; `none`: the
-    /// engine renders)
+    /// an --upstream engine (not SGLang) must then serve, checked at start;
+    /// `none`: the engine renders)
     #[arg(long)]
     pub tokenizer: Option<String>,
 }

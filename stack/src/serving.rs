@@ -83,10 +83,13 @@ impl Serving {
         // one sequence, not a fragment per call), and the proxy's start-up
         // check against the engine's `/tokenize` refuses an engine serving
         // another model (trained on, its ids would have been nonsense).
+        // SGLang's `/tokenize` is not known here to take a chat: it renders
+        // itself unless `--tokenizer` says otherwise.
+        let checkable = s.synced.is_none_or(|(kind, _)| kind != Kind::Sglang);
         let tokenizer = s
             .tokenizer
             .clone()
-            .or((engine.is_some() || s.train).then(|| s.model.clone()));
+            .or((engine.is_some() || (s.train && checkable)).then(|| s.model.clone()));
         let proxy_config = ProxyConfig {
             run_id: Some(s.run.clone()),
             admin_token: Some(admin_token.clone()),
