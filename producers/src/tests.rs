@@ -37,6 +37,19 @@ async fn fast_proxy(
     (proxy, log, fake)
 }
 
+/// A proxy of run `run` whose session API wants the admin token "secret".
+async fn guarded_proxy(run: &str) -> (RunningProxy, Arc<MemoryLog>) {
+    let (proxy, log, _) = fast_proxy(Default::default(), Some(Default::default()), |c| {
+        ProxyConfig {
+            run_id: Some(run.into()),
+            admin_token: Some("secret".into()),
+            ..c
+        }
+    })
+    .await;
+    (proxy, log)
+}
+
 /// A session on `proxy`, created without an admin token.
 async fn session(proxy: &RunningProxy, new: NewSession) -> forgelog_api::SessionCreated {
     SessionClient::new(proxy.url(), None)
@@ -153,14 +166,7 @@ async fn a_session_and_its_calls_are_recorded_in_any_event_sink() {
 /// reads a body: an unauthenticated endless upload is refused at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_api_wants_the_admin_token_before_any_body() {
-    let (proxy, _, _) = fast_proxy(Default::default(), Some(Default::default()), |c| {
-        ProxyConfig {
-            run_id: Some("auth".into()),
-            admin_token: Some("secret".into()),
-            ..c
-        }
-    })
-    .await;
+    let (proxy, _) = guarded_proxy("auth").await;
     let new = NewSession::new("r", "t", "h", "g");
     let refused = SessionClient::new(proxy.url(), Some("wrong".into()))
         .create(&new)
@@ -217,14 +223,7 @@ async fn the_session_api_wants_the_admin_token_before_any_body() {
 /// recorded of them: found by probing `POST /sessions`, which took them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_with_a_blank_id_or_a_size_below_1_is_refused() {
-    let (proxy, log, _) = fast_proxy(Default::default(), Some(Default::default()), |c| {
-        ProxyConfig {
-            run_id: Some("checked".into()),
-            admin_token: Some("secret".into()),
-            ..c
-        }
-    })
-    .await;
+    let (proxy, log) = guarded_proxy("checked").await;
     let admin = SessionClient::new(proxy.url(), Some("secret".into()));
     let refused = [
         (
