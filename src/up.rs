@@ -59,7 +59,7 @@ pub struct UpArgs {
     /// With --train: train a LoRA adapter of this rank on frozen weights
     /// (`forgelog train --lora-rank`); each version also holds the adapter
     /// as PEFT's files
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "train", value_parser = forgelog_config::value::one_or_more)]
     pub lora_rank: Option<usize>,
     /// Tokens per training step (with --train; with --demo one step per round, whatever this is)
     #[arg(long, default_value_t = 4096, value_parser = forgelog_config::value::one_or_more)]

@@ -67,7 +67,7 @@ pub struct RunArgs {
     pub train: bool,
     /// With --train: train a LoRA adapter of this rank on frozen weights
     /// (with --engine vllm --sync-mode adapter, the engine loads each one)
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "train", value_parser = one_or_more)]
     pub lora_rank: Option<usize>,
     /// With --train: groups per learner step (one version each)
     #[arg(long, default_value_t = 1, value_parser = one_or_more)]

@@ -259,7 +259,7 @@ fn a_value_no_component_can_work_with_is_refused_at_start() {
     std::fs::write(&config, "[train]\nidle_flush = -1.0\n").unwrap();
     let config = config.to_str().unwrap();
     let proxy = |flag| ["proxy", "--upstream", "http://127.0.0.1:9", flag, "0"];
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&proxy("--upstream-timeout-secs"), "0 is not in 1.."),
         (&proxy("--max-upstream-requests"), "must be 1 or more"),
         (&["sync", "--step-timeout", "0"], "0 is not in 1.."),
@@ -278,6 +278,7 @@ fn a_value_no_component_can_work_with_is_refused_at_start() {
             &["up", "--train", "--tokens-per-step", "0"],
             "must be 1 or more",
         ),
+        (&["up", "--train", "--lora-rank", "0"], "must be 1 or more"),
         (
             &["up", "--train", "--learning-rate=-1e-5"],
             "must be above 0",

@@ -129,7 +129,7 @@ pub struct TrainArgs {
     /// Train a LoRA adapter of this rank on frozen weights (none: every
     /// weight trains). Each version then holds the adapter as PEFT's folder
     /// files (and, with `--lora-publish merged`, the merged weights beside).
-    #[arg(long)]
+    #[arg(long, value_parser = forgelog_config::value::one_or_more)]
     pub lora_rank: Option<usize>,
     /// With --lora-rank, what a version publishes: the adapter alone (a few
     /// MB; forgelog's engine merges it onto its base at load, vLLM loads it as

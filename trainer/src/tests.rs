@@ -179,6 +179,7 @@ fn values_the_learner_cannot_train_with_are_refused_naming_the_flag() {
         ("--tokens-per-step", "0", "must be 1 or more"),
         ("--micro-batch-tokens", "0", "must be 1 or more"),
         ("--groups-per-step", "0", "must be 1 or more"),
+        ("--lora-rank", "0", "must be 1 or more"),
         ("--publish-every", "0", "0 is not in 1.."),
         ("--keep-versions", "0", "0 is not in 1.."),
     ];
