@@ -183,6 +183,18 @@ impl TaskConfig {
         {
             return Err("environment.cpus must be positive".into());
         }
+        // An image name a podman command could read as a flag or that names
+        // nothing ("image  is not in local storage", found by probing).
+        if let Some(image) = &config.environment.docker_image {
+            if image.trim().is_empty()
+                || image.starts_with('-')
+                || image.contains(char::is_whitespace)
+            {
+                return Err(format!(
+                    "environment.docker_image is not an image name: {image:?}"
+                ));
+            }
+        }
         Ok((config, warnings))
     }
 }
@@ -398,6 +410,18 @@ x = 1
             ("[agent]\ntimeout_sec = nan", "agent.timeout_sec"),
             ("[verifier]\ntimeout_sec = \"soon\"", "timeout_sec"),
             ("[environment]\ncpus = 0", "environment.cpus"),
+            (
+                "[environment]\ndocker_image = \"\"",
+                "environment.docker_image",
+            ),
+            (
+                "[environment]\ndocker_image = \"--privileged\"",
+                "environment.docker_image is not an image name: \"--privileged\"",
+            ),
+            (
+                "[environment]\ndocker_image = \"ubuntu:24.04 rm\"",
+                "environment.docker_image",
+            ),
             ("[agent", "expected"),
         ] {
             let err = TaskConfig::parse(text).unwrap_err();
