@@ -267,6 +267,80 @@ async fn a_session_with_a_blank_id_or_a_size_below_1_is_refused() {
         .unwrap();
 }
 
+/// A call whose start and end do not both fit where events wait for the
+/// broker is refused as unavailable (503, in the dialect's words: a later
+/// try may pass), and every call answered is recorded whole. Found by probing
+/// a spool on a full disk: the refusal was a 500, and a call whose start fit
+/// but whose end did not was answered with its end lost. A real spool here,
+/// capped, with no broker to drain it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_spool_has_no_room_for_is_refused_as_unavailable_and_answers_are_whole() {
+    let (up, _fake) = fake_upstream::spawn("127.0.0.1:0".parse().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dead = forgelog_stream::testing::free_local_addr().to_string();
+    let mut stream = forgelog_stream::StreamConfig::new(dead);
+    stream.claims.location = dir.path().join("claims").display().to_string();
+    stream.claims.max_record_bytes = 4 << 10;
+    let options = forgelog_stream::SpoolOptions {
+        max_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let producer =
+        forgelog_stream::EventProducer::start(&stream, dir.path().join("spool"), options);
+    let producer = Arc::new(producer.unwrap());
+    let config = ProxyConfig {
+        run_id: Some("full".into()),
+        ..ProxyConfig::new(format!("http://{up}"))
+    };
+    let state = Arc::new(ProxyState::new(
+        config,
+        producer.clone(),
+        Default::default(),
+    ));
+    let proxy = RunningProxy::serve(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let key = session(&proxy, NewSession::new("r", "t", "sdk", "g"))
+        .await
+        .api_key;
+    let http = reqwest::Client::new();
+    let chat = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x ".repeat(600)}]});
+    let mut answered = 0u64;
+    let refused = loop {
+        let r = http
+            .post(format!("{}/v1/chat/completions", proxy.url()))
+            .bearer_auth(&key)
+            .json(&chat)
+            .send()
+            .await
+            .unwrap();
+        if r.status() != 200 {
+            break r;
+        }
+        answered += 1;
+        assert!(answered < 100, "the spool never filled");
+    };
+    assert_eq!(refused.status(), 503);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "api_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spool full"),
+        "{body}"
+    );
+    assert!(answered >= 2, "{answered} calls before the spool was full");
+    // The session's start, and each answered call's start and end.
+    assert_eq!(producer.spool().pending(), 1 + 2 * answered);
+    // Refused while a largest record's room was left (its end must fit),
+    // not once a start no longer fit.
+    let left = (64 << 10) - producer.spool().bytes();
+    assert!(left >= 4 << 10, "refused with {left} bytes left");
+}
+
 /// An attempt that never reached the model is recorded as abandoned when the
 /// orchestrator asks (it runs the rollout again); one that did is not, and
 /// an attempt whose session this proxy never held gets an abandoned verdict.

@@ -16,6 +16,13 @@ pub trait EventSink: Send + Sync {
     fn send(&self, event: &Event) -> Result<(), SendError>;
     /// Waits until everything sent is in the log, for up to `timeout`.
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, Result<(), FlushTimeout>>;
+    /// Whether `records` more, each as large as the log holds inline, can be
+    /// taken now (a spool's cap and its disk): what starts something whose
+    /// end must be recorded asks first.
+    fn has_room_for(&self, records: u64) -> bool {
+        let _ = records;
+        true
+    }
 }
 
 /// Bounded reads of what the log holds now, partition by partition.
@@ -136,6 +143,13 @@ impl EventSink for EventProducer {
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, Result<(), FlushTimeout>> {
         Box::pin(EventProducer::flush(self, timeout))
+    }
+
+    fn has_room_for(&self, records: u64) -> bool {
+        // A record's key, topic and framing besides its value.
+        const FRAMING: u64 = 1 << 10;
+        let largest = self.claims().max_record_bytes() as u64 + FRAMING;
+        self.spool().has_room(records.saturating_mul(largest))
     }
 }
 

@@ -283,6 +283,15 @@ impl ProxyState {
         Some(self.policy_version.load(Ordering::Relaxed)).filter(|v| *v >= 0)
     }
 
+    /// Whether a new call's start and end, and the ends of the calls in
+    /// flight, fit where events wait for the broker: else the call is
+    /// refused (503) rather than answered with an end that cannot be
+    /// recorded (found by probing a spool on a full disk).
+    fn has_room_for_a_call(&self) -> bool {
+        let records = self.calls_in_flight.len() as u64 + 2;
+        self.events.as_ref().is_none_or(|e| e.has_room_for(records))
+    }
+
     /// Records `event`; false (logged, counted) if it could not be.
     fn send(&self, event: Event) -> bool {
         self.record(event) != Recorded::Not

@@ -116,7 +116,9 @@ impl<'a> CallIds<'a> {
 /// harness's own.
 pub fn failure_status(kind: ErrorKind) -> CallStatus {
     match kind {
-        ErrorKind::Upstream | ErrorKind::Timeout | ErrorKind::Internal => CallStatus::UpstreamError,
+        ErrorKind::Upstream | ErrorKind::Timeout | ErrorKind::Unavailable | ErrorKind::Internal => {
+            CallStatus::UpstreamError
+        }
         _ => CallStatus::ClientError,
     }
 }

@@ -313,6 +313,12 @@ impl Spool {
         self.shared.bytes.load(Ordering::Acquire)
     }
 
+    /// Whether `bytes` more fit now: under the cap, and on the spool's disk.
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.bytes() + bytes <= self.options.max_bytes
+            && disk_free(&self.dir).is_none_or(|free| free >= bytes)
+    }
+
     /// A reader positioned at `seq`.
     pub fn reader(&self, seq: u64) -> SpoolReader {
         SpoolReader::new(self.dir.clone(), self.shared.clone(), seq)
@@ -375,6 +381,19 @@ impl Spool {
         }
         Ok(())
     }
+}
+
+/// Bytes free to an unprivileged writer on the file system of `dir`.
+fn disk_free(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(3) fills the struct it is given from a NUL-terminated
+    // path; all-zero is a valid statvfs.
+    let stat = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(path.as_ptr(), &mut stat) == 0).then_some(stat)
+    }?;
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
 }
 
 #[cfg(test)]

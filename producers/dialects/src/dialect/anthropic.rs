@@ -381,7 +381,7 @@ impl DialectAdapter for AnthropicDialect {
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::TooLarge => "request_too_large",
             ErrorKind::RateLimited => "rate_limit_error",
-            ErrorKind::Upstream | ErrorKind::Timeout => "overloaded_error",
+            ErrorKind::Upstream | ErrorKind::Timeout | ErrorKind::Unavailable => "overloaded_error",
             ErrorKind::Internal => "api_error",
         };
         // Anthropic's own wording, which clients match to start compacting.

@@ -30,6 +30,8 @@ pub enum ErrorKind {
     RateLimited,
     Upstream,
     Timeout,
+    /// The proxy cannot take a call now (its spool is full): a later try may pass.
+    Unavailable,
     Internal,
 }
 
@@ -43,6 +45,7 @@ impl ErrorKind {
             ErrorKind::RateLimited => 429,
             ErrorKind::Upstream => 502,
             ErrorKind::Timeout => 504,
+            ErrorKind::Unavailable => 503,
             ErrorKind::Internal => 500,
         }
     }

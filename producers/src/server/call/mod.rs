@@ -202,9 +202,9 @@ async fn serve<D: DialectAdapter>(
         raw.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
         now_ms(),
     );
-    if !st.send_call(&session, started.into()) {
+    if !st.has_room_for_a_call() || !st.send_call(&session, started.into()) {
         return error_response::<D>(&DialectError::new(
-            ErrorKind::Internal,
+            ErrorKind::Unavailable,
             "the proxy cannot record calls right now (spool full?)",
         ));
     }

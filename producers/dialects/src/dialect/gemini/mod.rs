@@ -406,7 +406,7 @@ impl DialectAdapter for GeminiDialect {
             ErrorKind::Authentication => "UNAUTHENTICATED",
             ErrorKind::NotFound => "NOT_FOUND",
             ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",
-            ErrorKind::Upstream => "UNAVAILABLE",
+            ErrorKind::Upstream | ErrorKind::Unavailable => "UNAVAILABLE",
             ErrorKind::Timeout => "DEADLINE_EXCEEDED",
             ErrorKind::Internal => "INTERNAL",
         };
