@@ -339,6 +339,16 @@ async fn a_call_the_spool_has_no_room_for_is_refused_as_unavailable_and_answers_
     // not once a start no longer fit.
     let left = (64 << 10) - producer.spool().bytes();
     assert!(left >= 4 << 10, "refused with {left} bytes left");
+    // A new session is not opened either: its start would fit, its end and
+    // verdict not.
+    let admin = SessionClient::new(proxy.url(), None);
+    let new = NewSession::new("r2", "t", "sdk", "g");
+    let err = admin.create(&new).await.unwrap_err();
+    assert_eq!(err.status(), Some(503), "{err}");
+    assert!(
+        err.to_string().contains("cannot record the rollout"),
+        "{err}"
+    );
 }
 
 /// An attempt that never reached the model is recorded as abandoned when the

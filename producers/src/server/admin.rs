@@ -49,6 +49,17 @@ pub(super) async fn create_replay_session(
 
 /// Creates the session and records `RolloutStarted`.
 fn open_session(st: &ProxyState, new: NewSession) -> Response {
+    let full = || {
+        admin_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot record the rollout (spool full?)",
+        )
+    };
+    // Its start, end and verdict must fit, or it is not opened (and its
+    // rollout id is not taken).
+    if !st.has_room_for(3) {
+        return full();
+    }
     let group_size = new.group_size.unwrap_or(1);
     let now = now_ms();
     let (s, key) = match st.sessions.create(
@@ -69,10 +80,7 @@ fn open_session(st: &ProxyState, new: NewSession) -> Response {
     let started = record::rollout_started(&s, group_size, st.policy_version(), now);
     if !st.send(started.into()) {
         let _ = st.sessions.end(&s.id);
-        return admin_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "cannot record the rollout (spool full?)",
-        );
+        return full();
     }
     Json(SessionCreated {
         session_id: s.id.clone(),

@@ -283,12 +283,10 @@ impl ProxyState {
         Some(self.policy_version.load(Ordering::Relaxed)).filter(|v| *v >= 0)
     }
 
-    /// Whether a new call's start and end, and the ends of the calls in
-    /// flight, fit where events wait for the broker: else the call is
-    /// refused (503) rather than answered with an end that cannot be
-    /// recorded (found by probing a spool on a full disk).
-    fn has_room_for_a_call(&self) -> bool {
-        let records = self.calls_in_flight.len() as u64 + 2;
+    /// Whether `records` more fit where events wait for the broker: what
+    /// opens a call or a session is refused (503) rather than begun with an
+    /// end that cannot be recorded (found by probing a spool on a full disk).
+    fn has_room_for(&self, records: u64) -> bool {
         self.events.as_ref().is_none_or(|e| e.has_room_for(records))
     }
 

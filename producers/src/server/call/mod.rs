@@ -202,7 +202,9 @@ async fn serve<D: DialectAdapter>(
         raw.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
         now_ms(),
     );
-    if !st.has_room_for_a_call() || !st.send_call(&session, started.into()) {
+    // Its start and end, and the ends of the calls in flight.
+    let records = st.calls_in_flight.len() as u64 + 2;
+    if !st.has_room_for(records) || !st.send_call(&session, started.into()) {
         return error_response::<D>(&DialectError::new(
             ErrorKind::Unavailable,
             "the proxy cannot record calls right now (spool full?)",
