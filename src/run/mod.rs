@@ -74,8 +74,8 @@ pub fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     ))
 }
 
-/// Runs the plan through the proxy at `--proxy` (`external`: its URL and
-/// token) or the stack this process starts, in sandboxes made from `dir`,
+/// Runs the plan through the proxy at `--proxy` (`external`: its URL,
+/// token and address) or the stack this process starts, in sandboxes made from `dir`,
 /// `podman` and the harness `bundles`.
 #[allow(clippy::too_many_arguments)]
 async fn orchestrate(
@@ -83,7 +83,7 @@ async fn orchestrate(
     config: &StreamConfig,
     plan: RunPlan,
     kit: Kit,
-    external: Option<(String, String)>,
+    external: Option<RunProxy>,
     dir: RunDir,
     podman: Podman,
     bundles: PathBuf,
@@ -91,32 +91,43 @@ async fn orchestrate(
     let run_id = plan.run_id.clone();
     // Where a local sandbox's harness output is kept, per attempt.
     let attempt_logs = (args.backend != "kube").then(|| dir.attempt_logs(""));
-    let (mut stack, url, token) = match external {
-        Some((url, token)) => (None, url, token),
+    let (mut stack, proxy) = match external {
+        Some(proxy) => (None, proxy),
         None => {
             let stack = start_stack(args, config, &run_id, &dir).await?;
-            let (url, token) = (stack.serving.proxy.url(), stack.serving.admin_token.clone());
-            (Some(stack), url, token)
+            let proxy = RunProxy {
+                url: stack.serving.proxy.url(),
+                token: stack.serving.admin_token.clone(),
+                addr: stack.proxy_addr()?,
+            };
+            (Some(stack), proxy)
         }
     };
-    let proxy_addr = forgelog_stack::proxy_addr(&url)?;
     let history = forgelog_stack::run_history(config, &run_id).await?;
     let total = plan.rollouts().count();
     let groups = plan.groups.len();
     eprintln!(
-        "run {run_id}: {} tasks × {} harnesses × {}{} = {total} rollouts, {} at a time, proxy {url}{}",
+        "run {run_id}: {} tasks × {} harnesses × {}{} = {total} rollouts, {} at a time, proxy {}{}",
         kit.tasks.len(),
         kit.harnesses.len(),
         args.group_size,
-        match args.epochs { 1 => String::new(), n => format!(" × {n} epochs") },
+        match args.epochs {
+            1 => String::new(),
+            n => format!(" × {n} epochs"),
+        },
         args.concurrency,
-        if history.is_empty() { String::new() } else { format!(", resuming ({} rollouts in the log)", history.len()) }
+        proxy.url,
+        if history.is_empty() {
+            String::new()
+        } else {
+            format!(", resuming ({} rollouts in the log)", history.len())
+        }
     );
     let context = stack
         .as_ref()
         .and_then(|s| s.serving.proxy.state.probe().context);
     let rollouts = Rollouts {
-        sessions: SessionClient::new(&url, Some(token)),
+        sessions: SessionClient::new(&proxy.url, Some(proxy.token)),
         plan,
         kit,
         options: run_options(args, context),
@@ -137,10 +148,10 @@ async fn orchestrate(
             }
         };
         if args.backend == "kube" {
-            let backend = kube_backend(&args.kube, &run_id, proxy_addr, &bundles, podman).await?;
+            let backend = kube_backend(&args.kube, &run_id, proxy.addr, &bundles, podman).await?;
             rollouts.drive(backend, stop).await
         } else {
-            let backend = LocalBackend::new(podman, bundles, proxy_addr, dir);
+            let backend = LocalBackend::new(podman, bundles, proxy.addr, dir);
             backend
                 .check()
                 .await
@@ -187,14 +198,27 @@ fn run_options(args: &RunArgs, context: Option<i64>) -> RunOptions {
     options
 }
 
-/// The proxy at `--proxy` and its session API token.
-fn external_proxy(args: &RunArgs) -> Result<(String, String)> {
+/// The proxy a run's sandboxes reach, as the orchestrator uses it.
+struct RunProxy {
+    url: String,
+    /// Its session API's admin token.
+    token: String,
+    /// Where sandboxes reach it (plain HTTP).
+    addr: std::net::SocketAddr,
+}
+
+/// The proxy at `--proxy`, checked.
+fn external_proxy(args: &RunArgs) -> Result<RunProxy> {
     let (Some(url), Some(token)) = (&args.proxy, &args.admin_token) else {
         bail!("--proxy needs the proxy's --admin-token (or FORGELOG_ADMIN_TOKEN): sandboxes reach the proxy, the session API must refuse them");
     };
     let url = url.trim_end_matches('/').to_string();
-    forgelog_stack::proxy_addr(&url)?;
-    Ok((url, token.clone()))
+    let addr = forgelog_stack::proxy_addr(&url)?;
+    Ok(RunProxy {
+        url,
+        token: token.clone(),
+        addr,
+    })
 }
 
 /// The engine and the proxy this process starts for the run and, with
